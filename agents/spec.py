@@ -1,0 +1,316 @@
+"""The study spec (`grove.toml`): typed models, parsing, and checks against the repository."""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from agents import globs
+from agents.policies import configfiles
+
+SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StudySection(_Section):
+    name: str
+    goal: str
+    base: str = "main"
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, v: str) -> str:
+        if not SLUG.match(v):
+            raise ValueError(
+                f"must be a slug of a-z, 0-9 and '-', at most 63 characters (got {v!r})"
+            )
+        return v
+
+
+class Objective(_Section):
+    metric: str
+    direction: Literal["maximize", "minimize"]
+
+
+class Evaluate(_Section):
+    dev: str = Field(min_length=1)
+    test: str = Field(min_length=1)
+    timeout: float = Field(default=600, gt=0)
+    repeats: int = Field(default=3, ge=1, le=100)
+
+
+class Files(_Section):
+    editable: list[str] = Field(min_length=1)
+    protected: list[str] = []
+    sealed: list[str] = []
+
+
+class Constraint(_Section):
+    name: str
+    metric: str
+    min: float | None = None
+    max: float | None = None
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _bound(self) -> Constraint:
+        if self.min is None and self.max is None:
+            raise ValueError("needs min, max or both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError("min is greater than max")
+        return self
+
+
+Scalar = bool | int | float | str
+
+
+class SearchDim(_Section):
+    values: list[Scalar] | None = None
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    integer: bool = False
+
+    @model_validator(mode="after")
+    def _shape(self) -> SearchDim:
+        if self.values is not None:
+            if self.low is not None or self.high is not None:
+                raise ValueError("give either values or low/high, not both")
+            if len(self.values) < 2:
+                raise ValueError("values needs at least two entries")
+            return self
+        if self.low is None or self.high is None:
+            raise ValueError("needs values = [...] or low and high")
+        if not self.low < self.high:
+            raise ValueError("low must be below high")
+        if self.log and self.low <= 0:
+            raise ValueError("a log range needs low > 0")
+        return self
+
+    @property
+    def is_range(self) -> bool:
+        """Return whether this dimension is a numeric range."""
+        return self.values is None
+
+
+class Budget(_Section):
+    experiments: int = Field(default=30, ge=1)
+    parallel: int = Field(default=2, ge=1, le=64)
+    hours: float = Field(default=2.0, gt=0)
+    usd: float = Field(default=5.0, ge=0)
+
+
+class Gate(_Section):
+    mode: Literal["approve", "auto", "review"] = "approve"
+    margin: float = Field(default=0.0, ge=0)
+    test_repeats: int = Field(default=3, ge=1, le=100)
+    max_test_runs: int = Field(default=10, ge=1)
+
+
+class PolicySection(_Section):
+    kind: Literal["search", "llm"] | None = None
+    model: str | None = None
+    seed: int = 0
+    children: int = Field(default=3, ge=1, le=16)
+    max_depth: int = Field(default=6, ge=1)
+
+
+class Plateau(_Section):
+    warn: int = Field(default=3, ge=1)
+    change: int = Field(default=5, ge=1)
+    stop: int = Field(default=8, ge=1)
+    min_gain: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _order(self) -> Plateau:
+        if not self.warn <= self.change <= self.stop:
+            raise ValueError("needs warn <= change <= stop")
+        return self
+
+
+class Sandbox(_Section):
+    memory_mb: int = Field(default=4096, ge=16)
+    cpu_seconds: int | None = Field(default=None, ge=1)
+    file_size_mb: int = Field(default=1024, ge=1)
+    processes: int = Field(default=512, ge=1)
+
+
+class Resources(_Section):
+    gpu: bool = False
+
+
+class Spec(_Section):
+    study: StudySection
+    objective: Objective
+    evaluate: Evaluate
+    files: Files
+    constraints: list[Constraint] = []
+    search: dict[str, SearchDim] = {}
+    budget: Budget = Budget()
+    gate: Gate = Gate()
+    policy: PolicySection = PolicySection()
+    plateau: Plateau = Plateau()
+    sandbox: Sandbox = Sandbox()
+    resources: Resources = Resources()
+
+    @property
+    def policy_kind(self) -> Literal["search", "llm"]:
+        """Return the policy kind, defaulting to `search` when a search space is declared."""
+        if self.policy.kind is not None:
+            return self.policy.kind
+        return "search" if self.search else "llm"
+
+    @property
+    def maximize(self) -> bool:
+        """Return whether the objective is maximised."""
+        return self.objective.direction == "maximize"
+
+    @field_validator("constraints")
+    @classmethod
+    def _unique(cls, v: list[Constraint]) -> list[Constraint]:
+        names = [c.name for c in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate constraint name {dup[0]!r}")
+        return v
+
+    @field_validator("search", mode="before")
+    @classmethod
+    def _keys(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            for key in v:
+                split_search_key(key)
+        return v
+
+    @model_validator(mode="after")
+    def _cross(self) -> Spec:
+        if self.policy.kind == "search" and not self.search:
+            raise ValueError("policy.kind = 'search' needs a [search] section")
+        return self
+
+
+class SpecIssue(BaseModel):
+    """One problem found in a spec, located by its dotted key."""
+
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.message}" if self.key else self.message
+
+
+class SpecError(ValueError):
+    """A spec is invalid; `issues` names every key at fault."""
+
+    def __init__(self, issues: list[SpecIssue], source: str = "grove.toml") -> None:
+        self.issues = issues
+        self.source = source
+        super().__init__("\n".join(f"{source}: {i}" for i in issues))
+
+
+def split_search_key(key: str) -> tuple[str, str]:
+    """Split a `[search]` key `FILE:DOTTED.KEY` into its file and key."""
+    file, sep, dotted = key.rpartition(":")
+    if not sep or not file or not dotted:
+        raise ValueError(
+            f"key {key!r}: expected 'FILE:dotted.key', e.g. 'config.toml:model.hidden'"
+        )
+    try:
+        configfiles.file_format(file)
+    except ValueError as exc:
+        raise ValueError(f"key {key!r}: {exc}") from None
+    return file, dotted
+
+
+def format_key(loc: tuple[int | str, ...]) -> str:
+    """Format a location as a dotted key: `files.editable[0]`, `search."a.toml:x"`."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            name = part if re.fullmatch(r"[A-Za-z0-9_-]+", part) else f'"{part}"'
+            out += f".{name}" if out else name
+    return out
+
+
+def _issues_from(err: ValidationError) -> list[SpecIssue]:
+    out: list[SpecIssue] = []
+    for e in err.errors():
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "missing":
+            msg = "required key is missing"
+        elif e["type"] != "value_error":
+            msg = f"{msg} (got {e['input']!r})"
+        out.append(SpecIssue(key=format_key(tuple(e["loc"])), message=msg))
+    return out
+
+
+def parse_spec(text: str, source: str = "grove.toml") -> Spec:
+    """Parse spec text into a `Spec`, raising `SpecError` that names each bad key."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError([SpecIssue(key="", message=f"not valid TOML: {exc}")], source) from exc
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_issues_from(exc), source) from exc
+
+
+def check_against_tree(spec: Spec, files: list[str], read: Callable[[str], str]) -> list[SpecIssue]:
+    """Check globs and `[search]` entries against the files present at the study's base."""
+    issues: list[SpecIssue] = []
+    for section in ("editable", "protected", "sealed"):
+        for i, pattern in enumerate(getattr(spec.files, section)):
+            if not globs.select([pattern], files):
+                issues.append(
+                    SpecIssue(
+                        key=f"files.{section}[{i}]",
+                        message=f"glob {pattern!r} matches no file at {spec.study.base!r}",
+                    )
+                )
+    present = set(files)
+    for key, dim in spec.search.items():
+        file, dotted = split_search_key(key)
+        where = format_key(("search", key))
+        if file not in present:
+            issues.append(SpecIssue(key=where, message=f"file {file!r} does not exist at base"))
+            continue
+        if not globs.match_any(spec.files.editable, file):
+            issues.append(SpecIssue(key=where, message=f"file {file!r} is not in files.editable"))
+        try:
+            current = configfiles.get_key(file, read(file), dotted)
+        except configfiles.ConfigKeyError:
+            issues.append(SpecIssue(key=where, message=f"key {dotted!r} not found in {file}"))
+            continue
+        except Exception as exc:
+            issues.append(SpecIssue(key=where, message=f"cannot parse {file}: {exc}"))
+            continue
+        if dim.is_range and not isinstance(current, int | float):
+            issues.append(
+                SpecIssue(
+                    key=where, message=f"range given but current value {current!r} is not numeric"
+                )
+            )
+        elif dim.is_range and isinstance(current, float) and math.isnan(current):
+            issues.append(SpecIssue(key=where, message="current value is NaN"))
+    for i, c in enumerate(spec.constraints):
+        if c.metric == spec.objective.metric and c.min is None and c.max is None:
+            issues.append(SpecIssue(key=f"constraints[{i}]", message="empty constraint"))
+    return issues
+
+
+def spec_to_dict(spec: Spec) -> dict[str, Any]:
+    """Return the spec as a JSON-friendly dict."""
+    return spec.model_dump(mode="json")

@@ -1,0 +1,42 @@
+"""Insight back-propagation: every ancestor of a finished node gets a new insight version."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agents.tree.model import Tree, TreeNode
+
+Synthesizer = Callable[[TreeNode, list[TreeNode]], str]
+
+
+@dataclass(frozen=True)
+class InsightUpdate:
+    node_id: int
+    text: str
+    cites: tuple[int, ...]
+
+
+def backpropagate(tree: Tree, leaf_id: int, synthesize: Synthesizer) -> list[InsightUpdate]:
+    """Return new insight versions for each ancestor of `leaf_id`, nearest first.
+
+    Each version is synthesised from the insights of the ancestor's children as they stand
+    after the lower levels were updated, and cites those children's ids. Versions are
+    appended, never overwritten, so a lesson cannot silently drift.
+    """
+    current = dict(tree.nodes)
+    updates: list[InsightUpdate] = []
+    for ancestor in tree.ancestors(leaf_id):
+        kids = [current[c.id] for c in tree.children(ancestor.id) if current[c.id].insight]
+        if not kids:
+            continue
+        text = synthesize(current[ancestor.id], kids)
+        if not text or text == current[ancestor.id].insight:
+            continue
+        updates.append(InsightUpdate(ancestor.id, text, tuple(k.id for k in kids)))
+        old = current[ancestor.id]
+        current[ancestor.id] = TreeNode(
+            old.id, old.parent_id, old.depth, old.status, old.prior, old.gain, old.gain_lcb,
+            old.summary, text, old.order,
+        )  # fmt: skip
+    return updates

@@ -1,0 +1,60 @@
+"""A read-only view of the hypothesis tree that the pure tree algorithms work on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from agents.tree.status import NodeStatus
+
+
+@dataclass(frozen=True)
+class TreeNode:
+    id: int
+    parent_id: int | None
+    depth: int
+    status: NodeStatus
+    prior: float = 0.0
+    gain: float | None = None
+    gain_lcb: float | None = None
+    summary: str = ""
+    insight: str = ""
+    order: int = 0  # completion order; 0 while not completed
+
+
+@dataclass
+class Tree:
+    nodes: dict[int, TreeNode] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, nodes: Iterable[TreeNode]) -> Tree:
+        """Build a tree from its nodes."""
+        return cls({n.id: n for n in nodes})
+
+    def children(self, node_id: int) -> list[TreeNode]:
+        """Return a node's children ordered by id."""
+        return sorted(
+            (n for n in self.nodes.values() if n.parent_id == node_id), key=lambda n: n.id
+        )
+
+    def ancestors(self, node_id: int) -> list[TreeNode]:
+        """Return the ancestors of a node, nearest first."""
+        out: list[TreeNode] = []
+        parent = self.nodes[node_id].parent_id
+        while parent is not None:
+            out.append(self.nodes[parent])
+            parent = self.nodes[parent].parent_id
+        return out
+
+    def subtree(self, node_id: int) -> Iterator[TreeNode]:
+        """Yield a node and all its descendants, depth first."""
+        stack = [node_id]
+        while stack:
+            nid = stack.pop()
+            yield self.nodes[nid]
+            stack.extend(c.id for c in reversed(self.children(nid)))
+
+    @property
+    def root(self) -> TreeNode:
+        """Return the root node."""
+        return next(n for n in self.nodes.values() if n.parent_id is None)

@@ -1,0 +1,63 @@
+"""Pruning of exhausted subtrees; the pruned node keeps its lesson."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agents.tree.model import Tree
+from agents.tree.status import COMPLETED, TERMINAL, NodeStatus
+
+
+@dataclass(frozen=True)
+class Prune:
+    node_id: int
+    reason: str
+    lesson: str
+
+
+def improved(gain_lcb: float | None, min_gain: float = 0.0) -> bool:
+    """Return whether an experiment counts as an improvement over trunk."""
+    return gain_lcb is not None and gain_lcb > min_gain
+
+
+def exhausted(tree: Tree, window: int = 3, min_gain: float = 0.0) -> list[Prune]:
+    """Return non-root directions whose last `window` completed children all failed to improve.
+
+    Such a direction (and its still-proposed descendants) is pruned; its lesson is its
+    current insight, which ideation reads as "do not repeat this mechanism".
+    """
+    out: list[Prune] = []
+    for node in sorted(tree.nodes.values(), key=lambda n: n.id):
+        if node.parent_id is None or node.status in TERMINAL:
+            continue
+        if node.status == NodeStatus.AWAITING_APPROVAL:
+            continue
+        done = sorted(
+            (c for c in tree.children(node.id) if c.status in COMPLETED and c.order > 0),
+            key=lambda c: c.order,
+        )
+        if len(done) < window:
+            continue
+        last = done[-window:]
+        if any(improved(c.gain_lcb, min_gain) for c in last):
+            continue
+        ids = ", ".join(f"n{c.id}" for c in last)
+        out.append(
+            Prune(
+                node.id,
+                reason=f"exhausted: last {window} children ({ids}) did not improve on trunk",
+                lesson=node.insight or node.summary,
+            )
+        )
+    return out
+
+
+def prunable_descendants(tree: Tree, node_id: int) -> list[int]:
+    """Return the ids in a subtree that a prune may mark (not merged, not already final)."""
+    return [
+        n.id
+        for n in tree.subtree(node_id)
+        if n.status not in TERMINAL
+        and n.status not in (NodeStatus.QUEUED, NodeStatus.RUNNING)
+        and n.status != NodeStatus.AWAITING_APPROVAL
+    ]

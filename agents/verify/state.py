@@ -1,0 +1,79 @@
+"""The study's improvement state (AREX ACU): a compact context rewritten at every integrate step.
+
+It holds only dev-side evidence and gate pass/fail outcomes: held-out numbers never enter it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Finding:
+    text: str
+    node_ids: list[int]
+
+
+@dataclass
+class OpenConstraint:
+    name: str
+    status: str
+    detail: str
+    node_ids: list[int]
+
+
+@dataclass
+class Rejected:
+    node_id: int
+    reason: str
+
+
+@dataclass
+class ImprovementState:
+    verified_findings: list[Finding] = field(default_factory=list)
+    open_constraints: list[OpenConstraint] = field(default_factory=list)
+    rejected_candidates: list[Rejected] = field(default_factory=list)
+    concerns: list[str] = field(default_factory=list)
+    next_plan: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-friendly dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> ImprovementState:
+        """Rebuild a state from `to_dict` output."""
+        data = data or {}
+        return cls(
+            [Finding(**f) for f in data.get("verified_findings", [])],
+            [OpenConstraint(**c) for c in data.get("open_constraints", [])],
+            [Rejected(**r) for r in data.get("rejected_candidates", [])],
+            list(data.get("concerns", [])),
+            list(data.get("next_plan", [])),
+        )
+
+    def add_finding(self, text: str, node_ids: list[int]) -> None:
+        """Record a verified finding (replacing an identical text)."""
+        self.verified_findings = [f for f in self.verified_findings if f.text != text]
+        self.verified_findings.append(Finding(text, sorted(set(node_ids))))
+
+    def set_constraint(self, name: str, status: str, detail: str, node_id: int) -> None:
+        """Record the latest verdict of a constraint; satisfied ones leave the open list."""
+        kept = [c for c in self.open_constraints if c.name != name]
+        prior = next((c for c in self.open_constraints if c.name == name), None)
+        if status != "satisfied":
+            ids = sorted({*(prior.node_ids if prior else []), node_id})
+            kept.append(OpenConstraint(name, status, detail, ids))
+        self.open_constraints = kept
+
+    def reject(self, node_id: int, reason: str, keep: int = 20) -> None:
+        """Record a rejected candidate, keeping the most recent `keep`."""
+        self.rejected_candidates = [r for r in self.rejected_candidates if r.node_id != node_id]
+        self.rejected_candidates.append(Rejected(node_id, reason))
+        self.rejected_candidates = self.rejected_candidates[-keep:]
+
+    def concern(self, text: str, keep: int = 10) -> None:
+        """Record a validity concern once, keeping the most recent `keep`."""
+        if text not in self.concerns:
+            self.concerns = [*self.concerns, text][-keep:]
