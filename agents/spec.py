@@ -29,9 +29,7 @@ class StudySection(_Section):
     @classmethod
     def _slug(cls, v: str) -> str:
         if not SLUG.match(v):
-            raise ValueError(
-                f"must be a slug of a-z, 0-9 and '-', at most 63 characters (got {v!r})"
-            )
+            raise ValueError(f"must be a slug of a-z, 0-9 and '-', at most 63 characters (got {v!r})")
         return v
 
 
@@ -220,9 +218,7 @@ def split_search_key(key: str) -> tuple[str, str]:
     """Split a `[search]` key `FILE:DOTTED.KEY` into its file and key."""
     file, sep, dotted = key.rpartition(":")
     if not sep or not file or not dotted:
-        raise ValueError(
-            f"key {key!r}: expected 'FILE:dotted.key', e.g. 'config.toml:model.hidden'"
-        )
+        raise ValueError(f"key {key!r}: expected 'FILE:dotted.key', e.g. 'config.toml:model.hidden'")
     try:
         configfiles.file_format(file)
     except ValueError as exc:
@@ -299,9 +295,7 @@ def check_against_tree(spec: Spec, files: list[str], read: Callable[[str], str])
             continue
         if dim.is_range and not isinstance(current, int | float):
             issues.append(
-                SpecIssue(
-                    key=where, message=f"range given but current value {current!r} is not numeric"
-                )
+                SpecIssue(key=where, message=f"range given but current value {current!r} is not numeric")
             )
         elif dim.is_range and isinstance(current, float) and math.isnan(current):
             issues.append(SpecIssue(key=where, message="current value is NaN"))

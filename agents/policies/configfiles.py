@@ -20,9 +20,7 @@ def file_format(path: str) -> str:
     """Return the format of a config file from its suffix, or raise ValueError."""
     suffix = PurePosixPath(path).suffix.lower()
     if suffix not in FORMATS:
-        raise ValueError(
-            f"{path}: unsupported config format {suffix!r} (use .toml, .yaml or .json)"
-        )
+        raise ValueError(f"{path}: unsupported config format {suffix!r} (use .toml, .yaml or .json)")
     return FORMATS[suffix]
 
 

@@ -50,7 +50,5 @@ def heldout_decision(
         return HeldoutDecision(False, float("nan"), float("-inf"), "held-out evaluation failed")
     g = gain_over(candidate, trunk, maximize=maximize)
     if g.mean >= margin:
-        return HeldoutDecision(
-            True, g.mean, g.lcb, f"held-out gain {g.mean:+.6g} >= margin {margin:g}"
-        )
+        return HeldoutDecision(True, g.mean, g.lcb, f"held-out gain {g.mean:+.6g} >= margin {margin:g}")
     return HeldoutDecision(False, g.mean, g.lcb, f"held-out gain {g.mean:+.6g} < margin {margin:g}")

@@ -33,9 +33,7 @@ class Tree:
 
     def children(self, node_id: int) -> list[TreeNode]:
         """Return a node's children ordered by id."""
-        return sorted(
-            (n for n in self.nodes.values() if n.parent_id == node_id), key=lambda n: n.id
-        )
+        return sorted((n for n in self.nodes.values() if n.parent_id == node_id), key=lambda n: n.id)
 
     def ancestors(self, node_id: int) -> list[TreeNode]:
         """Return the ancestors of a node, nearest first."""

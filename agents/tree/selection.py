@@ -41,9 +41,7 @@ def subtree_value(tree: Tree, node_id: int) -> float:
 
 def completed_in(tree: Tree, node_id: int) -> int:
     """Return the number of completed experiments in a subtree."""
-    return sum(
-        1 for n in tree.subtree(node_id) if n.status in COMPLETED and n.parent_id is not None
-    )
+    return sum(1 for n in tree.subtree(node_id) if n.status in COMPLETED and n.parent_id is not None)
 
 
 def frontier_scores(tree: Tree, config: SelectionConfig) -> dict[int, float]:

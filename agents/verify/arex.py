@@ -43,9 +43,7 @@ def assess(
             return Assessment(Decision.REJECT, "no gain and constraints open", open_)
         return Assessment(Decision.REJECT, "no significant dev gain over trunk")
     if open_:
-        details = "; ".join(
-            f"{r.name}: {r.verdict} ({r.detail})" for r in results if r.name in open_
-        )
+        details = "; ".join(f"{r.name}: {r.verdict} ({r.detail})" for r in results if r.name in open_)
         goal = f"Keep the mechanism ({mechanism}) and fix: {details}"
         return Assessment(Decision.REFINE, "improves but constraints are not met", open_, goal)
     return Assessment(Decision.ACCEPT, "improves and every constraint holds")

@@ -57,9 +57,7 @@ def _number(value: object) -> float | None:
     return None if math.isnan(f) else f
 
 
-def check(
-    rule: ConstraintRule, receipts: Sequence[tuple[int, Mapping[str, object]]]
-) -> ConstraintResult:
+def check(rule: ConstraintRule, receipts: Sequence[tuple[int, Mapping[str, object]]]) -> ConstraintResult:
     """Judge one rule over the metrics of successful receipts, taking the worst value seen."""
     seen: list[tuple[float, int]] = []
     for receipt_id, metrics in receipts:

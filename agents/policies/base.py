@@ -1,0 +1,106 @@
+"""The policy interface: who thinks (ideate, implement, summarise, verify).
+
+Ideation inputs are built from dev-side evidence only; they have no field that could carry
+a held-out number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class NodeEvidence:
+    """What ideation and summaries may know about a node: dev evidence, never held-out."""
+
+    id: int
+    parent_id: int | None
+    depth: int
+    status: str
+    title: str
+    edits: dict[str, Any]
+    origin: str
+    dev_mean: float | None
+    dev_std: float | None
+    dev_n: int
+    gain: float | None
+    gain_lcb: float | None
+    dev_metrics: dict[str, float]
+    constraints: list[dict[str, Any]]
+    summary: str
+    insight: str
+    failure: str = ""
+
+
+@dataclass(frozen=True)
+class RefineRequest:
+    node_id: int
+    open_constraints: tuple[str, ...]
+    goal: str
+
+
+@dataclass(frozen=True)
+class IdeationInput:
+    goal: str
+    metric: str
+    maximize: bool
+    search_space: dict[str, dict[str, Any]]
+    base_values: dict[str, Any]
+    trunk_node_id: int
+    trunk_dev_mean: float | None
+    nodes: list[NodeEvidence]
+    improvement_state: dict[str, Any]
+    pruned_lessons: list[str]
+    validated_findings: list[str]
+    refine: list[RefineRequest]
+    plateau_level: int
+    k: int
+    round_no: int
+    seed: int
+    constraints: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the whole input as plain data (what a prompt could be built from)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    parent_id: int
+    title: str
+    hypothesis: dict[str, str]
+    prior: float
+    edits: dict[str, Any]
+    origin: str = "policy"
+    origin_ref: int | None = None
+
+
+@dataclass(frozen=True)
+class ImplementInput:
+    node_id: int
+    title: str
+    hypothesis: dict[str, str]
+    edits: dict[str, Any]
+    reflection: str
+    editable: list[str]
+
+
+class ImplementationError(RuntimeError):
+    """The implementer could not realise the hypothesis in the worktree."""
+
+
+class Policy(Protocol):
+    """Ideate children, implement a node in its worktree, summarise evidence into insights."""
+
+    name: str
+    rebase_on_trunk: bool
+
+    def ideate(self, ctx: IdeationInput) -> list[Proposal]: ...
+
+    def implement(self, worktree: Path, node: ImplementInput) -> str: ...
+
+    def summarise(self, node: NodeEvidence, ctx_metric: str, parent: NodeEvidence | None) -> str: ...
+
+    def synthesize(self, ancestor: NodeEvidence, children: list[NodeEvidence], metric: str) -> str: ...

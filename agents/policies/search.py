@@ -1,0 +1,336 @@
+"""The built-in `search` policy: no LLM, edits of the declared config keys.
+
+Ideation fits a kernel regression of the dev objective over every evaluated assignment and
+scores candidates by an optimistic estimate (predicted gain plus an uncertainty bonus):
+*exploit* children are one-key moves around the best nodes, *explore* children are fresh
+samples under the root, and refine children move a violating node toward its constraint.
+Everything is drawn from a RNG seeded by (study seed, round), so ideation is reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agents import globs
+from agents.policies import configfiles
+from agents.policies.base import (
+    IdeationInput,
+    ImplementationError,
+    ImplementInput,
+    NodeEvidence,
+    Proposal,
+    RefineRequest,
+)
+from agents.spec import split_search_key
+
+Assignment = dict[str, Any]
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+class Space:
+    """The search space: one dimension per `[search]` key."""
+
+    def __init__(self, dims: dict[str, dict[str, Any]], base: Assignment) -> None:
+        self.dims = dims
+        self.base = base
+        self.keys = sorted(dims)
+
+    def is_range(self, key: str) -> bool:
+        """Return whether a key is a numeric range."""
+        return self.dims[key].get("values") is None
+
+    def is_int(self, key: str) -> bool:
+        """Return whether a range key takes integers."""
+        d = self.dims[key]
+        return bool(d.get("integer")) or (
+            isinstance(self.base.get(key), int) and not isinstance(self.base.get(key), bool)
+        )
+
+    def coord(self, key: str, value: Any) -> float:
+        """Map a value to [0, 1] for distances."""
+        d = self.dims[key]
+        if not self.is_range(key):
+            values = list(d["values"])
+            if value in values:
+                return values.index(value) / max(len(values) - 1, 1)
+            return 0.5
+        lo, hi, v = float(d["low"]), float(d["high"]), float(value)
+        if d.get("log"):
+            lo, hi, v = math.log(lo), math.log(hi), math.log(max(v, 1e-300))
+        return min(max((v - lo) / (hi - lo), 0.0), 1.0)
+
+    def vector(self, a: Assignment) -> list[float]:
+        """Return an assignment's coordinates."""
+        return [self.coord(k, a.get(k, self.base.get(k))) for k in self.keys]
+
+    def snap(self, key: str, x: float) -> Any:
+        """Map a coordinate in [0, 1] back to a value."""
+        d = self.dims[key]
+        x = min(max(x, 0.0), 1.0)
+        if not self.is_range(key):
+            values = list(d["values"])
+            return values[round(x * (len(values) - 1))]
+        lo, hi = float(d["low"]), float(d["high"])
+        if d.get("log"):
+            v = math.exp(math.log(lo) + x * (math.log(hi) - math.log(lo)))
+        else:
+            v = lo + x * (hi - lo)
+        if self.is_int(key):
+            return int(round(v))
+        return float(f"{v:.4g}")
+
+    def neighbours(self, a: Assignment, key: str, step: float) -> list[Any]:
+        """Return values one step away from `a[key]`."""
+        d = self.dims[key]
+        cur = a.get(key, self.base.get(key))
+        if not self.is_range(key):
+            values = list(d["values"])
+            if cur not in values:
+                return values
+            i = values.index(cur)
+            return [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
+        x = self.coord(key, cur)
+        out = []
+        for nx in (x - step, x + step):
+            v = self.snap(key, nx)
+            if v != cur and v not in out:
+                out.append(v)
+        return out
+
+    def sample(self, rng: random.Random) -> Assignment:
+        """Return a uniformly random assignment (log-uniform on log ranges)."""
+        return {k: self.snap(k, rng.random()) for k in self.keys}
+
+    def key_of(self, a: Assignment) -> tuple[Any, ...]:
+        """Return a hashable identity for an assignment."""
+        return tuple(_fmt(a.get(k, self.base.get(k))) for k in self.keys)
+
+
+class Surrogate:
+    """Nadaraya-Watson kernel regression with a count-based uncertainty."""
+
+    def __init__(self, space: Space, points: Sequence[tuple[Assignment, float]], width: float = 0.25):
+        self.space = space
+        self.points = [(space.vector(a), y) for a, y in points]
+        self.width = width
+        ys = [y for _, y in points]
+        self.mean = sum(ys) / len(ys) if ys else 0.0
+        spread = (max(ys) - min(ys)) if len(ys) > 1 else 0.0
+        self.scale = spread or (abs(self.mean) * 0.05 or 1e-3)
+
+    def predict(self, a: Assignment) -> tuple[float, float]:
+        """Return (prediction, uncertainty) for an assignment."""
+        x = self.space.vector(a)
+        wsum = ysum = 0.0
+        for p, y in self.points:
+            d2 = sum((u - v) ** 2 for u, v in zip(x, p, strict=True))
+            w = math.exp(-d2 / (2 * self.width**2))
+            wsum += w
+            ysum += w * y
+        pred = (ysum + 0.5 * self.mean) / (wsum + 0.5)
+        return pred, self.scale / math.sqrt(1.0 + wsum)
+
+
+def _describe(space: Space, old: Assignment, new: Assignment) -> list[str]:
+    return [
+        f"{k} {_fmt(old.get(k, space.base.get(k)))} → {_fmt(new[k])}"
+        for k in space.keys
+        if _fmt(new.get(k)) != _fmt(old.get(k, space.base.get(k)))
+    ]
+
+
+class SearchPolicy:
+    """Evidence-guided local search over declared config keys."""
+
+    name = "search"
+    rebase_on_trunk = True
+
+    def __init__(self, explore_fraction: float = 0.34, optimism: float = 1.0, random_only: bool = False):
+        self.explore_fraction = explore_fraction
+        self.optimism = optimism
+        self.random_only = random_only
+
+    # ideation -------------------------------------------------------------------
+
+    def ideate(self, ctx: IdeationInput) -> list[Proposal]:
+        """Propose up to `ctx.k` new children as concrete key edits."""
+        space = Space(ctx.search_space, ctx.base_values)
+        rng = random.Random(ctx.seed * 7919 + ctx.round_no)
+        sign = 1.0 if ctx.maximize else -1.0
+        assignment = {n.id: {**ctx.base_values, **n.edits} for n in ctx.nodes}
+        seen = {space.key_of(a) for a in assignment.values()}
+        scored = [n for n in ctx.nodes if n.dev_mean is not None and n.status != "failed"]
+        surrogate = Surrogate(space, [(assignment[n.id], sign * float(n.dev_mean)) for n in scored])  # type: ignore[arg-type]
+        trunk = ctx.trunk_dev_mean
+        ref = sign * trunk if trunk is not None else surrogate.mean
+        out: list[Proposal] = []
+
+        def take(
+            parent: NodeEvidence, a: Assignment, why: str, origin: str = "policy", ref_id: int | None = None
+        ) -> None:
+            key = space.key_of(a)
+            if key in seen or len(out) >= ctx.k:
+                return
+            seen.add(key)
+            pred, unc = surrogate.predict(a)
+            prior = (pred - ref) + self.optimism * unc
+            out.append(
+                self._proposal(ctx, space, parent, assignment[parent.id], a, prior, why, origin, ref_id)
+            )
+
+        by_id = {n.id: n for n in ctx.nodes}
+        root = next(n for n in ctx.nodes if n.parent_id is None)
+        if self.random_only:
+            for _ in range(50 * ctx.k):
+                take(root, space.sample(rng), "random sample")
+            return out
+
+        for req in ctx.refine:
+            node = by_id.get(req.node_id)
+            if node is not None:
+                self._refine(ctx, space, node, assignment[node.id], req, take, rng)
+
+        n_explore = max(1, round(ctx.k * self.explore_fraction))
+        if ctx.plateau_level >= 2:
+            n_explore = ctx.k
+        n_exploit = ctx.k - len(out) - n_explore
+
+        # Exploit: one-key moves (and a few two-key moves) around the best nodes.
+        ranked = sorted(scored, key=lambda n: -sign * float(n.dev_mean))  # type: ignore[arg-type]
+        cands: list[tuple[float, NodeEvidence, Assignment, str]] = []
+        for parent in ranked[:3]:
+            a = assignment[parent.id]
+            step = 0.25 / (1 + 0.5 * parent.depth)
+            for key in space.keys:
+                for v in space.neighbours(a, key, step):
+                    new = {**a, key: v}
+                    pred, unc = surrogate.predict(new)
+                    cands.append((pred + self.optimism * unc, parent, new, f"move {key} around n{parent.id}"))
+            for _ in range(4):
+                k1, k2 = rng.sample(space.keys, 2) if len(space.keys) > 1 else (space.keys[0],) * 2
+                new = dict(a)
+                for key in {k1, k2}:
+                    opts = space.neighbours(a, key, step)
+                    if opts:
+                        new[key] = rng.choice(opts)
+                pred, unc = surrogate.predict(new)
+                cands.append((pred + self.optimism * unc, parent, new, f"combine moves around n{parent.id}"))
+        cands.sort(key=lambda c: -c[0])
+        limit = len(out) + max(n_exploit, 0)
+        for _, parent, new, why in cands:
+            if len(out) >= limit:
+                break
+            take(parent, new, why)
+
+        # Explore: the most promising of many random samples, as new directions under the root.
+        pool = [space.sample(rng) for _ in range(64)]
+        pool.sort(key=lambda a: -(lambda p: p[0] + 2 * self.optimism * p[1])(surrogate.predict(a)))
+        for a in pool:
+            if len(out) >= ctx.k:
+                break
+            take(root, a, "explore a new region")
+        return out
+
+    def _refine(self, ctx, space, node, a, req: RefineRequest, take, rng) -> None:  # type: ignore[no-untyped-def]
+        rules = {c["name"]: c for c in ctx.constraints}
+        options: list[tuple[float, Assignment]] = []
+        for key in space.keys:
+            for v in space.neighbours(a, key, 0.25):
+                new = {**a, key: v}
+                badness = 0.0
+                for name in req.open_constraints:
+                    rule = rules.get(name)
+                    if not rule:
+                        continue
+                    pts = [
+                        ({**ctx.base_values, **n.edits}, n.dev_metrics[rule["metric"]])
+                        for n in ctx.nodes
+                        if rule["metric"] in n.dev_metrics
+                    ]
+                    if not pts:
+                        continue
+                    pred, _ = Surrogate(space, pts, width=0.15).predict(new)
+                    if rule.get("max") is not None:
+                        badness += max(pred - rule["max"], 0.0) / (abs(rule["max"]) or 1.0)
+                    if rule.get("min") is not None:
+                        badness += max(rule["min"] - pred, 0.0) / (abs(rule["min"]) or 1.0)
+                options.append((badness + rng.random() * 1e-9, new))
+        options.sort(key=lambda t: t[0])
+        for _, new in options[:1]:
+            take(node, new, f"refine n{node.id}: {req.goal}", "refine", node.id)
+
+    def _proposal(self, ctx, space, parent, old, new, prior, why, origin, ref_id) -> Proposal:  # type: ignore[no-untyped-def]
+        changes = _describe(space, old, new) or ["no change"]
+        title = ", ".join(changes)
+        direction = "raises" if ctx.maximize else "lowers"
+        hyp = {
+            "mechanism": f"Config edit ({why}): {title}",
+            "hypothesis": f"Setting {title} {direction} dev {ctx.metric} relative to trunk",
+            "observable": f"mean dev {ctx.metric} over the evaluation repeats, paired by seed against trunk",
+            "risks": "; ".join(f"may break {c['name']} ({c['metric']})" for c in ctx.constraints)
+            or "none identified",
+        }
+        edits = {k: new[k] for k in space.keys}
+        return Proposal(parent.id, title, hyp, round(float(prior), 8), edits, origin, ref_id)
+
+    # implementation --------------------------------------------------------------
+
+    def implement(self, worktree: Path, node: ImplementInput) -> str:
+        """Apply the node's key edits exactly; return a short account of what changed."""
+        by_file: dict[str, dict[str, Any]] = {}
+        for key, value in node.edits.items():
+            file, dotted = split_search_key(key)
+            by_file.setdefault(file, {})[dotted] = value
+        changed = []
+        for file, values in sorted(by_file.items()):
+            if not globs.match_any(node.editable, file):
+                raise ImplementationError(f"{file} is not editable")
+            path = (worktree / file).resolve()
+            if not path.is_relative_to(worktree.resolve()):
+                raise ImplementationError(f"{file} resolves outside the worktree")
+            if not path.is_file():
+                raise ImplementationError(f"{file} does not exist")
+            text = path.read_text("utf-8")
+            try:
+                new = configfiles.set_keys(file, text, values)
+            except configfiles.ConfigKeyError as exc:
+                raise ImplementationError(f"{file}: key {exc} not found") from exc
+            if new != text:
+                path.write_text(new, "utf-8")
+                changed.append(file)
+        return f"set {len(node.edits)} keys in {', '.join(changed) or 'no file'}"
+
+    # insights --------------------------------------------------------------------
+
+    def summarise(self, node: NodeEvidence, ctx_metric: str, parent: NodeEvidence | None) -> str:
+        """Return a structured statistical summary of one node's evidence."""
+        if node.status == "failed" or node.dev_mean is None:
+            return f"n{node.id} {node.title}: failed ({node.failure or 'no result'})"
+        cons = "; ".join(f"{c['name']} {c['verdict']}" for c in node.constraints)
+        gain = "" if node.gain is None else f": {node.gain:+.4g} dev {ctx_metric} vs trunk"
+        lcb = "" if node.gain_lcb is None else f" (LCB {node.gain_lcb:+.4g}, n={node.dev_n})"
+        return f"n{node.id} {node.title}{gain}{lcb}" + (f"; {cons}" if cons else "")
+
+    def synthesize(self, ancestor: NodeEvidence, children: list[NodeEvidence], metric: str) -> str:
+        """Return an ancestor insight: per-child effects, best first, citing node ids."""
+        done = [c for c in children if c.gain is not None]
+        failed = [c for c in children if c.gain is None]
+        done.sort(key=lambda c: -(c.gain or 0.0))
+        lines = [f"{len(children)} children of n{ancestor.id}; {len(done)} measured, {len(failed)} failed."]
+        for c in done[:6]:
+            lines.append(f"- n{c.id} {c.title}: {c.gain:+.4g} dev {metric}, n={c.dev_n}")
+        wins = [c for c in done if (c.gain_lcb or 0) > 0]
+        if wins:
+            lines.append(f"Works: {', '.join(f'n{c.id}' for c in wins[:4])}.")
+        elif done:
+            lines.append("No child improved significantly on trunk here.")
+        return "\n".join(lines)

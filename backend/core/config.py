@@ -1,0 +1,46 @@
+"""Service settings from `GROVE_*` environment variables."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GROVE_", extra="ignore")
+
+    data_dir: Path = Path(".grove")
+    worktrees_dir: Path = PROJECT_ROOT / "worktrees"
+    database_url: str | None = None
+    # Extra variable names passed through to sandboxed commands (comma separated).
+    sandbox_env_passthrough: str = ""
+    output_cap_bytes: int = 5_000_000
+    tail_bytes: int = 4_000
+    stale_worktree_hours: float = 24.0
+
+    @property
+    def db_url(self) -> str:
+        """Return the database URL, defaulting to SQLite under the data directory."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'grove.db').resolve()}"
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """Return the SQLite file of the coordinator's LangGraph checkpoints."""
+        return self.data_dir / "checkpoints.db"
+
+    def ensure_dirs(self) -> None:
+        """Create the data and worktree directories."""
+        for d in (self.data_dir, self.worktrees_dir, self.data_dir / "repos", self.data_dir / "outputs"):
+            d.mkdir(parents=True, exist_ok=True)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """Return the process-wide settings."""
+    return Settings()

@@ -1,0 +1,45 @@
+"""Database engine and sessions (SQLite with WAL and a busy timeout by default)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, SQLModel, create_engine
+
+from backend import models  # noqa: F401  (registers the tables)
+
+
+@lru_cache(maxsize=8)
+def get_engine(url: str) -> Engine:
+    """Return the engine for a database URL, creating the tables on first use."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(conn, _record):  # type: ignore[no-untyped-def]
+            cur = conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+    else:
+        engine = create_engine(url, pool_pre_ping=True)
+    SQLModel.metadata.create_all(engine)
+    return engine
+
+
+@contextmanager
+def session(url: str) -> Iterator[Session]:
+    """Open a session that commits on success and rolls back on error."""
+    with Session(get_engine(url), expire_on_commit=False) as s:
+        try:
+            yield s
+            s.commit()
+        except BaseException:
+            s.rollback()
+            raise

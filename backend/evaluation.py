@@ -1,0 +1,150 @@
+"""Evaluation runs and their receipts (the metrics protocol of DESIGN §4)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from agents import globs
+from backend import sandbox
+
+
+@dataclass
+class Receipt:
+    kind: str  # "dev" | "test"
+    seed: int
+    command: str
+    commit: str
+    exit_code: int | None
+    duration: float
+    timed_out: bool
+    stdout_path: str
+    stderr_path: str
+    stdout_tail: str
+    stderr_tail: str
+    metrics: dict[str, Any] | None
+    ok: bool
+    reason: str
+    fingerprint: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-friendly dict."""
+        return asdict(self)
+
+    def objective(self, metric: str) -> float | None:
+        """Return the objective value of a successful receipt."""
+        if not self.ok or not self.metrics:
+            return None
+        return float(self.metrics[metric])
+
+
+def _last_json_line(path: Path) -> dict[str, Any] | None:
+    try:
+        lines = path.read_text("utf-8", "replace").splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        line = line.strip()
+        if not (line.startswith("{") and line.endswith("}")):
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def parse_metrics(metrics_file: Path, stdout_path: Path) -> tuple[dict[str, Any] | None, str]:
+    """Read metrics from the metrics file, else the last JSON-object line of stdout."""
+    if metrics_file.exists() and metrics_file.stat().st_size > 0:
+        try:
+            value = json.loads(metrics_file.read_text("utf-8", "replace"))
+        except json.JSONDecodeError as exc:
+            return None, f"GROVE_METRICS_FILE is not valid JSON: {exc}"
+        if not isinstance(value, dict):
+            return None, "GROVE_METRICS_FILE does not hold a JSON object"
+        return value, ""
+    value = _last_json_line(stdout_path)
+    if value is None:
+        return None, "no metrics: no GROVE_METRICS_FILE and no JSON object line on stdout"
+    return value, ""
+
+
+def fingerprint(root: Path, patterns: list[str]) -> str:
+    """Return a SHA-256 over the files under `root` that match the patterns (path and content)."""
+    h = hashlib.sha256()
+    files = sorted(p for p in root.rglob("*") if p.is_file() and ".git" not in p.relative_to(root).parts)
+    for p in files:
+        rel = p.relative_to(root).as_posix()
+        if globs.match_any(patterns, rel):
+            h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def evaluate(
+    *,
+    kind: str,
+    command: str,
+    worktree: Path,
+    output_dir: Path,
+    seed: int,
+    metric: str,
+    commit: str,
+    limits: sandbox.Limits,
+    evaluator_fingerprint: str,
+    output_cap: int = 5_000_000,
+    tail_bytes: int = 4_000,
+) -> Receipt:
+    """Run one evaluation in the sandbox and return its receipt."""
+    name = f"{kind}-seed{seed}"
+    metrics_file = output_dir / f"{name}.metrics.json"
+    output_dir.mkdir(parents=True, exist_ok=True)
+    metrics_file.unlink(missing_ok=True)
+    res = sandbox.run(
+        command,
+        cwd=worktree,
+        output_dir=output_dir,
+        name=name,
+        limits=limits,
+        env={"GROVE_SEED": str(seed), "GROVE_METRICS_FILE": str(metrics_file.resolve())},
+        output_cap=output_cap,
+        tail_bytes=tail_bytes,
+    )
+    metrics: dict[str, Any] | None = None
+    if res.timed_out:
+        reason = f"timed out after {limits.timeout:g}s"
+    elif res.exit_code != 0:
+        reason = f"exited with code {res.exit_code}"
+        if res.signal:
+            reason = f"killed by signal {res.signal}"
+    else:
+        metrics, reason = parse_metrics(metrics_file, res.stdout_path)
+        if metrics is not None:
+            value = metrics.get(metric)
+            if value is None:
+                reason = f"objective metric {metric!r} missing from the reported metrics"
+            elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                reason = f"objective metric {metric!r} is not a finite number ({value!r})"
+    return Receipt(
+        kind=kind,
+        seed=seed,
+        command=command,
+        commit=commit,
+        exit_code=res.exit_code,
+        duration=round(res.duration, 3),
+        timed_out=res.timed_out,
+        stdout_path=str(res.stdout_path),
+        stderr_path=str(res.stderr_path),
+        stdout_tail=res.stdout_tail,
+        stderr_tail=res.stderr_tail,
+        metrics=metrics,
+        ok=reason == "",
+        reason=reason,
+        fingerprint=evaluator_fingerprint,
+    )

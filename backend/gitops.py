@@ -1,0 +1,237 @@
+"""The one adapter to the git CLI: clones, worktrees, commits, diffs and merges.
+
+Worktree and merge operations on a repository are serialised by a file lock in its
+git directory, since concurrent `git worktree add` calls race on shared metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+GIT_ENV = {
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_OPTIONAL_LOCKS": "0",
+    "GIT_AUTHOR_NAME": "Grove",
+    "GIT_AUTHOR_EMAIL": "grove@localhost",
+    "GIT_COMMITTER_NAME": "Grove",
+    "GIT_COMMITTER_EMAIL": "grove@localhost",
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
+
+
+class GitError(RuntimeError):
+    """A git command failed; the message carries its stderr."""
+
+    def __init__(self, args: list[str], code: int, stderr: str) -> None:
+        self.args_, self.code, self.stderr = args, code, stderr
+        super().__init__(f"git {' '.join(args)} failed ({code}): {stderr.strip()[:2000]}")
+
+
+class MergeConflict(GitError):
+    """A merge stopped on conflicts and was aborted."""
+
+
+def git(*args: str, cwd: Path | None = None, check: bool = True, timeout: float = 300) -> str:
+    """Run a git command and return its stdout."""
+    env = {**os.environ, **GIT_ENV}
+    env.pop("GIT_DIR", None)
+    env.pop("GIT_WORK_TREE", None)
+    proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise GitError(list(args), proc.returncode, proc.stderr or proc.stdout)
+    return proc.stdout
+
+
+def is_url(source: str) -> bool:
+    """Return whether a repository source is a URL rather than a local path."""
+    return "://" in source or (source.count(":") == 1 and "@" in source.split(":")[0])
+
+
+def toplevel(path: Path) -> Path | None:
+    """Return the top of the git work tree containing `path`, or None."""
+    try:
+        out = git("rev-parse", "--show-toplevel", cwd=path)
+    except (GitError, NotADirectoryError, FileNotFoundError):
+        return None
+    return Path(out.strip()).resolve()
+
+
+@dataclass(frozen=True)
+class Repo:
+    """Grove's own clone of a target repository."""
+
+    path: Path
+
+    def git(self, *args: str, check: bool = True) -> str:
+        """Run git in this repository."""
+        return git(*args, cwd=self.path, check=check)
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the per-repository lock for worktree and merge operations."""
+        lock_path = self.path / ".git" / "grove.lock"
+        with open(lock_path, "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def rev(self, ref: str) -> str:
+        """Return the commit id a ref points at."""
+        return self.git("rev-parse", "--verify", f"{ref}^{{commit}}").strip()
+
+    def branch_exists(self, branch: str) -> bool:
+        """Return whether a local branch exists."""
+        return bool(self.git("branch", "--list", branch).strip())
+
+    def set_branch(self, branch: str, commit: str) -> None:
+        """Point a branch at a commit, creating it if needed."""
+        with self.lock():
+            self.git("branch", "-f", branch, commit)
+
+    def files_at(self, ref: str) -> list[str]:
+        """Return every file path at a commit."""
+        return [p for p in self.git("ls-tree", "-r", "--name-only", "-z", ref).split("\0") if p]
+
+    def read_at(self, ref: str, path: str) -> str:
+        """Return a file's text at a commit."""
+        return self.git("show", f"{ref}:{path}")
+
+    def changed_files(self, old: str, new: str) -> list[str]:
+        """Return paths that differ between two commits (renames as delete + add)."""
+        out = self.git("diff", "--name-only", "--no-renames", "-z", old, new)
+        return [p for p in out.split("\0") if p]
+
+    def diff(self, old: str, new: str) -> str:
+        """Return the unified diff between two commits."""
+        return self.git("diff", "--no-color", old, new)
+
+    def diff_stats(self, old: str, new: str) -> dict[str, int]:
+        """Return files, insertions and deletions between two commits."""
+        files = ins = dels = 0
+        for line in self.git("diff", "--numstat", old, new).splitlines():
+            a, d, _ = line.split("\t", 2)
+            files += 1
+            ins += int(a) if a.isdigit() else 0
+            dels += int(d) if d.isdigit() else 0
+        return {"files": files, "insertions": ins, "deletions": dels}
+
+    def is_ancestor(self, commit: str, of: str) -> bool:
+        """Return whether `commit` is an ancestor of (or equal to) `of`."""
+        proc = subprocess.run(
+            ["git", "merge-base", "--is-ancestor", commit, of],
+            cwd=self.path,
+            capture_output=True,
+            env={**os.environ, **GIT_ENV},
+        )
+        return proc.returncode == 0
+
+    # worktrees ---------------------------------------------------------------
+
+    def add_worktree(self, path: Path, branch: str, commit: str, reason: str = "grove") -> Path:
+        """Create (or recreate) a locked worktree at `path` on `branch`, reset to `commit`."""
+        with self.lock():
+            self._remove_worktree_locked(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.git(
+                "worktree", "add", "--no-track", "--lock", "--reason", reason,
+                "-B", branch, str(path), commit,
+            )  # fmt: skip
+        return path
+
+    def remove_worktree(self, path: Path) -> None:
+        """Remove a worktree and its metadata; the branch stays."""
+        with self.lock():
+            self._remove_worktree_locked(path)
+
+    def _remove_worktree_locked(self, path: Path) -> None:
+        listed = {w["worktree"] for w in self.worktrees()}
+        if str(path.resolve()) in listed or str(path) in listed:
+            self.git("worktree", "unlock", str(path), check=False)
+            self.git("worktree", "remove", "--force", "--force", str(path), check=False)
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+        self.git("worktree", "prune", "--expire=now")
+
+    def worktrees(self) -> list[dict[str, str]]:
+        """Return `git worktree list --porcelain` as dicts (the main one excluded)."""
+        out: list[dict[str, str]] = []
+        cur: dict[str, str] = {}
+        for line in self.git("worktree", "list", "--porcelain").splitlines() + [""]:
+            if not line:
+                if cur:
+                    out.append(cur)
+                cur = {}
+                continue
+            key, _, value = line.partition(" ")
+            cur[key] = value
+        main = str(self.path.resolve())
+        return [w for w in out if w.get("worktree") != main]
+
+    def commit_all(self, worktree: Path, message: str) -> str | None:
+        """Stage everything in a worktree and commit; return the new commit or None if clean."""
+        git("add", "-A", cwd=worktree)
+        if not git("status", "--porcelain", cwd=worktree).strip():
+            return None
+        git("commit", "-q", "--no-verify", "-m", message, cwd=worktree)
+        return git("rev-parse", "HEAD", cwd=worktree).strip()
+
+    def merge_into(self, worktree: Path, branch: str, message: str) -> str:
+        """Merge `branch` into the worktree's HEAD with `--no-ff`; abort and raise on conflict."""
+        with self.lock():
+            proc = subprocess.run(
+                ["git", "merge", "--no-ff", "--no-edit", "-m", message, branch],
+                cwd=worktree,
+                capture_output=True,
+                text=True,
+                env={**os.environ, **GIT_ENV},
+            )
+            if proc.returncode != 0:
+                git("merge", "--abort", cwd=worktree, check=False)
+                raise MergeConflict(["merge", branch], proc.returncode, proc.stdout + proc.stderr)
+        return git("rev-parse", "HEAD", cwd=worktree).strip()
+
+
+def clone(source: str, dest: Path) -> Repo:
+    """Make Grove's own clone of a repository: a URL or git path is cloned, a plain folder imported.
+
+    A folder that is not the top of a git work tree (e.g. an example inside another repository)
+    is imported as a snapshot: a fresh repository whose first commit holds its files on `main`.
+    """
+    if dest.exists() and (dest / ".git").exists():
+        return Repo(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if is_url(source):
+        git("clone", "--quiet", "--no-local", source, str(tmp), timeout=3600)
+    else:
+        src = Path(source).expanduser().resolve()
+        if not src.is_dir():
+            raise FileNotFoundError(f"repository {source!r} does not exist or is not a directory")
+        top = toplevel(src)
+        if top == src:
+            git("clone", "--quiet", "--no-local", str(src), str(tmp), timeout=3600)
+            # Local branches of the source become local branches of the clone.
+            for ref in git(
+                "for-each-ref", "--format=%(refname:short)", "refs/remotes/origin", cwd=tmp
+            ).split():
+                name = ref.removeprefix("origin/")
+                if name != "HEAD" and "/" not in name:
+                    git("branch", "-f", name, ref, cwd=tmp, check=False)
+        else:
+            shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc"))
+            git("init", "--quiet", "-b", "main", cwd=tmp)
+            git("add", "-A", cwd=tmp)
+            git("commit", "--quiet", "-m", f"Import {src.name}", cwd=tmp)
+    git("config", "core.hooksPath", "/dev/null", cwd=tmp)
+    tmp.rename(dest)
+    return Repo(dest)

@@ -1,0 +1,156 @@
+"""Database tables: studies, nodes, jobs, receipts, insight versions, events, approvals."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Column, Text, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+
+def now() -> datetime:
+    """Return the current UTC time."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def _json(default: Any = None) -> Any:
+    factory = (lambda: list(default)) if isinstance(default, list) else (lambda: dict(default or {}))
+    if default is None:
+        return Field(default=None, sa_column=Column(JSON, nullable=True))
+    return Field(default_factory=factory, sa_column=Column(JSON, nullable=False))
+
+
+class Study(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(index=True, unique=True)
+    goal: str = ""
+    spec_toml: str = Field(sa_column=Column(Text, nullable=False))
+    source: str
+    repo_path: str = ""
+    status: str = "created"  # created|running|paused|stopping|finished|failed
+    base_commit: str = ""
+    trunk_branch: str = ""
+    trunk_commit: str = ""
+    trunk_node_id: int | None = None
+    baseline_dev: list[float] = _json([])
+    trunk_dev: list[float] = _json([])
+    baseline_heldout: list[float] = _json([])
+    trunk_heldout: list[float] = _json([])
+    test_queries: int = 0
+    improvement_state: dict[str, Any] = _json({})
+    plateau_level: int = 0
+    stop_reason: str = ""
+    report_path: str = ""
+    created_at: datetime = Field(default_factory=now)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class Node(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(index=True, foreign_key="study.id")
+    parent_id: int | None = Field(default=None, foreign_key="node.id")
+    depth: int = 0
+    round_no: int = 0
+    title: str = ""
+    hypothesis: dict[str, Any] = _json({})
+    origin: str = "policy"  # policy|human|refine|restart|baseline
+    origin_ref: int | None = None
+    status: str = "proposed"
+    prior: float = 0.0
+    edits: dict[str, Any] = _json({})
+    base_commit: str = ""
+    branch: str = ""
+    commit: str = ""
+    diff_stats: dict[str, Any] = _json({})
+    dev_values: list[float] = _json([])
+    dev_mean: float | None = None
+    dev_std: float | None = None
+    dev_n: int = 0
+    gain: float | None = None
+    gain_lcb: float | None = None
+    constraints: list[dict[str, Any]] = _json([])
+    verification: dict[str, Any] = _json({})
+    summary: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
+    attempts: int = 0
+    reflection: str = ""
+    failure: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
+    heldout_values: list[float] = _json([])
+    heldout_gain: float | None = None
+    gate_reason: str = ""
+    completed_order: int = 0
+    cost: dict[str, Any] = _json({})
+    created_at: datetime = Field(default_factory=now)
+    updated_at: datetime = Field(default_factory=now)
+
+
+class Job(SQLModel, table=True):
+    __table_args__ = (UniqueConstraint("node_id", "attempt"),)
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(index=True, foreign_key="study.id")
+    node_id: int = Field(foreign_key="node.id")
+    attempt: int = 1
+    kind: str = "experiment"
+    status: str = "queued"  # queued|running|done|failed
+    token: str = ""
+    pid: int | None = None
+    integrated: bool = False
+    outcome: dict[str, Any] = _json({})
+    created_at: datetime = Field(default_factory=now)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class ReceiptRow(SQLModel, table=True):
+    __tablename__ = "receipt"
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(index=True, foreign_key="study.id")
+    node_id: int | None = Field(default=None, foreign_key="node.id")
+    job_id: int | None = None
+    kind: str = "dev"
+    seed: int = 0
+    command: str = ""
+    commit: str = ""
+    exit_code: int | None = None
+    duration: float = 0.0
+    timed_out: bool = False
+    ok: bool = False
+    reason: str = ""
+    metrics: dict[str, Any] | None = _json(None)
+    stdout_path: str = ""
+    stderr_path: str = ""
+    stdout_tail: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
+    stderr_tail: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
+    fingerprint: str = ""
+    created_at: datetime = Field(default_factory=now)
+
+
+class InsightVersion(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(index=True, foreign_key="study.id")
+    node_id: int = Field(index=True, foreign_key="node.id")
+    version: int = 1
+    text: str = Field(sa_column=Column(Text, nullable=False))
+    cites: list[int] = _json([])
+    created_at: datetime = Field(default_factory=now)
+
+
+class Event(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(index=True, foreign_key="study.id")
+    node_id: int | None = None
+    type: str
+    payload: dict[str, Any] = _json({})
+    time: datetime = Field(default_factory=now)
+
+
+class Approval(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(index=True, foreign_key="study.id")
+    node_id: int = Field(foreign_key="node.id", unique=True)
+    status: str = "pending"  # pending|approved|rejected
+    decided_by: str = ""
+    reason: str = ""
+    created_at: datetime = Field(default_factory=now)
+    decided_at: datetime | None = None
