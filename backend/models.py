@@ -11,7 +11,7 @@ from sqlmodel import Field, SQLModel
 
 def now() -> datetime:
     """Return the current UTC time."""
-    return datetime.now(UTC).replace(tzinfo=None)
+    return datetime.now(UTC)
 
 
 def _json(default: Any = None) -> Any:
@@ -33,6 +33,8 @@ class Study(SQLModel, table=True):
     trunk_branch: str = ""
     trunk_commit: str = ""
     trunk_node_id: int | None = None
+    seed: int = 0
+    base_values: dict[str, Any] = _json({})
     baseline_dev: list[float] = _json([])
     trunk_dev: list[float] = _json([])
     baseline_heldout: list[float] = _json([])
@@ -76,6 +78,8 @@ class Node(SQLModel, table=True):
     attempts: int = 0
     reflection: str = ""
     failure: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
+    gate_commit: str = ""
+    gated: bool = False
     heldout_values: list[float] = _json([])
     heldout_gain: float | None = None
     gate_reason: str = ""

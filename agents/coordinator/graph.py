@@ -1,0 +1,382 @@
+"""The coordinator graph: observe → ideate → select → dispatch → wait → integrate → gate → approve → merge.
+
+The graph holds only ids; every fact lives behind the ports. Nodes that wait do so with
+`interrupt()`: `await_jobs` (resumed with the finished job ids) and `approve` (resumed with
+`{"approved": bool, "by": str, "reason": str}`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+
+from agents.coordinator.configuration import CoordinatorConfig
+from agents.coordinator.ports import Dispatcher, Gatekeeper, Integration, NodeRecord, Storage, StudyView
+from agents.coordinator.state import CoordinatorState
+from agents.policies.base import IdeationInput, NodeEvidence, Policy, RefineRequest
+from agents.tree import plateau, pruning, selection
+from agents.tree.gate import eligible
+from agents.tree.insights import backpropagate
+from agents.tree.model import Tree, TreeNode
+from agents.tree.stats import gain_over
+from agents.tree.status import NodeStatus
+from agents.verify.arex import Decision, assess
+from agents.verify.constraints import ConstraintRule, all_satisfied, verify_all
+from agents.verify.state import ImprovementState
+
+
+def tree_of(records: list[NodeRecord]) -> Tree:
+    """Build the pure tree view from node records."""
+    return Tree.of(
+        TreeNode(
+            id=r.evidence.id,
+            parent_id=r.evidence.parent_id,
+            depth=r.evidence.depth,
+            status=NodeStatus(r.evidence.status),
+            prior=r.prior,
+            gain=r.evidence.gain,
+            gain_lcb=r.evidence.gain_lcb,
+            summary=r.evidence.summary,
+            insight=r.evidence.insight,
+            order=r.completed_order,
+        )
+        for r in records
+    )
+
+
+def _rules(study: StudyView) -> list[ConstraintRule]:
+    return [ConstraintRule(c.name, c.metric, c.min, c.max) for c in study.spec.constraints]
+
+
+def _active_jobs(state: CoordinatorState) -> list[int]:
+    return list(state.get("pending", []))
+
+
+def build_graph(
+    storage: Storage,
+    dispatcher: Dispatcher,
+    gatekeeper: Gatekeeper,
+    policy: Policy,
+    config: CoordinatorConfig = CoordinatorConfig(),
+) -> StateGraph[CoordinatorState, None, CoordinatorState, CoordinatorState]:
+    """Return the (uncompiled) coordinator graph wired to the given ports."""
+
+    def start(state: CoordinatorState) -> Command[Literal["observe"]]:
+        gatekeeper.baseline(state["study_id"])
+        return Command(update={"round_no": state.get("round_no", 0), "pending": []}, goto="observe")
+
+    def observe(state: CoordinatorState) -> Command[Literal["ideate", "wait", "finish"]]:
+        sid = state["study_id"]
+        study = storage.study(sid)
+        pending = _active_jobs(state)
+        if study.status == "stopping":
+            storage.cancel_active(sid)
+            return Command(update={"stop_reason": "stopped by user", "pending": []}, goto="finish")
+        if study.status == "paused":
+            interrupt({"kind": "paused", "study_id": sid})
+            return Command(goto="observe")
+        budget = study.spec.budget
+        reason = ""
+        if study.experiments_used >= budget.experiments:
+            reason = f"experiment budget spent ({budget.experiments})"
+        elif study.elapsed_hours >= budget.hours:
+            reason = f"time budget spent ({budget.hours:g} h)"
+        elif study.plateau_level >= plateau.PlateauLevel.STOP:
+            reason = f"plateau: {study.spec.plateau.stop} experiments without improvement"
+        if reason:
+            if pending:
+                return Command(goto="wait")
+            return Command(update={"stop_reason": reason}, goto="finish")
+        slots = min(budget.parallel - len(pending), budget.experiments - study.experiments_used)
+        if slots > 0:
+            return Command(goto="ideate")
+        return Command(goto="wait")
+
+    def ideate(state: CoordinatorState) -> Command[Literal["select"]]:
+        sid = state["study_id"]
+        study = storage.study(sid)
+        records = storage.nodes(sid)
+        waiting = sum(1 for r in records if r.evidence.status == NodeStatus.PROPOSED)
+        retry = sum(1 for r in records if r.retryable)
+        slots = study.spec.budget.parallel - len(_active_jobs(state))
+        round_no = state.get("round_no", 0)
+        if waiting + retry < slots:
+            k = max(study.spec.policy.children, slots - waiting - retry)
+            ctx = ideation_input(study, records, k=k, round_no=round_no)
+            storage.add_proposals(sid, round_no, policy.ideate(ctx))
+        return Command(update={"round_no": round_no + 1}, goto="select")
+
+    def select_(state: CoordinatorState) -> Command[Literal["dispatch", "wait", "finish"]]:
+        sid = state["study_id"]
+        study = storage.study(sid)
+        records = storage.nodes(sid)
+        pending = _active_jobs(state)
+        slots = min(
+            study.spec.budget.parallel - len(pending),
+            study.spec.budget.experiments - study.experiments_used,
+        )
+        retries = [r.evidence.id for r in records if r.retryable][: max(slots, 0)]
+        cfg = selection.SelectionConfig(config.exploration, config.per_parent, study.seed)
+        chosen = retries + selection.select(
+            tree_of(records), slots - len(retries), cfg, state.get("round_no", 0)
+        )
+        if chosen:
+            return Command(update={"selected": chosen}, goto="dispatch")
+        if pending:
+            return Command(goto="wait")
+        return Command(update={"stop_reason": "frontier exhausted: nothing left to try"}, goto="finish")
+
+    def dispatch(state: CoordinatorState) -> Command[Literal["wait"]]:
+        sid = state["study_id"]
+        pending = _active_jobs(state)
+        for node_id in state.get("selected", []):
+            job_id = storage.enqueue(sid, node_id)
+            dispatcher.submit(job_id)
+            if job_id not in pending:
+                pending.append(job_id)
+        return Command(update={"pending": pending, "selected": []}, goto="wait")
+
+    def wait(state: CoordinatorState) -> Command[Literal["integrate", "observe"]]:
+        pending = _active_jobs(state)
+        if not pending:
+            return Command(goto="observe")
+        finished = interrupt({"kind": "await_jobs", "study_id": state["study_id"], "jobs": pending})
+        done = [j for j in finished if j in pending]
+        return Command(
+            update={"finished": done, "pending": [j for j in pending if j not in done]},
+            goto="integrate",
+        )
+
+    def integrate(state: CoordinatorState) -> Command[Literal["gate", "observe"]]:
+        sid = state["study_id"]
+        study = storage.study(sid)
+        node_ids = set(storage.job_nodes(state.get("finished", [])).values())
+        records = {r.evidence.id: r for r in storage.nodes(sid)}
+        istate = ImprovementState.from_dict(study.improvement_state)
+        order = max((r.completed_order for r in records.values()), default=0)
+        for node_id in sorted(node_ids):
+            rec = records[node_id]
+            if rec.completed_order:
+                continue  # already integrated (replayed step)
+            order += 1
+            result = integrate_one(study, rec, policy, istate, records)
+            storage.record(sid, result)
+            storage.event(sid, "node.integrated", node_id, {"order": order, "status": result.status})
+            records = {r.evidence.id: r for r in storage.nodes(sid)}
+        metric = study.spec.objective.metric
+        for node_id in sorted(node_ids):
+            current = storage.nodes(sid)
+            ev = {r.evidence.id: r.evidence for r in current}
+
+            def synth(anc: TreeNode, kids: list[TreeNode], ev: dict[int, NodeEvidence] = ev) -> str:
+                return policy.synthesize(ev[anc.id], [ev[k.id] for k in kids], metric)
+
+            storage.add_insights(sid, backpropagate(tree_of(current), node_id, synth))
+        records_list = storage.nodes(sid)
+        tree = tree_of(records_list)
+        completed = sorted((r for r in records_list if r.completed_order), key=lambda r: r.completed_order)
+        min_gain = study.spec.plateau.min_gain
+        flags = [pruning.improved(r.evidence.gain_lcb, min_gain) for r in completed]
+        p = study.spec.plateau
+        level = plateau.plateau_level(flags, plateau.PlateauConfig(p.warn, p.change, p.stop))
+        if level != study.plateau_level and level > 0:
+            storage.event(
+                sid,
+                "budget.warning",
+                None,
+                {"plateau": level.name.lower(), "streak": plateau.non_improving_streak(flags)},
+            )
+            if level >= plateau.PlateauLevel.CHANGE:
+                istate.concern("plateau: change approach, explore new directions")
+        for pr in pruning.exhausted(tree, config.prune_window, min_gain):
+            storage.prune(sid, pr.node_id, pr.reason, pr.lesson)
+            istate.concern(f"pruned n{pr.node_id}: {pr.reason}")
+        istate.next_plan = next_plan(records_list, level)
+        storage.save_state(sid, istate.to_dict(), int(level))
+        study = storage.study(sid)
+        cands = gate_candidates(study, storage.nodes(sid))
+        if cands:
+            return Command(update={"candidates": cands, "finished": []}, goto="gate")
+        return Command(update={"candidates": [], "finished": []}, goto="observe")
+
+    def gate(state: CoordinatorState) -> Command[Literal["approve", "merge", "observe"]]:
+        sid = state["study_id"]
+        cands = list(state.get("candidates", []))
+        while cands:
+            study = storage.study(sid)
+            node_id = cands.pop(0)
+            still = gate_candidates(study, storage.nodes(sid))
+            if node_id not in still:
+                continue
+            if gatekeeper.gate(sid, node_id):
+                goto: Literal["approve", "merge"] = "merge" if study.spec.gate.mode == "auto" else "approve"
+                if goto == "approve":
+                    gatekeeper.await_approval(sid, node_id)
+                return Command(update={"candidates": [], "gate_node": node_id}, goto=goto)
+        return Command(update={"candidates": [], "gate_node": None}, goto="observe")
+
+    def approve(state: CoordinatorState) -> Command[Literal["merge", "observe"]]:
+        sid, node_id = state["study_id"], state.get("gate_node")
+        answer: dict[str, Any] = interrupt({"kind": "approve", "study_id": sid, "node_id": node_id})
+        if answer.get("approved"):
+            return Command(update={"gate_node": node_id}, goto="merge")
+        assert node_id is not None
+        gatekeeper.reject(
+            sid, node_id, str(answer.get("reason") or "rejected by a human"), str(answer.get("by", ""))
+        )
+        return Command(update={"gate_node": None}, goto="observe")
+
+    def merge(state: CoordinatorState) -> Command[Literal["observe"]]:
+        sid, node_id = state["study_id"], state.get("gate_node")
+        assert node_id is not None
+        gatekeeper.merge(sid, node_id, "auto" if storage.study(sid).spec.gate.mode == "auto" else "approver")
+        return Command(update={"gate_node": None}, goto="observe")
+
+    def finish(state: CoordinatorState) -> dict[str, Any]:
+        gatekeeper.finalize(state["study_id"], state.get("stop_reason", "finished"))
+        return {}
+
+    g: StateGraph[CoordinatorState, None, CoordinatorState, CoordinatorState] = StateGraph(CoordinatorState)
+    g.add_node("start", start)
+    g.add_node("observe", observe)
+    g.add_node("ideate", ideate)
+    g.add_node("select", select_)
+    g.add_node("dispatch", dispatch)
+    g.add_node("wait", wait)
+    g.add_node("integrate", integrate)
+    g.add_node("gate", gate)
+    g.add_node("approve", approve)
+    g.add_node("merge", merge)
+    g.add_node("finish", finish)
+    g.add_edge(START, "start")
+    g.add_edge("finish", END)
+    return g
+
+
+def integrate_one(
+    study: StudyView,
+    rec: NodeRecord,
+    policy: Policy,
+    istate: ImprovementState,
+    records: dict[int, NodeRecord],
+) -> Integration:
+    """Verify one finished node, decide AREX's call, and update the improvement state."""
+    ev = rec.evidence
+    spec = study.spec
+    if ev.status in (NodeStatus.FAILED, NodeStatus.REJECTED, NodeStatus.CANCELLED) or not rec.dev_values:
+        recoverable = ev.status == NodeStatus.FAILED and rec.attempts < 2
+        a = assess(succeeded=False, recoverable=recoverable, improves=False, results=[], mechanism=ev.title)
+        istate.reject(ev.id, ev.failure or a.reason)
+        if a.decision == Decision.RESTART:
+            istate.concern(f"n{ev.id} abandoned ({ev.failure[:120]}); n{ev.parent_id} re-expanded")
+        status = ev.status if ev.status != NodeStatus.EVALUATED else NodeStatus.FAILED
+        summary = policy.summarise(_with(ev, status=status), spec.objective.metric, None)
+        verification = {"decision": str(a.decision), "reason": a.reason}
+        return Integration(ev.id, str(status), None, None, [], verification, summary)
+    g = gain_over(rec.dev_values, study.trunk_dev, maximize=spec.maximize)
+    results = verify_all(_rules(study), rec.dev_receipts)
+    improves = g.lcb > spec.plateau.min_gain
+    a = assess(succeeded=True, recoverable=True, improves=improves, results=results, mechanism=ev.title)
+    for r in results:
+        istate.set_constraint(r.name, str(r.verdict), r.detail, ev.id)
+    status = NodeStatus.EVALUATED
+    if a.decision == Decision.ACCEPT:
+        istate.add_finding(
+            f"{ev.title}: {g.mean:+.4g} dev {spec.objective.metric} (LCB {g.lcb:+.4g}, n={g.n})", [ev.id]
+        )
+    elif a.decision == Decision.REFINE:
+        status = NodeStatus.REJECTED
+        istate.reject(ev.id, f"partially verified: {', '.join(a.open_constraints)} open; refine")
+    elif not all_satisfied(results):
+        status = NodeStatus.REJECTED
+        istate.reject(ev.id, f"constraints open: {', '.join(a.open_constraints)}")
+    cons = [r.to_dict() for r in results]
+    verification = {
+        "decision": str(a.decision),
+        "reason": a.reason,
+        "open_constraints": list(a.open_constraints),
+        "refine_goal": a.refine_goal,
+    }
+    updated = _with(ev, status=status, gain=g.mean, gain_lcb=g.lcb, constraints=cons)
+    summary = policy.summarise(updated, spec.objective.metric, records.get(ev.parent_id or -1, rec).evidence)
+    return Integration(ev.id, str(status), g.mean, g.lcb, cons, verification, summary)
+
+
+def _with(ev: NodeEvidence, **changes: Any) -> NodeEvidence:
+    from dataclasses import replace
+
+    return replace(ev, **changes)
+
+
+def gate_candidates(study: StudyView, records: list[NodeRecord]) -> list[int]:
+    """Return node ids that may query the sealed split now, best dev LCB first."""
+    out: list[tuple[float, int]] = []
+    for r in records:
+        ev = r.evidence
+        if ev.status != NodeStatus.EVALUATED or r.gated or r.verification.get("decision") != "accept":
+            continue
+        e = eligible(
+            dev_gain_lcb=ev.gain_lcb,
+            constraints_hold=all(c.get("verdict") == "satisfied" for c in ev.constraints),
+            on_current_trunk=r.base_commit == study.trunk_commit,
+            queries_used=study.test_queries,
+            max_queries=study.spec.gate.max_test_runs,
+        )
+        if e.ok and ev.gain_lcb is not None:
+            out.append((ev.gain_lcb, ev.id))
+    return [nid for _, nid in sorted(out, key=lambda t: (-t[0], t[1]))]
+
+
+def next_plan(records: list[NodeRecord], level: plateau.PlateauLevel) -> list[str]:
+    """Return the next-step plan derived from the tree."""
+    plan = []
+    refine = [r for r in records if r.verification.get("decision") == "refine"]
+    for r in refine[-3:]:
+        plan.append(f"refine n{r.evidence.id}: {r.verification.get('refine_goal', '')}")
+    if level >= plateau.PlateauLevel.CHANGE:
+        plan.append("change approach: explore directions far from the current best")
+    elif level >= plateau.PlateauLevel.WARN:
+        plan.append("progress is slowing: combine the best moves or leap further")
+    else:
+        plan.append("exploit around the best nodes; keep one exploratory direction")
+    return plan
+
+
+def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round_no: int) -> IdeationInput:
+    """Build ideation's input from dev-side evidence only (never a held-out number)."""
+    nodes = [r.evidence for r in records]
+    kids_of_refine = {r.evidence.parent_id for r in records if r.evidence.origin == "refine"}
+    refine = [
+        RefineRequest(
+            r.evidence.id,
+            tuple(r.verification.get("open_constraints", [])),
+            r.verification.get("refine_goal", ""),
+        )
+        for r in records
+        if r.verification.get("decision") == "refine" and r.evidence.id not in kids_of_refine
+    ]
+    trunk = next((r for r in records if r.evidence.id == study.trunk_node_id), None)
+    istate = study.improvement_state
+    return IdeationInput(
+        goal=study.spec.study.goal,
+        metric=study.spec.objective.metric,
+        maximize=study.spec.maximize,
+        search_space={k_: d.model_dump() for k_, d in study.spec.search.items()},
+        base_values=dict(study.base_values),
+        trunk_node_id=study.trunk_node_id,
+        trunk_dev_mean=trunk.evidence.dev_mean if trunk else None,
+        nodes=nodes,
+        improvement_state=dict(istate),
+        pruned_lessons=[
+            f"n{n.id} {n.title}: {n.insight or n.summary}" for n in nodes if n.status == NodeStatus.PRUNED
+        ],
+        validated_findings=[f["text"] for f in istate.get("verified_findings", [])],
+        refine=refine,
+        plateau_level=study.plateau_level,
+        k=k,
+        round_no=round_no,
+        seed=study.seed,
+        constraints=[c.model_dump() for c in study.spec.constraints],
+    )

@@ -1,0 +1,102 @@
+"""The seams between the coordinator and the outside world: storage, dispatch, the gate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agents.policies.base import NodeEvidence, Proposal
+from agents.spec import Spec
+from agents.tree.insights import InsightUpdate
+
+
+@dataclass(frozen=True)
+class StudyView:
+    id: int
+    name: str
+    status: str
+    spec: Spec
+    trunk_commit: str
+    trunk_node_id: int
+    trunk_dev: list[float]
+    base_values: dict[str, Any]
+    test_queries: int
+    experiments_used: int
+    elapsed_hours: float
+    improvement_state: dict[str, Any]
+    plateau_level: int
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    evidence: NodeEvidence
+    round_no: int
+    prior: float
+    base_commit: str
+    dev_values: list[float]
+    dev_receipts: list[tuple[int, dict[str, Any]]]
+    attempts: int
+    completed_order: int
+    verification: dict[str, Any] = field(default_factory=dict)
+    gated: bool = False
+    retryable: bool = False
+
+
+@dataclass(frozen=True)
+class Integration:
+    node_id: int
+    status: str
+    gain: float | None
+    gain_lcb: float | None
+    constraints: list[dict[str, Any]]
+    verification: dict[str, Any]
+    summary: str
+
+
+class Storage(Protocol):
+    """Where studies, nodes, insights and events live (the database in production)."""
+
+    def study(self, study_id: int) -> StudyView: ...
+
+    def nodes(self, study_id: int) -> list[NodeRecord]: ...
+
+    def add_proposals(self, study_id: int, round_no: int, proposals: list[Proposal]) -> list[int]: ...
+
+    def enqueue(self, study_id: int, node_id: int) -> int: ...
+
+    def job_nodes(self, job_ids: list[int]) -> dict[int, int]: ...
+
+    def record(self, study_id: int, result: Integration) -> None: ...
+
+    def add_insights(self, study_id: int, updates: list[InsightUpdate]) -> None: ...
+
+    def save_state(self, study_id: int, state: dict[str, Any], plateau_level: int) -> None: ...
+
+    def prune(self, study_id: int, node_id: int, reason: str, lesson: str) -> None: ...
+
+    def event(self, study_id: int, type_: str, node_id: int | None, payload: dict[str, Any]) -> None: ...
+
+    def cancel_active(self, study_id: int) -> None: ...
+
+
+class Dispatcher(Protocol):
+    """Runs experiment jobs somewhere (a local process pool, Celery workers)."""
+
+    def submit(self, job_id: int) -> None: ...
+
+
+class Gatekeeper(Protocol):
+    """Runs sealed evaluations and moves the trunk; returns pass/fail only."""
+
+    def baseline(self, study_id: int) -> None: ...
+
+    def gate(self, study_id: int, node_id: int) -> bool: ...
+
+    def await_approval(self, study_id: int, node_id: int) -> None: ...
+
+    def merge(self, study_id: int, node_id: int, by: str) -> None: ...
+
+    def reject(self, study_id: int, node_id: int, reason: str, by: str) -> None: ...
+
+    def finalize(self, study_id: int, reason: str) -> None: ...

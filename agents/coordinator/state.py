@@ -1,0 +1,16 @@
+"""The coordinator's control state: ids and phase only (the database holds the rest)."""
+
+from __future__ import annotations
+
+from typing_extensions import TypedDict
+
+
+class CoordinatorState(TypedDict, total=False):
+    study_id: int
+    round_no: int
+    pending: list[int]  # job ids dispatched and not yet integrated
+    selected: list[int]  # node ids chosen for dispatch
+    finished: list[int]  # job ids reported done by the last wait
+    candidates: list[int]  # node ids eligible for the gate, best first
+    gate_node: int | None
+    stop_reason: str

@@ -1,0 +1,271 @@
+"""The `grove` command line: validate, run, promote, report, janitor."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.prompt import Confirm, Prompt
+from rich.table import Table
+from sqlmodel import col, select
+
+from agents.spec import SpecError, parse_spec
+from backend import db, gitops
+from backend.core.config import get_settings
+from backend.gatekeeper import BaselineError
+from backend.models import Event, Job, Node, Study
+from backend.runner import run_study, thread_config
+from backend.storage import spec_of
+from backend.studies import StudyExists, create_study, get_by_name, validate
+
+app = typer.Typer(help="Grove: grow a hypothesis tree over a git repository.", no_args_is_help=True)
+console = Console()
+err = Console(stderr=True)
+
+
+def _spec_file(path: Path) -> Path:
+    p = path / "grove.toml" if path.is_dir() else path
+    if not p.is_file():
+        err.print(f"[red]error:[/] {p}: no such file (expected a grove.toml or a folder holding one)")
+        raise typer.Exit(2)
+    return p
+
+
+@app.command("validate")
+def validate_cmd(
+    path: Annotated[Path, typer.Argument(help="grove.toml, or a folder holding one")],
+    repo: Annotated[
+        str | None, typer.Option(help="repository (path or URL); default: the spec's folder")
+    ] = None,
+) -> None:
+    """Check a spec (and, against its repository, globs and search keys); exit 1 on errors."""
+    spec_path = _spec_file(path)
+    try:
+        spec = validate(spec_path.read_text("utf-8"), repo or str(spec_path.parent), str(spec_path))
+    except SpecError as exc:
+        for issue in exc.issues:
+            err.print(f"[red]error:[/] {exc.source}: {issue}")
+        raise typer.Exit(1) from None
+    except (FileNotFoundError, gitops.GitError) as exc:
+        err.print(f"[red]error:[/] repository: {exc}")
+        raise typer.Exit(1) from None
+    console.print(f"[green]ok[/] {spec_path}: study {spec.study.name!r}, policy {spec.policy_kind}")
+
+
+def _status_table(study_id: int) -> Table:
+    settings = get_settings()
+    with db.session(settings.db_url) as s:
+        st = s.get(Study, study_id)
+        assert st is not None
+        nodes = list(s.exec(select(Node).where(Node.study_id == study_id)))
+        jobs = len(list(s.exec(select(Job.id).where(Job.study_id == study_id))))
+        gates = list(
+            s.exec(
+                select(Event).where(
+                    Event.study_id == study_id, col(Event.type).in_(["node.gate_passed", "node.gate_failed"])
+                )
+            )
+        )
+    spec = spec_of(st)
+    measured = [n.dev_mean for n in nodes if n.dev_mean is not None]
+    best = (max if spec.maximize else min)(measured) if measured else None
+    t = Table(title=f"grove · {st.name} · {st.status}", show_header=False)
+    t.add_row("tree", f"{len(nodes)} nodes")
+    t.add_row("running", str(sum(1 for n in nodes if n.status in ("queued", "running"))))
+    t.add_row("best dev", "n/a" if best is None else f"{best:.4f}")
+    t.add_row("trunk dev", "n/a" if not st.trunk_dev else f"{sum(st.trunk_dev) / len(st.trunk_dev):.4f}")
+    passed = sum(1 for g in gates if g.type == "node.gate_passed")
+    t.add_row("gate", f"{passed} passed, {len(gates) - passed} failed")
+    t.add_row("budget left", f"{spec.budget.experiments - jobs} experiments")
+    return t
+
+
+def _terminal_approver(study_id: int, node_id: int) -> dict[str, Any]:
+    settings = get_settings()
+    with db.session(settings.db_url) as s:
+        node = s.get(Node, node_id)
+        assert node is not None
+    console.print(
+        f"\n[bold]Gate passed:[/] n{node_id} {node.title}\n"
+        f"  dev gain {node.gain:+.4f} (LCB {node.gain_lcb:+.4f}, n={node.dev_n}); {node.gate_reason}"
+    )
+    if not sys.stdin.isatty():
+        return {
+            "approved": False,
+            "by": "terminal",
+            "reason": "no terminal to approve from (use --auto-approve)",
+        }
+    if Confirm.ask("Merge into trunk?", default=True):
+        return {"approved": True, "by": "terminal"}
+    return {"approved": False, "by": "terminal", "reason": Prompt.ask("Reason", default="rejected")}
+
+
+@app.command("run")
+def run_cmd(
+    path: Annotated[Path, typer.Argument(help="grove.toml, or a folder holding one")],
+    repo: Annotated[
+        str | None, typer.Option(help="repository (path or URL); default: the spec's folder")
+    ] = None,
+    auto_approve: Annotated[
+        bool, typer.Option("--auto-approve", help="merge gate passes without asking")
+    ] = False,
+    budget: Annotated[int | None, typer.Option(help="override budget.experiments")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="discard an earlier study of the same name")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no live display")] = False,
+) -> None:
+    """Run a study to the end in this process (resuming it if it was interrupted)."""
+    settings = get_settings()
+    settings.ensure_dirs()
+    spec_path = _spec_file(path)
+    text = spec_path.read_text("utf-8")
+    try:
+        spec = parse_spec(text, str(spec_path))
+    except SpecError as exc:
+        for issue in exc.issues:
+            err.print(f"[red]error:[/] {exc.source}: {issue}")
+        raise typer.Exit(1) from None
+    if budget is not None:
+        text = _override_budget(text, budget)
+    existing = get_by_name(settings, spec.study.name)
+    if existing is not None and fresh:
+        _discard(existing)
+        existing = None
+    if existing is not None and existing.status == "finished":
+        console.print(
+            f"study {existing.name!r} already finished; report: {existing.report_path} (use --fresh)"
+        )
+        return
+    if existing is None:
+        try:
+            study = create_study(settings, text, repo or str(spec_path.parent), spec_source=str(spec_path))
+        except SpecError as exc:
+            for issue in exc.issues:
+                err.print(f"[red]error:[/] {exc.source}: {issue}")
+            raise typer.Exit(1) from None
+        except (FileNotFoundError, gitops.GitError, StudyExists) as exc:
+            err.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(1) from None
+        console.print(f"created study {study.name!r} (id {study.id}) from {repo or spec_path.parent}")
+    else:
+        study = existing
+        console.print(f"resuming study {study.name!r} (id {study.id}) from its checkpoint")
+    assert study.id is not None
+    sid = study.id
+
+    def approver(study_id: int, node_id: int) -> dict[str, Any]:
+        if auto_approve:
+            return {"approved": True, "by": "cli --auto-approve"}
+        live.stop()
+        try:
+            return _terminal_approver(study_id, node_id)
+        finally:
+            live.start()
+
+    live = Live(_status_table(sid), console=console, refresh_per_second=2, transient=False)
+    try:
+        if quiet:
+            live = Live(console=Console(file=open("/dev/null", "w")))  # noqa: SIM115
+        with live:
+            status = run_study(settings, sid, approver=approver, tick=lambda: live.update(_status_table(sid)))
+            live.update(_status_table(sid))
+    except BaselineError as exc:
+        with db.session(settings.db_url) as s:
+            st = s.get(Study, sid)
+            assert st is not None
+            st.status, st.stop_reason = "failed", str(exc)
+            s.add(st)
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    with db.session(settings.db_url) as s:
+        st = s.get(Study, sid)
+        assert st is not None
+    console.print(f"study {st.name!r} {status}: {st.stop_reason}")
+    console.print(f"report: {st.report_path}")
+
+
+def _override_budget(text: str, experiments: int) -> str:
+    import tomlkit
+
+    doc = tomlkit.parse(text)
+    doc.setdefault("budget", tomlkit.table())["experiments"] = experiments  # type: ignore[index]
+    return tomlkit.dumps(doc)
+
+
+def _discard(study: Study) -> None:
+    settings = get_settings()
+    with db.session(settings.db_url) as s:
+        from backend.models import Approval, Event, InsightVersion, ReceiptRow
+
+        for model in (Approval, Event, InsightVersion, ReceiptRow, Job):
+            for row in s.exec(select(model).where(model.study_id == study.id)):  # type: ignore[attr-defined]
+                s.delete(row)
+        s.flush()
+        for n in sorted(s.exec(select(Node).where(Node.study_id == study.id)), key=lambda n: -(n.id or 0)):
+            s.delete(n)
+            s.flush()
+        s.delete(s.get(Study, study.id))
+    with sqlite3.connect(settings.checkpoint_path) as conn:
+        tid = thread_config(study.id or 0)["configurable"]["thread_id"]
+        for table in ("checkpoints", "writes"):
+            try:
+                conn.execute(f"DELETE FROM {table} WHERE thread_id = ?", (tid,))
+            except sqlite3.OperationalError:
+                pass
+    shutil.rmtree(study.repo_path, ignore_errors=True)
+    shutil.rmtree(settings.worktrees_dir / study.name, ignore_errors=True)
+
+
+@app.command("report")
+def report_cmd(name: str) -> None:
+    """Print a study's REPORT.md."""
+    from backend import report
+
+    settings = get_settings()
+    st = get_by_name(settings, name)
+    if st is None:
+        err.print(f"[red]error:[/] no study named {name!r}")
+        raise typer.Exit(1)
+    console.print(report.render(settings, st.id or 0), markup=False)
+
+
+@app.command("promote")
+def promote_cmd(name: str) -> None:
+    """Push a study's trunk to its origin repository as branch `grove/<study>`."""
+    settings = get_settings()
+    st = get_by_name(settings, name)
+    if st is None:
+        err.print(f"[red]error:[/] no study named {name!r}")
+        raise typer.Exit(1)
+    repo = gitops.Repo(Path(st.repo_path))
+    if not repo.git("remote").strip():
+        err.print(
+            f"[red]error:[/] study {name!r} was imported from a folder that is not a git repository; "
+            f"fetch its trunk instead: git fetch {st.repo_path} {st.trunk_branch}"
+        )
+        raise typer.Exit(1)
+    target = f"grove/{st.name}"
+    try:
+        repo.git("push", "--force", "origin", f"{st.trunk_commit}:refs/heads/{target}")
+    except gitops.GitError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    console.print(f"pushed trunk {st.trunk_commit[:12]} to {st.source} as {target}")
+
+
+@app.command("janitor")
+def janitor_cmd(max_age_hours: float | None = None) -> None:
+    """Remove stale worktrees."""
+    from backend import workspace
+
+    removed = workspace.janitor(get_settings(), max_age_hours)
+    console.print(f"removed {len(removed)} worktrees")
+
+
+if __name__ == "__main__":
+    app()

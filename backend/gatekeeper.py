@@ -1,0 +1,254 @@
+"""The sealed held-out gate, trunk moves, and the study's final report.
+
+Held-out numbers are written to the database and the report only; the coordinator gets
+pass/fail.
+"""
+
+from __future__ import annotations
+
+from sqlmodel import select
+
+from agents.tree.gate import heldout_decision
+from agents.tree.status import NodeStatus
+from backend import db, report, workspace
+from backend.core.config import Settings
+from backend.gitops import GitError, MergeConflict
+from backend.models import Approval, Node, Study, now
+from backend.storage import add_event, spec_of, transition
+
+
+class BaselineError(RuntimeError):
+    """The unchanged repository does not evaluate cleanly, so no gain can be measured."""
+
+
+class LocalGatekeeper:
+    """Runs sealed evaluations in worktrees of Grove's clone."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def _load(self, study_id: int) -> Study:
+        with db.session(self.settings.db_url) as s:
+            st = s.get(Study, study_id)
+            assert st is not None
+            return st
+
+    def baseline(self, study_id: int) -> None:
+        """Measure trunk at base on dev and held-out once (idempotent)."""
+        st = self._load(study_id)
+        spec = spec_of(st)
+        repo = workspace.repo_of(st)
+        with db.session(self.settings.db_url) as s:
+            study = s.get(Study, study_id)
+            assert study is not None
+            if study.status == "created":
+                study.status, study.started_at = "running", now()
+                add_event(s, study_id, "study.started", None)
+        if not st.baseline_dev:
+            path = workspace.worktree_path(self.settings, st, "baseline-dev")
+            workspace.prepare(
+                repo,
+                path,
+                f"grove/{st.name}/baseline",
+                st.base_commit,
+                sealed=spec.files.sealed,
+                reason="baseline",
+            )
+            try:
+                rs = workspace.run_repeats(
+                    self.settings, st, spec, kind="dev", worktree=path, commit=st.base_commit,
+                    label="baseline", node_id=st.trunk_node_id,
+                )  # fmt: skip
+            finally:
+                repo.remove_worktree(path)
+            if not all(r.ok for r in rs):
+                bad = next(r for r in rs if not r.ok)
+                raise BaselineError(
+                    f"the dev evaluation fails on the unchanged repository: {bad.reason}\n{bad.stderr_tail[-1500:]}"
+                )
+            values = [r.objective(spec.objective.metric) or 0.0 for r in rs]
+            with db.session(self.settings.db_url) as s:
+                study = s.get(Study, study_id)
+                root = s.get(Node, st.trunk_node_id)
+                assert study is not None and root is not None
+                study.baseline_dev = study.trunk_dev = values
+                root.dev_values, root.dev_n = values, len(values)
+                root.dev_mean = sum(values) / len(values)
+                s.add_all([study, root])
+                add_event(s, study_id, "node.evaluated", root.id, dev=values, baseline=True)
+        if not st.baseline_heldout:
+            values_t = self._heldout(st, spec, st.base_commit, "baseline-test", node_id=st.trunk_node_id)
+            if values_t is None:
+                raise BaselineError("the sealed test evaluation fails on the unchanged repository")
+            with db.session(self.settings.db_url) as s:
+                study = s.get(Study, study_id)
+                root = s.get(Node, st.trunk_node_id)
+                assert study is not None and root is not None
+                study.baseline_heldout = study.trunk_heldout = values_t
+                root.heldout_values = values_t
+                s.add_all([study, root])
+
+    def _heldout(self, st: Study, spec, commit: str, label: str, node_id: int | None) -> list[float] | None:  # type: ignore[no-untyped-def]
+        repo = workspace.repo_of(st)
+        path = workspace.worktree_path(self.settings, st, label)
+        workspace.prepare(repo, path, f"grove/{st.name}/{label}", commit, sealed=None, reason=label)
+        try:
+            rs = workspace.run_repeats(
+                self.settings,
+                st,
+                spec,
+                kind="test",
+                worktree=path,
+                commit=commit,
+                label=label,
+                node_id=node_id,
+            )
+        finally:
+            repo.remove_worktree(path)
+        with db.session(self.settings.db_url) as s:
+            study = s.get(Study, st.id)
+            assert study is not None
+            study.test_queries += 1
+            s.add(study)
+        if not all(r.ok for r in rs):
+            return None
+        return [r.objective(spec.objective.metric) or 0.0 for r in rs]
+
+    def gate(self, study_id: int, node_id: int) -> bool:
+        """Merge the candidate onto a copy of trunk, test the merged commit, return pass/fail."""
+        st = self._load(study_id)
+        spec = spec_of(st)
+        repo = workspace.repo_of(st)
+        with db.session(self.settings.db_url) as s:
+            node = s.get(Node, node_id)
+            assert node is not None
+            if node.gated:
+                return node.status in (NodeStatus.AWAITING_APPROVAL, NodeStatus.MERGED) or (
+                    node.status == NodeStatus.EVALUATED and node.gate_reason.startswith("passed")
+                )
+            branch, title = node.branch, node.title
+        label = f"gate-n{node_id}"
+        path = workspace.worktree_path(self.settings, st, label)
+        passed, reason, merged, values = False, "", "", []
+        workspace.prepare(
+            repo, path, f"grove/{st.name}/gate/n{node_id}", st.trunk_commit, sealed=None, reason=label
+        )
+        try:
+            merged = repo.merge_into(path, branch, f"Grove: merge n{node_id} ({title})")
+            violation = workspace.diff_violation(repo, st.trunk_commit, merged, spec)
+            if violation:
+                reason = f"rejected: {violation}"
+            else:
+                rs = workspace.run_repeats(
+                    self.settings,
+                    st,
+                    spec,
+                    kind="test",
+                    worktree=path,
+                    commit=merged,
+                    label=label,
+                    node_id=node_id,
+                )
+                with db.session(self.settings.db_url) as s:
+                    study = s.get(Study, study_id)
+                    assert study is not None
+                    study.test_queries += 1
+                    s.add(study)
+                if all(r.ok for r in rs):
+                    values = [r.objective(spec.objective.metric) or 0.0 for r in rs]
+                    d = heldout_decision(
+                        values, st.trunk_heldout, maximize=spec.maximize, margin=spec.gate.margin
+                    )
+                    passed, reason = d.passed, ("passed: " if d.passed else "failed: ") + d.reason
+                else:
+                    reason = "failed: the sealed evaluation did not run cleanly on the merged commit"
+        except MergeConflict:
+            reason = "failed: merge conflict with trunk"
+        except GitError as exc:
+            reason = f"failed: {exc}"
+        finally:
+            repo.remove_worktree(path)
+        with db.session(self.settings.db_url) as s:
+            node = s.get(Node, node_id)
+            assert node is not None
+            node.gated, node.gate_reason, node.gate_commit = True, reason, merged if passed else ""
+            node.heldout_values = values
+            if values:
+                node.heldout_gain = heldout_decision(
+                    values, st.trunk_heldout, maximize=spec.maximize, margin=spec.gate.margin
+                ).gain
+            s.add(node)
+            add_event(
+                s, study_id, "node.gate_passed" if passed else "node.gate_failed", node_id, passed=passed
+            )
+            if not passed:
+                transition(s, node, NodeStatus.REJECTED, reason="held-out gate failed")
+        return passed
+
+    def await_approval(self, study_id: int, node_id: int) -> None:
+        """Mark a gate-passed node as waiting for a human and open an approval."""
+        with db.session(self.settings.db_url) as s:
+            node = s.get(Node, node_id)
+            assert node is not None
+            if node.status == NodeStatus.EVALUATED:
+                transition(s, node, NodeStatus.AWAITING_APPROVAL)
+            if not s.exec(select(Approval).where(Approval.node_id == node_id)).first():
+                s.add(Approval(study_id=study_id, node_id=node_id))
+
+    def merge(self, study_id: int, node_id: int, by: str) -> None:
+        """Move trunk to the exact commit the gate tested (idempotent)."""
+        st = self._load(study_id)
+        repo = workspace.repo_of(st)
+        with db.session(self.settings.db_url) as s:
+            node = s.get(Node, node_id)
+            study = s.get(Study, study_id)
+            assert node is not None and study is not None
+            if node.status == NodeStatus.MERGED:
+                return
+            if not repo.is_ancestor(study.trunk_commit, node.gate_commit):
+                transition(s, node, NodeStatus.REJECTED, reason="trunk moved since the gate ran")
+                return
+            repo.set_branch(study.trunk_branch, node.gate_commit)
+            study.trunk_commit = node.gate_commit
+            study.trunk_dev = list(node.dev_values)
+            study.trunk_heldout = list(node.heldout_values)
+            study.trunk_node_id = node_id
+            node.commit = node.commit or node.gate_commit
+            s.add(study)
+            transition(s, node, NodeStatus.MERGED, by=by, trunk=node.gate_commit)
+            appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
+            if appr and appr.status == "pending":
+                appr.status, appr.decided_by, appr.decided_at = "approved", by, now()
+                s.add(appr)
+
+    def reject(self, study_id: int, node_id: int, reason: str, by: str) -> None:
+        """Reject a gate-passed node on a human's word."""
+        with db.session(self.settings.db_url) as s:
+            node = s.get(Node, node_id)
+            assert node is not None
+            if node.status in (NodeStatus.AWAITING_APPROVAL, NodeStatus.EVALUATED):
+                transition(s, node, NodeStatus.REJECTED, reason=reason, by=by)
+            appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
+            if appr and appr.status == "pending":
+                appr.status, appr.decided_by, appr.reason, appr.decided_at = "rejected", by, reason, now()
+                s.add(appr)
+
+    def finalize(self, study_id: int, reason: str) -> None:
+        """Close the study and write REPORT.md (trunk's held-out score is already measured)."""
+        with db.session(self.settings.db_url) as s:
+            study = s.get(Study, study_id)
+            assert study is not None
+            for n in s.exec(
+                select(Node).where(Node.study_id == study_id, Node.status == NodeStatus.PROPOSED)
+            ):
+                transition(s, n, NodeStatus.CANCELLED, reason="study finished")
+            if study.status != "finished":
+                study.status, study.stop_reason, study.finished_at = "finished", reason, now()
+                s.add(study)
+                add_event(s, study_id, "study.finished", None, reason=reason)
+        path = report.write(self.settings, study_id)
+        with db.session(self.settings.db_url) as s:
+            study = s.get(Study, study_id)
+            assert study is not None
+            study.report_path = str(path)
+            s.add(study)

@@ -1,0 +1,129 @@
+"""REPORT.md: baseline → final on dev and held-out, merged nodes, tree summary, state, cost."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from pathlib import Path
+
+from sqlmodel import col, select
+
+from backend import db
+from backend.core.config import Settings
+from backend.models import Event, Job, Node, ReceiptRow, Study
+from backend.storage import spec_of
+
+
+def _m(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f} (n={len(values)})"
+
+
+def render(settings: Settings, study_id: int) -> str:
+    """Return the study's report as Markdown."""
+    with db.session(settings.db_url) as s:
+        st = s.get(Study, study_id)
+        assert st is not None
+        nodes = list(s.exec(select(Node).where(Node.study_id == study_id).order_by(col(Node.id))))
+        jobs = list(s.exec(select(Job).where(Job.study_id == study_id)))
+        receipts = list(s.exec(select(ReceiptRow).where(ReceiptRow.study_id == study_id)))
+        events = list(s.exec(select(Event).where(Event.study_id == study_id)))
+    spec = spec_of(st)
+    metric = spec.objective.metric
+    merged = [n for n in nodes if n.status == "merged" and n.parent_id is not None]
+    counts = Counter(n.status for n in nodes if n.parent_id is not None)
+    dur = (st.finished_at - st.started_at).total_seconds() if st.finished_at and st.started_at else 0.0
+    eval_seconds = sum(r.duration for r in receipts)
+    lines = [
+        f"# Grove report: {st.name}",
+        "",
+        f"**Goal:** {st.goal}  ",
+        f"**Objective:** {spec.objective.direction} `{metric}`  ",
+        f"**Status:** {st.status} — {st.stop_reason or 'running'}  ",
+        f"**Policy:** {spec.policy_kind} · **gate:** {spec.gate.mode}, margin {spec.gate.margin:g}, "
+        f"{spec.gate.test_repeats} test repeats",
+        "",
+        "## Baseline → final",
+        "",
+        "| split | baseline | final trunk |",
+        "|---|---|---|",
+        f"| dev ({spec.evaluate.repeats} seeds) | {_m(st.baseline_dev)} | {_m(st.trunk_dev)} |",
+        f"| held-out ({spec.gate.test_repeats} seeds) | {_m(st.baseline_heldout)} | {_m(st.trunk_heldout)} |",
+        "",
+        f"Trunk: `{st.trunk_branch}` at `{st.trunk_commit[:12]}` (base `{st.base_commit[:12]}`).  ",
+        f"Sealed split queried {st.test_queries} of at most {spec.gate.max_test_runs + 1} times "
+        "(the baseline measurement included).",
+        "",
+        "## Merged nodes",
+        "",
+    ]
+    if merged:
+        lines += ["| node | change | dev gain (LCB) | held-out gain |", "|---|---|---|---|"]
+        for n in merged:
+            lines.append(
+                f"| n{n.id} | {n.title} | {n.gain or 0:+.4f} ({n.gain_lcb or 0:+.4f}) | {n.heldout_gain or 0:+.4f} |"
+            )
+    else:
+        lines.append("No change cleared the held-out gate.")
+    lines += [
+        "",
+        "## Tree",
+        "",
+        f"{len(nodes) - 1} hypotheses: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ".  ",
+        f"{len(jobs)} experiments of a budget of {spec.budget.experiments}; wall time {dur:.0f} s; "
+        f"{eval_seconds:.0f} s spent in evaluations ({len(receipts)} runs).",
+        "",
+        "| node | parent | status | change | dev mean | gain (LCB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    ranked = sorted(
+        (n for n in nodes if n.gain is not None),
+        key=lambda n: -(n.gain_lcb if n.gain_lcb is not None else -1e9),
+    )
+    for n in ranked[:10]:
+        lines.append(
+            f"| n{n.id} | n{n.parent_id} | {n.status} | {n.title} | {n.dev_mean:.4f} | "
+            f"{n.gain:+.4f} ({n.gain_lcb:+.4f}) |"
+        )
+    gated = [n for n in nodes if n.gated]
+    if gated:
+        lines += ["", "## Gate decisions", "", "| node | outcome | held-out gain |", "|---|---|---|"]
+        for n in gated:
+            hg = "n/a" if n.heldout_gain is None else f"{n.heldout_gain:+.4f}"
+            lines.append(f"| n{n.id} | {n.gate_reason} | {hg} |")
+    state = st.improvement_state or {}
+    lines += ["", "## Improvement state", ""]
+    for f in state.get("verified_findings", []):
+        lines.append(f"- finding ({', '.join(f'n{i}' for i in f['node_ids'])}): {f['text']}")
+    for c in state.get("open_constraints", []):
+        lines.append(f"- open constraint {c['name']}: {c['status']} — {c['detail']}")
+    for c in state.get("concerns", []):
+        lines.append(f"- concern: {c}")
+    for p in state.get("next_plan", []):
+        lines.append(f"- next: {p}")
+    llm = [e for e in events if e.type == "llm.call"]
+    usd = sum(float(e.payload.get("usd", 0)) for e in llm)
+    tokens = sum(int(e.payload.get("tokens", 0)) for e in llm)
+    lines += [
+        "",
+        "## Cost",
+        "",
+        f"LLM: {len(llm)} calls, {tokens} tokens, ${usd:.4f}. Compute: {eval_seconds:.0f} s of evaluation.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(settings: Settings, study_id: int) -> Path:
+    """Write REPORT.md under the data directory and return its path."""
+    with db.session(settings.db_url) as s:
+        st = s.get(Study, study_id)
+        assert st is not None
+        name = st.name
+    path = (settings.data_dir / "reports" / name / "REPORT.md").resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(settings, study_id), "utf-8")
+    return path

@@ -1,0 +1,330 @@
+"""The database implementation of the coordinator's `Storage` port."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from agents.coordinator.ports import Integration, NodeRecord, StudyView
+from agents.policies.base import NodeEvidence, Proposal
+from agents.spec import Spec, parse_spec
+from agents.tree.insights import InsightUpdate
+from agents.tree.status import ACTIVE, TERMINAL, NodeStatus, check_transition
+from backend import db
+from backend.models import Event, InsightVersion, Job, Node, ReceiptRow, Study, now
+
+MAX_ATTEMPTS = 2
+
+
+def add_event(s: Session, study_id: int, type_: str, node_id: int | None = None, **payload: Any) -> Event:
+    """Append an event row in the caller's transaction."""
+    ev = Event(study_id=study_id, node_id=node_id, type=type_, payload=payload)
+    s.add(ev)
+    return ev
+
+
+def transition(s: Session, node: Node, new: NodeStatus | str, **payload: Any) -> None:
+    """Move a node to a new status (checked) and record the event in the same transaction."""
+    assert node.id is not None
+    status = check_transition(node.id, node.status, new)
+    node.status = str(status)
+    node.updated_at = now()
+    s.add(node)
+    add_event(s, node.study_id, f"node.{status}", node.id, **payload)
+
+
+def latest_insight(s: Session, node_id: int) -> str:
+    """Return the text of a node's newest insight version."""
+    row = s.exec(
+        select(InsightVersion)
+        .where(InsightVersion.node_id == node_id)
+        .order_by(col(InsightVersion.version).desc())
+    ).first()
+    return row.text if row else ""
+
+
+def add_insight(s: Session, study_id: int, node_id: int, text: str, cites: list[int]) -> None:
+    """Append a new insight version to a node."""
+    last = s.exec(
+        select(InsightVersion)
+        .where(InsightVersion.node_id == node_id)
+        .order_by(col(InsightVersion.version).desc())
+    ).first()
+    version = (last.version if last else 0) + 1
+    s.add(InsightVersion(study_id=study_id, node_id=node_id, version=version, text=text, cites=cites))
+    add_event(s, study_id, "insight.updated", node_id, version=version, cites=cites)
+
+
+def spec_of(study: Study) -> Spec:
+    """Return a study's parsed spec."""
+    return parse_spec(study.spec_toml)
+
+
+def _mean_metrics(receipts: list[ReceiptRow]) -> dict[str, float]:
+    sums: dict[str, list[float]] = {}
+    for r in receipts:
+        for k, v in (r.metrics or {}).items():
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+                sums.setdefault(k, []).append(float(v))
+    return {k: sum(v) / len(v) for k, v in sums.items()}
+
+
+def node_record(s: Session, node: Node, insight: str | None = None) -> NodeRecord:
+    """Build the coordinator's view of a node row."""
+    assert node.id is not None
+    job = s.exec(select(Job).where(Job.node_id == node.id).order_by(col(Job.attempt).desc())).first()
+    receipts = (
+        list(
+            s.exec(
+                select(ReceiptRow).where(
+                    ReceiptRow.node_id == node.id,
+                    ReceiptRow.kind == "dev",
+                    ReceiptRow.ok == True,  # noqa: E712
+                )
+            )
+        )
+        if node.dev_values
+        else []
+    )
+    if job is not None:
+        receipts = [r for r in receipts if r.job_id in (job.id, None)]
+    evidence = NodeEvidence(
+        id=node.id,
+        parent_id=node.parent_id,
+        depth=node.depth,
+        status=node.status,
+        title=node.title,
+        edits=dict(node.edits),
+        origin=node.origin,
+        dev_mean=node.dev_mean,
+        dev_std=node.dev_std,
+        dev_n=node.dev_n,
+        gain=node.gain,
+        gain_lcb=node.gain_lcb,
+        dev_metrics=_mean_metrics(receipts),
+        constraints=list(node.constraints),
+        summary=node.summary,
+        insight=latest_insight(s, node.id) if insight is None else insight,
+        failure=node.failure,
+    )
+    return NodeRecord(
+        evidence=evidence,
+        round_no=node.round_no,
+        prior=node.prior,
+        base_commit=node.base_commit,
+        dev_values=list(node.dev_values),
+        dev_receipts=[(r.id or 0, dict(r.metrics or {})) for r in receipts],
+        attempts=node.attempts,
+        completed_order=node.completed_order,
+        verification=dict(node.verification),
+        # A node that passed the gate but was not yet moved on is still a candidate (replay).
+        gated=node.gated
+        and not (node.status == NodeStatus.EVALUATED and node.gate_reason.startswith("passed")),
+        retryable=(
+            node.status == NodeStatus.FAILED
+            and node.completed_order > 0
+            and node.attempts < MAX_ATTEMPTS
+            and node.parent_id is not None
+        ),
+    )
+
+
+class SqlStorage:
+    """Storage port over SQLModel sessions."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def study(self, study_id: int) -> StudyView:
+        """Return the study as the coordinator sees it."""
+        with db.session(self.url) as s:
+            st = s.get(Study, study_id)
+            assert st is not None and st.id is not None
+            used = len(list(s.exec(select(Job.id).where(Job.study_id == study_id))))
+            started = st.started_at or now()
+            return StudyView(
+                id=st.id,
+                name=st.name,
+                status=st.status,
+                spec=spec_of(st),
+                trunk_commit=st.trunk_commit,
+                trunk_node_id=st.trunk_node_id or 0,
+                trunk_dev=list(st.trunk_dev),
+                base_values=dict(st.base_values),
+                test_queries=st.test_queries,
+                experiments_used=used,
+                elapsed_hours=(now() - started).total_seconds() / 3600,
+                improvement_state=dict(st.improvement_state),
+                plateau_level=st.plateau_level,
+                seed=st.seed,
+            )
+
+    def nodes(self, study_id: int) -> list[NodeRecord]:
+        """Return every node of the study."""
+        with db.session(self.url) as s:
+            rows = s.exec(select(Node).where(Node.study_id == study_id).order_by(col(Node.id))).all()
+            versions = s.exec(
+                select(InsightVersion)
+                .where(InsightVersion.study_id == study_id)
+                .order_by(col(InsightVersion.version))
+            ).all()
+            latest = {v.node_id: v.text for v in versions}
+            return [node_record(s, n, latest.get(n.id or 0, "")) for n in rows]
+
+    def add_proposals(self, study_id: int, round_no: int, proposals: list[Proposal]) -> list[int]:
+        """Insert the proposals of an ideation round once (a replayed round returns the same ids)."""
+        with db.session(self.url) as s:
+            existing = s.exec(
+                select(Node)
+                .where(Node.study_id == study_id, Node.round_no == round_no, Node.origin != "human")
+                .where(Node.parent_id != None)  # noqa: E711
+            ).all()
+            if existing:
+                return [n.id for n in existing if n.id is not None]
+            ids = []
+            for p in proposals:
+                parent = s.get(Node, p.parent_id)
+                assert parent is not None
+                node = Node(
+                    study_id=study_id,
+                    parent_id=p.parent_id,
+                    depth=parent.depth + 1,
+                    round_no=round_no,
+                    title=p.title,
+                    hypothesis=dict(p.hypothesis),
+                    origin=p.origin,
+                    origin_ref=p.origin_ref,
+                    prior=p.prior,
+                    edits=dict(p.edits),
+                )
+                s.add(node)
+                s.flush()
+                add_event(
+                    s,
+                    study_id,
+                    "node.proposed",
+                    node.id,
+                    title=p.title,
+                    parent_id=p.parent_id,
+                    origin=p.origin,
+                )
+                ids.append(node.id or 0)
+            return ids
+
+    def enqueue(self, study_id: int, node_id: int) -> int:
+        """Create the job row of the node's next attempt (idempotent) and mark the node queued."""
+        with db.session(self.url) as s:
+            node = s.get(Node, node_id)
+            st = s.get(Study, study_id)
+            assert node is not None and st is not None
+            if node.status in ACTIVE:
+                job = s.exec(select(Job).where(Job.node_id == node_id, Job.attempt == node.attempts)).first()
+                if job is not None and job.id is not None:
+                    return job.id
+            node.attempts += 1
+            node.base_commit = st.trunk_commit
+            node.branch = f"grove/{st.name}/n{node_id}"
+            if node.status == NodeStatus.FAILED:
+                node.completed_order = 0
+                node.dev_values, node.dev_mean, node.dev_std, node.dev_n = [], None, None, 0
+            job = Job(study_id=study_id, node_id=node_id, attempt=node.attempts)
+            s.add(job)
+            s.flush()
+            transition(s, node, NodeStatus.QUEUED, job_id=job.id, attempt=node.attempts)
+            assert job.id is not None
+            return job.id
+
+    def job_nodes(self, job_ids: list[int]) -> dict[int, int]:
+        """Map job ids to their node ids."""
+        if not job_ids:
+            return {}
+        with db.session(self.url) as s:
+            return {j.id or 0: j.node_id for j in s.exec(select(Job).where(col(Job.id).in_(job_ids)))}
+
+    def record(self, study_id: int, result: Integration) -> None:
+        """Store a node's verification and summary; it becomes the node's first-level insight."""
+        with db.session(self.url) as s:
+            node = s.get(Node, result.node_id)
+            assert node is not None
+            if node.status != result.status:
+                transition(s, node, result.status, reason=result.verification.get("reason", ""))
+            node.gain, node.gain_lcb = result.gain, result.gain_lcb
+            node.constraints = result.constraints
+            node.verification = result.verification
+            node.summary = result.summary
+            last = max(
+                (n.completed_order for n in s.exec(select(Node).where(Node.study_id == study_id))), default=0
+            )
+            node.completed_order = last + 1
+            s.add(node)
+            add_event(
+                s,
+                study_id,
+                "node.evaluated" if result.gain is not None else "node.verified",
+                node.id,
+                gain=result.gain,
+                gain_lcb=result.gain_lcb,
+                decision=result.verification.get("decision"),
+                constraints={c["name"]: c["verdict"] for c in result.constraints},
+            )
+            add_insight(s, study_id, result.node_id, result.summary, [result.node_id])
+
+    def add_insights(self, study_id: int, updates: list[InsightUpdate]) -> None:
+        """Append insight versions for ancestors."""
+        if not updates:
+            return
+        with db.session(self.url) as s:
+            for u in updates:
+                add_insight(s, study_id, u.node_id, u.text, list(u.cites))
+
+    def save_state(self, study_id: int, state: dict[str, Any], plateau_level: int) -> None:
+        """Store the rewritten improvement state."""
+        with db.session(self.url) as s:
+            st = s.get(Study, study_id)
+            assert st is not None
+            st.improvement_state = state
+            st.plateau_level = plateau_level
+            s.add(st)
+            add_event(s, study_id, "state.updated", None, plateau_level=plateau_level)
+
+    def prune(self, study_id: int, node_id: int, reason: str, lesson: str) -> None:
+        """Prune a node and its prunable descendants; the node keeps its lesson as an insight."""
+        with db.session(self.url) as s:
+            rows = {n.id: n for n in s.exec(select(Node).where(Node.study_id == study_id))}
+            stack = [node_id]
+            while stack:
+                nid = stack.pop()
+                n = rows[nid]
+                stack += [c.id for c in rows.values() if c.parent_id == nid and c.id is not None]
+                if n.status in TERMINAL or n.status in ACTIVE or n.status == NodeStatus.AWAITING_APPROVAL:
+                    continue
+                if n.status == NodeStatus.EVALUATED and nid != node_id:
+                    continue
+                transition(s, n, NodeStatus.PRUNED, reason=reason)
+            add_insight(s, study_id, node_id, f"PRUNED ({reason}). Lesson: {lesson}", [node_id])
+
+    def event(self, study_id: int, type_: str, node_id: int | None, payload: dict[str, Any]) -> None:
+        """Append an event."""
+        with db.session(self.url) as s:
+            add_event(s, study_id, type_, node_id, **payload)
+
+    def cancel_active(self, study_id: int) -> None:
+        """Cancel proposed, queued and running nodes of a stopping study."""
+        with db.session(self.url) as s:
+            for n in s.exec(select(Node).where(Node.study_id == study_id)):
+                if n.status in (NodeStatus.QUEUED, NodeStatus.RUNNING, NodeStatus.PROPOSED):
+                    transition(s, n, NodeStatus.CANCELLED, reason="study stopped")
+            for j in s.exec(
+                select(Job).where(Job.study_id == study_id, col(Job.status).in_(["queued", "running"]))
+            ):
+                j.status, j.finished_at = "failed", now()
+                j.outcome = {"reason": "cancelled"}
+                s.add(j)
+
+
+def elapsed(since: datetime | None) -> float:
+    """Return seconds since a time (0 when unset)."""
+    return 0.0 if since is None else (now() - since).total_seconds()

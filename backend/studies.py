@@ -1,0 +1,129 @@
+"""Creating studies: parse and check the spec, clone the repository, set up trunk and root."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from sqlmodel import select
+
+from agents.policies import configfiles
+from agents.spec import Spec, SpecError, SpecIssue, check_against_tree, parse_spec, split_search_key
+from agents.tree.status import NodeStatus
+from backend import db, gitops
+from backend.core.config import Settings
+from backend.models import Node, Study
+from backend.storage import add_event
+
+
+class StudyExists(ValueError):
+    """A study with this name already exists."""
+
+
+def check_spec(spec: Spec, repo: gitops.Repo, source: str = "grove.toml") -> str:
+    """Check the spec against the repository at `base`; return the base commit or raise SpecError."""
+    try:
+        base = repo.rev(spec.study.base)
+    except gitops.GitError:
+        raise SpecError(
+            [
+                SpecIssue(
+                    key="study.base",
+                    message=f"{spec.study.base!r} is not a branch or commit of the repository",
+                )
+            ],
+            source,
+        ) from None
+    issues = check_against_tree(spec, repo.files_at(base), lambda p: repo.read_at(base, p))
+    if issues:
+        raise SpecError(issues, source)
+    return base
+
+
+def base_values(spec: Spec, repo: gitops.Repo, base: str) -> dict[str, Any]:
+    """Return the current value of each search key at the base commit."""
+    out = {}
+    for key in spec.search:
+        file, dotted = split_search_key(key)
+        out[key] = configfiles.get_key(file, repo.read_at(base, file), dotted)
+    return out
+
+
+def validate(spec_text: str, source_repo: str, source: str = "grove.toml") -> Spec:
+    """Parse a spec and check it against a repository without creating anything."""
+    spec = parse_spec(spec_text, source)
+    tmp = Path(__import__("tempfile").mkdtemp(prefix="grove-validate-")) / "repo"
+    try:
+        check_spec(spec, gitops.clone(source_repo, tmp), source)
+    finally:
+        shutil.rmtree(tmp.parent, ignore_errors=True)
+    return spec
+
+
+def create_study(
+    settings: Settings, spec_text: str, source_repo: str, *, spec_source: str = "grove.toml"
+) -> Study:
+    """Create a study: check the spec, clone the repository, create trunk and the root node."""
+    settings.ensure_dirs()
+    spec = parse_spec(spec_text, spec_source)
+    name = spec.study.name
+    with db.session(settings.db_url) as s:
+        if s.exec(select(Study).where(Study.name == name)).first():
+            raise StudyExists(f"study {name!r} already exists")
+    dest = (settings.data_dir / "repos" / name).resolve()
+    shutil.rmtree(dest, ignore_errors=True)
+    repo = gitops.clone(source_repo, dest)
+    try:
+        base = check_spec(spec, repo, spec_source)
+        values = base_values(spec, repo, base)
+    except Exception:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    trunk = f"grove/{name}/trunk"
+    repo.set_branch(trunk, base)
+    with db.session(settings.db_url) as s:
+        study = Study(
+            name=name,
+            goal=spec.study.goal,
+            spec_toml=spec_text,
+            source=source_repo,
+            repo_path=str(dest),
+            status="created",
+            base_commit=base,
+            trunk_branch=trunk,
+            trunk_commit=base,
+            base_values=values,
+            seed=spec.policy.seed,
+        )
+        s.add(study)
+        s.flush()
+        root = Node(
+            study_id=study.id or 0,
+            depth=0,
+            title="baseline (trunk at base)",
+            hypothesis={
+                "mechanism": "none",
+                "hypothesis": "the starting point",
+                "observable": "",
+                "risks": "",
+            },
+            origin="baseline",
+            status=str(NodeStatus.MERGED),
+            edits=dict(values),
+            base_commit=base,
+            commit=base,
+            branch=trunk,
+        )
+        s.add(root)
+        s.flush()
+        study.trunk_node_id = root.id
+        s.add(study)
+        add_event(s, study.id or 0, "study.created", None, name=name, base=base, source=source_repo)
+    return study
+
+
+def get_by_name(settings: Settings, name: str) -> Study | None:
+    """Return the study with this name, if any."""
+    with db.session(settings.db_url) as s:
+        return s.exec(select(Study).where(Study.name == name)).first()

@@ -1,0 +1,159 @@
+"""Study workspaces: Grove's clone, node worktrees with sealed paths hidden, diff policing, janitor."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from sqlmodel import select
+
+from agents import globs
+from agents.spec import Spec
+from backend import db, evaluation, sandbox
+from backend.core.config import Settings
+from backend.gitops import Repo, git
+from backend.models import Job, ReceiptRow, Study
+
+
+def repo_of(study: Study) -> Repo:
+    """Return Grove's clone of a study's repository."""
+    return Repo(Path(study.repo_path))
+
+
+def worktree_path(settings: Settings, study: Study, label: str) -> Path:
+    """Return where a study's worktree with this label lives."""
+    return (settings.worktrees_dir / study.name / label).resolve()
+
+
+def output_dir(settings: Settings, study: Study, label: str) -> Path:
+    """Return where the full output of a study's runs with this label is stored."""
+    return (settings.data_dir / "outputs" / study.name / label).resolve()
+
+
+def hide_sealed(worktree: Path, patterns: list[str]) -> list[str]:
+    """Delete sealed files from a worktree so that no executor code can read them.
+
+    They are marked skip-worktree first, so that their absence is never committed.
+    """
+    tracked = [p for p in git("ls-files", "-z", cwd=worktree).split("\0") if p]
+    sealed = globs.select(patterns, tracked)
+    for chunk in range(0, len(sealed), 200):
+        git("update-index", "--skip-worktree", "--", *sealed[chunk : chunk + 200], cwd=worktree)
+    for rel in sealed:
+        (worktree / rel).unlink(missing_ok=True)
+    for rel in sorted({str(Path(p).parent) for p in sealed}, key=len, reverse=True):
+        d = worktree / rel
+        while d != worktree and d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+            d = d.parent
+    return sealed
+
+
+def prepare(
+    repo: Repo, path: Path, branch: str, commit: str, *, sealed: list[str] | None, reason: str
+) -> Path:
+    """Create a worktree on `branch` at `commit`; hide sealed files unless `sealed` is None."""
+    repo.add_worktree(path, branch, commit, reason=reason)
+    if sealed:
+        hide_sealed(path, sealed)
+    return path
+
+
+def diff_violation(repo: Repo, base: str, commit: str, spec: Spec) -> str:
+    """Return why a change may not be kept (protected, sealed or non-editable path), or ''."""
+    for path in repo.changed_files(base, commit):
+        if globs.match_any(spec.files.protected, path):
+            return f"changed protected file {path}"
+        if globs.match_any(spec.files.sealed, path):
+            return f"changed sealed file {path}"
+        if not globs.match_any(spec.files.editable, path):
+            return f"changed {path}, which is outside files.editable"
+    return ""
+
+
+def limits_of(spec: Spec) -> sandbox.Limits:
+    """Return the sandbox limits of a study's evaluations."""
+    return sandbox.Limits(
+        timeout=spec.evaluate.timeout,
+        cpu_seconds=spec.sandbox.cpu_seconds,
+        memory_mb=spec.sandbox.memory_mb,
+        file_size_mb=spec.sandbox.file_size_mb,
+        processes=spec.sandbox.processes,
+    )
+
+
+def run_repeats(
+    settings: Settings,
+    study: Study,
+    spec: Spec,
+    *,
+    kind: str,
+    worktree: Path,
+    commit: str,
+    label: str,
+    node_id: int | None,
+    job_id: int | None = None,
+) -> list[evaluation.Receipt]:
+    """Run the dev or test command `repeats` times (GROVE_SEED=0..n-1) and store the receipts."""
+    command = spec.evaluate.dev if kind == "dev" else spec.evaluate.test
+    n = spec.evaluate.repeats if kind == "dev" else spec.gate.test_repeats
+    patterns = spec.files.protected + (spec.files.sealed if kind == "test" else [])
+    fp = evaluation.fingerprint(worktree, patterns)
+    receipts = []
+    for seed in range(n):
+        r = evaluation.evaluate(
+            kind=kind,
+            command=command,
+            worktree=worktree,
+            output_dir=output_dir(settings, study, label),
+            seed=seed,
+            metric=spec.objective.metric,
+            commit=commit,
+            limits=limits_of(spec),
+            evaluator_fingerprint=fp,
+            output_cap=settings.output_cap_bytes,
+            tail_bytes=settings.tail_bytes,
+        )
+        receipts.append(r)
+        if not r.ok:
+            break
+    with db.session(settings.db_url) as s:
+        for r in receipts:
+            s.add(ReceiptRow(study_id=study.id or 0, node_id=node_id, job_id=job_id, **_row(r)))
+    return receipts
+
+
+def _row(r: evaluation.Receipt) -> dict[str, object]:
+    d = r.to_dict()
+    return {k: d[k] for k in d if k in ReceiptRow.model_fields}
+
+
+def janitor(settings: Settings, max_age_hours: float | None = None) -> list[Path]:
+    """Remove worktrees whose job is not running, or that are older than the stale age."""
+    max_age = (settings.stale_worktree_hours if max_age_hours is None else max_age_hours) * 3600
+    removed: list[Path] = []
+    with db.session(settings.db_url) as s:
+        studies = list(s.exec(select(Study)))
+        live = {f"n{j.node_id}-a{j.attempt}" for j in s.exec(select(Job).where(Job.status == "running"))}
+    for st in studies:
+        repo = repo_of(st)
+        if not (Path(st.repo_path) / ".git").exists():
+            continue
+        for wt in repo.worktrees():
+            path = Path(wt["worktree"])
+            if not path.is_relative_to(settings.worktrees_dir.resolve()):
+                continue
+            age = time.time() - (path.stat().st_mtime if path.exists() else 0)
+            if path.name not in live or age > max_age:
+                repo.remove_worktree(path)
+                removed.append(path)
+        repo.git("worktree", "prune", "--expire=now")
+    base = settings.worktrees_dir
+    if base.exists():
+        for study_dir in base.iterdir():
+            if study_dir.is_dir():
+                for d in study_dir.iterdir():
+                    if d.is_dir() and d.name not in live and not (d / ".git").exists():
+                        shutil.rmtree(d, ignore_errors=True)
+    return removed
