@@ -248,7 +248,11 @@ def _issues_from(err: ValidationError) -> list[SpecIssue]:
             msg = "required key is missing"
         elif e["type"] != "value_error":
             msg = f"{msg} (got {e['input']!r})"
-        out.append(SpecIssue(key=format_key(tuple(e["loc"])), message=msg))
+        loc = tuple(e["loc"])
+        m = re.match(r"key '(.+?)': (.*)$", msg, re.S)
+        if loc == ("search",) and m:
+            loc, msg = ("search", m.group(1)), m.group(2)
+        out.append(SpecIssue(key=format_key(loc), message=msg))
     return out
 
 

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import pytest
+
+from agents.spec import SpecError, check_against_tree, parse_spec
+from tests.conftest import tiny_files
+
+GOOD = tiny_files()["grove.toml"]
+
+
+def issues(text: str) -> dict[str, str]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(text)
+    return {i.key: i.message for i in info.value.issues}
+
+
+def test_good_spec_parses_with_defaults() -> None:
+    spec = parse_spec(GOOD)
+    assert spec.study.name == "tiny"
+    assert spec.maximize
+    assert spec.policy_kind == "search"
+    assert spec.budget.hours == 2.0
+    assert spec.search["config.toml:knob.x"].values == [0, 1, 2, 3, 4, 5]
+
+
+def test_unknown_key_is_named() -> None:
+    got = issues(GOOD.replace('goal = "', 'colour = "red"\ngoal = "'))
+    assert got == {"study.colour": "unknown key"}
+
+
+def test_unknown_section_is_named() -> None:
+    assert issues(GOOD + "\n[extras]\nx = 1\n") == {"extras": "unknown key"}
+
+
+def test_wrong_type_is_named_with_value() -> None:
+    got = issues(GOOD.replace("\nrepeats = 2", '\nrepeats = "two"'))
+    assert list(got) == ["evaluate.repeats"]
+    assert "integer" in got["evaluate.repeats"] and "'two'" in got["evaluate.repeats"]
+
+
+def test_direction_must_be_maximize_or_minimize() -> None:
+    got = issues(GOOD.replace('direction = "maximize"', 'direction = "up"'))
+    assert "maximize" in got["objective.direction"] and "'up'" in got["objective.direction"]
+
+
+def test_missing_required_key() -> None:
+    got = issues(GOOD.replace('metric = "score"\n', "", 1))
+    assert got == {"objective.metric": "required key is missing"}
+
+
+def test_not_toml() -> None:
+    got = issues("[study\nname=1")
+    assert "not valid TOML" in got[""]
+
+
+def test_bad_search_entries_are_named() -> None:
+    text = GOOD.replace(
+        '"config.toml:knob.x" = { values = [0, 1, 2, 3, 4, 5] }',
+        '"config.txt:a" = { values = [1, 2] }\n"config.toml:knob.y" = { low = 2, high = 1 }',
+    )
+    got = issues(text)
+    assert "unsupported config format" in got['search."config.txt:a"']
+
+
+def test_range_must_be_ordered() -> None:
+    text = GOOD.replace('{ values = [0, 1, 2, 3, 4, 5] }', "{ low = 2, high = 1 }")
+    assert issues(text) == {'search."config.toml:knob.x"': "low must be below high"}
+
+
+def test_constraint_needs_a_bound() -> None:
+    got = issues(GOOD.replace("max = 4\n", ""))
+    assert got == {"constraints[0]": "needs min, max or both"}
+
+
+def test_slug_name() -> None:
+    got = issues(GOOD.replace('name = "tiny"', 'name = "Tiny Study"'))
+    assert "slug" in got["study.name"]
+
+
+FILES = ["eval.py", "config.toml", "data/test/offset.txt", "grove.toml"]
+
+
+def read(path: str) -> str:
+    return tiny_files()[path]
+
+
+def test_globs_and_search_keys_checked_against_files() -> None:
+    spec = parse_spec(
+        GOOD.replace('protected = ["eval.py"]', 'protected = ["eval.py", "missing/*.py"]').replace(
+            '"config.toml:knob.x" = { values = [0, 1, 2, 3, 4, 5] }',
+            '"config.toml:knob.x" = { values = [0, 1] }\n"config.toml:knob.nope" = { values = [0, 1] }\n'
+            '"other.toml:a.b" = { values = [0, 1] }',
+        )
+    )
+    got = {i.key: i.message for i in check_against_tree(spec, FILES, read)}
+    assert "matches no file" in got["files.protected[1]"]
+    assert "key 'knob.nope' not found in config.toml" == got['search."config.toml:knob.nope"']
+    assert "does not exist at base" in got['search."other.toml:a.b"']
+    assert 'search."config.toml:knob.x"' not in got
+
+
+def test_clean_spec_has_no_tree_issues() -> None:
+    assert check_against_tree(parse_spec(GOOD), FILES, read) == []
