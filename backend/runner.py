@@ -12,6 +12,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
 
 from agents.coordinator.graph import build_graph
+from agents.policies.base import Policy
 from agents.policies.registry import make_policy
 from backend import db
 from backend.core.config import Settings
@@ -36,6 +37,7 @@ def run_study(
     *,
     approver: Approver,
     tick: Callable[[], None] | None = None,
+    policy: Policy | None = None,
 ) -> str:
     """Run (or resume) a study until it finishes; return its final status."""
     with db.session(settings.db_url) as s:
@@ -44,7 +46,7 @@ def run_study(
         spec = spec_of(study)
     storage = SqlStorage(settings.db_url)
     pool = LocalPool(settings)
-    graph_def = build_graph(storage, pool, LocalGatekeeper(settings), make_policy(spec))
+    graph_def = build_graph(storage, pool, LocalGatekeeper(settings), policy or make_policy(spec))
     settings.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
     with closing(sqlite3.connect(settings.checkpoint_path, check_same_thread=False)) as conn:
         conn.execute("PRAGMA busy_timeout=30000")

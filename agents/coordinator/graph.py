@@ -321,7 +321,7 @@ def gate_candidates(study: StudyView, records: list[NodeRecord]) -> list[int]:
             dev_gain_lcb=ev.gain_lcb,
             constraints_hold=all(c.get("verdict") == "satisfied" for c in ev.constraints),
             on_current_trunk=r.base_commit == study.trunk_commit,
-            queries_used=study.test_queries,
+            queries_used=max(study.test_queries - 1, 0),  # the baseline measurement is not a gate query
             max_queries=study.spec.gate.max_test_runs,
         )
         if e.ok and ev.gain_lcb is not None:

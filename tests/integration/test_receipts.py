@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backend import evaluation, sandbox
+
+
+def receipt(tmp_path: Path, script: str, metric: str = "score") -> evaluation.Receipt:
+    (tmp_path / "e.py").write_text(script)
+    return evaluation.evaluate(
+        kind="dev", command="python3 e.py", worktree=tmp_path, output_dir=tmp_path / "out", seed=2,
+        metric=metric, commit="abc", limits=sandbox.Limits(timeout=5), evaluator_fingerprint="fp",
+    )  # fmt: skip
+
+
+def test_metrics_from_last_json_line(tmp_path: Path) -> None:
+    r = receipt(tmp_path, 'import os\nprint({"not": "json"})\nprint(\'{"score": 1}\')\nprint(\'{"score": 0.5, "seed": %s}\' % os.environ["GROVE_SEED"])\nprint("done")')
+    assert r.ok and r.metrics == {"score": 0.5, "seed": 2} and r.objective("score") == 0.5
+    assert r.commit == "abc" and r.fingerprint == "fp" and r.exit_code == 0 and r.duration > 0
+
+
+def test_metrics_file_wins_over_stdout(tmp_path: Path) -> None:
+    r = receipt(tmp_path, 'import os, json\njson.dump({"score": 3}, open(os.environ["GROVE_METRICS_FILE"], "w"))\nprint(\'{"score": 1}\')')
+    assert r.ok and r.metrics == {"score": 3}
+
+
+@pytest.mark.parametrize(
+    ("script", "reason"),
+    [
+        ("import sys\nprint('{\"score\": 1}')\nsys.exit(3)", "exited with code 3"),
+        ("print('hello')", "no metrics"),
+        ("import os\nopen(os.environ['GROVE_METRICS_FILE'], 'w').write('{bad json')", "not valid JSON"),
+        ("import os\nopen(os.environ['GROVE_METRICS_FILE'], 'w').write('[1, 2]')", "does not hold a JSON object"),
+        ("print('{\"loss\": 1}')", "objective metric 'score' missing"),
+        ("print('{\"score\": \"high\"}')", "not a finite number"),
+        ("print('{\"score\": NaN}')", "not a finite number"),
+        ("import time\ntime.sleep(30)", "timed out after 5s"),
+    ],
+)
+def test_failed_receipts_carry_the_reason(tmp_path: Path, script: str, reason: str) -> None:
+    r = receipt(tmp_path, script)
+    assert not r.ok and reason in r.reason
+    assert r.objective("score") is None
+    assert Path(r.stdout_path).exists() and Path(r.stderr_path).exists()
+
+
+def test_fingerprint_tracks_evaluator_files(tmp_path: Path) -> None:
+    (tmp_path / "eval.py").write_text("a")
+    (tmp_path / "model.py").write_text("b")
+    fp = evaluation.fingerprint(tmp_path, ["eval.py"])
+    (tmp_path / "model.py").write_text("changed")
+    assert evaluation.fingerprint(tmp_path, ["eval.py"]) == fp
+    (tmp_path / "eval.py").write_text("changed")
+    assert evaluation.fingerprint(tmp_path, ["eval.py"]) != fp

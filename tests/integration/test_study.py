@@ -1,0 +1,213 @@
+"""Whole studies with real git, real job processes and real SQLite."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from sqlmodel import col, select
+
+from agents.policies.base import IdeationInput, Proposal
+from agents.policies.search import SearchPolicy
+from backend import db
+from backend.core.config import PROJECT_ROOT, Settings
+from backend.models import Event, Job, Node, ReceiptRow, Study
+from backend.runner import run_study
+from backend.studies import create_study
+from tests.conftest import git, make_repo, tiny_files, wait_for
+
+
+def grove(settings: Settings, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "GROVE_DATA_DIR": str(settings.data_dir),
+        "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "backend.cli", *args], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
+        timeout=kw.get("timeout", 240),
+    )  # fmt: skip
+
+
+def rows(settings: Settings, model: Any, *where: Any) -> list[Any]:
+    with db.session(settings.db_url) as s:
+        return list(s.exec(select(model).where(*where)))
+
+
+def the_study(settings: Settings) -> Study:
+    return rows(settings, Study)[0]
+
+
+def test_grove_run_merges_into_trunk_and_writes_report(settings: Settings, tiny_repo: Path) -> None:
+    before = git("log", "--all", "--format=%H %D", cwd=tiny_repo)
+    res = grove(settings, "run", str(tiny_repo), "--auto-approve", "--quiet")
+    assert res.returncode == 0, res.stderr + res.stdout
+    st = the_study(settings)
+    assert st.status == "finished" and st.trunk_commit != st.base_commit
+    merged = rows(settings, Node, Node.status == "merged", col(Node.parent_id).is_not(None))
+    assert merged, "expected at least one merge"
+    clone = Path(st.repo_path)
+    trunk_cfg = git("show", f"{st.trunk_branch}:config.toml", cwd=clone)
+    assert "x = 0" not in trunk_cfg
+    # Trunk is exactly the merged commit the gate tested: a merge of old trunk and the node.
+    last = merged[-1]
+    assert st.trunk_commit == last.gate_commit
+    parents = git("rev-list", "--parents", "-n1", st.trunk_commit, cwd=clone).split()
+    assert len(parents) == 3 and parents[2] == last.commit
+    tests = rows(settings, ReceiptRow, ReceiptRow.node_id == last.id, ReceiptRow.kind == "test")
+    assert len(tests) == 2 and {r.commit for r in tests} == {last.gate_commit} and {r.seed for r in tests} == {0, 1}
+    devs = rows(settings, ReceiptRow, ReceiptRow.node_id == last.id, ReceiptRow.kind == "dev")
+    assert [r.seed for r in devs] == [0, 1] and all(r.commit == last.commit for r in devs)
+    report = Path(st.report_path).read_text()
+    assert "## Baseline → final" in report and f"| n{last.id} |" in report
+    assert git("log", "--all", "--format=%H %D", cwd=tiny_repo) == before
+    # Every node of the finished study is in a final or evaluated state, none left running.
+    assert not rows(settings, Node, col(Node.status).in_(["queued", "running", "proposed"]))
+    types = [e.type for e in rows(settings, Event)]
+    for t in ("study.created", "study.started", "node.proposed", "node.queued", "node.running",
+              "node.evaluated", "node.gate_passed", "node.merged", "insight.updated", "study.finished"):  # fmt: skip
+        assert t in types, t
+
+
+class RecordingPolicy(SearchPolicy):
+    """The search policy, keeping a copy of every ideation input it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inputs: list[dict[str, Any]] = []
+
+    def ideate(self, ctx: IdeationInput) -> list[Proposal]:
+        self.inputs.append(json.loads(json.dumps(ctx.to_dict(), default=str)))
+        return super().ideate(ctx)
+
+
+def numbers_and_keys(value: Any, out: tuple[list[float], list[str]]) -> tuple[list[float], list[str]]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out[1].append(str(k))
+            numbers_and_keys(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            numbers_and_keys(v, out)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        out[0].append(float(value))
+    elif isinstance(value, str):
+        import re
+
+        out[0].extend(float(m) for m in re.findall(r"-?\d+\.?\d*", value))
+    return out
+
+
+def test_heldout_numbers_never_reach_ideation(settings: Settings, tiny_repo: Path) -> None:
+    study = create_study(settings, tiny_files()["grove.toml"], str(tiny_repo))
+    policy = RecordingPolicy()
+    status = run_study(settings, study.id or 0, approver=lambda s, n: {"approved": True}, policy=policy)
+    assert status == "finished"
+    st = the_study(settings)
+    heldout = st.trunk_heldout + st.baseline_heldout
+    assert heldout and min(heldout) > 700  # the sealed split scores near 777; dev scores are at most 10
+    assert any(n.heldout_values for n in rows(settings, Node))
+    assert len(policy.inputs) >= 2
+    for inp in policy.inputs:
+        nums, keys = numbers_and_keys(inp, ([], []))
+        assert all(abs(v) < 700 for v in nums), "a held-out number reached ideation"
+        assert not [k for k in keys if "heldout" in k.lower() or "test" in k.lower()]
+
+
+def test_margin_blocks_a_merge(settings: Settings, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r", tiny_files(margin=50.0, experiments=4))
+    res = grove(settings, "run", str(repo), "--auto-approve", "--quiet")
+    assert res.returncode == 0, res.stderr
+    st = the_study(settings)
+    assert st.trunk_commit == st.base_commit
+    gated = rows(settings, Node, Node.gated == True)  # noqa: E712
+    assert gated and all(n.status == "rejected" and n.gate_reason.startswith("failed: held-out gain") for n in gated)
+    assert all(len(n.heldout_values) == 2 for n in gated)
+
+
+def test_sealed_split_query_cap(settings: Settings, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r", tiny_files(margin=50.0, experiments=6, max_test_runs=1))
+    res = grove(settings, "run", str(repo), "--auto-approve", "--quiet")
+    assert res.returncode == 0, res.stderr
+    st = the_study(settings)
+    assert st.test_queries == 2  # the baseline and one gate
+    assert len(rows(settings, Node, Node.gated == True)) == 1  # noqa: E712
+    tests = rows(settings, ReceiptRow, ReceiptRow.kind == "test")
+    assert len(tests) == 4
+
+
+def test_protected_change_is_rejected(settings: Settings, tmp_path: Path) -> None:
+    files = tiny_files(experiments=3)
+    files["locked.toml"] = "[a]\nb = 1\n"
+    files["grove.toml"] = (
+        files["grove.toml"]
+        .replace('editable = ["config.toml"]', 'editable = ["*.toml"]')
+        .replace('protected = ["eval.py"]', 'protected = ["eval.py", "locked.toml"]')
+        .replace('"config.toml:knob.x" = { values = [0, 1, 2, 3, 4, 5] }', '"locked.toml:a.b" = { values = [1, 2, 3] }')
+    )
+    repo = make_repo(tmp_path / "r", files)
+    res = grove(settings, "run", str(repo), "--auto-approve", "--quiet")
+    assert res.returncode == 0, res.stderr
+    nodes = rows(settings, Node, col(Node.parent_id).is_not(None))
+    assert nodes and all(n.status == "rejected" and "changed protected file locked.toml" in n.failure for n in nodes)
+    assert the_study(settings).trunk_commit == the_study(settings).base_commit
+
+
+def test_validate_reports_keys_and_exits_nonzero(settings: Settings, tmp_path: Path) -> None:
+    files = tiny_files()
+    files["grove.toml"] = files["grove.toml"].replace('sealed = ["data/test/**"]', 'sealed = ["secret/**"]')
+    repo = make_repo(tmp_path / "r", files)
+    res = grove(settings, "validate", str(repo))
+    assert res.returncode == 1
+    assert "files.sealed[0]" in res.stderr and "matches no file" in res.stderr
+    ok = grove(settings, "validate", str(make_repo(tmp_path / "ok", tiny_files())))
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_crash_and_resume_without_losing_or_duplicating_nodes(settings: Settings, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r", tiny_files(experiments=8, sleep=0.6, plateau_stop=50))
+    env = {**os.environ, "GROVE_DATA_DIR": str(settings.data_dir), "GROVE_WORKTREES_DIR": str(settings.worktrees_dir)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backend.cli", "run", str(repo), "--auto-approve", "--quiet"],
+        cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    def integrated() -> int:
+        if not settings.db_url or not (settings.data_dir / "grove.db").exists():
+            return 0
+        return len(rows(settings, Node, Node.completed_order > 0))
+
+    try:
+        wait_for(lambda: integrated() >= 3, timeout=120)
+        before = {n.id: (n.title, n.parent_id) for n in rows(settings, Node)}
+        running = rows(settings, Job, col(Job.status).in_(["queued", "running"]))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert the_study(settings).status == "running"
+    res = grove(settings, "run", str(repo), "--auto-approve", "--quiet")
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert "resuming study" in res.stdout
+    st = the_study(settings)
+    assert st.status == "finished"
+    after = {n.id: (n.title, n.parent_id) for n in rows(settings, Node)}
+    for nid, v in before.items():
+        assert after[nid] == v  # nothing lost or rewritten
+    children = [n for n in rows(settings, Node) if n.parent_id is not None]
+    keys = [json.dumps(n.edits, sort_keys=True) for n in children]
+    assert len(keys) == len(set(keys)), "a hypothesis was duplicated"
+    jobs = rows(settings, Job)
+    assert len({(j.node_id, j.attempt) for j in jobs}) == len(jobs) == sum(n.attempts for n in children)
+    assert 5 <= len(jobs) <= 8  # the whole space of x (5 values besides the base) or the budget
+    assert all(j.status in ("done", "failed") for j in jobs)
+    for j in running:  # jobs interrupted by the crash were run again to completion
+        assert next(x for x in jobs if x.id == j.id).status == "done"
+    assert not rows(settings, Node, col(Node.status).in_(["queued", "running"]))
+    assert not settings.worktrees_dir.joinpath("tiny").exists() or not any(
+        p for p in settings.worktrees_dir.joinpath("tiny").iterdir()
+    )

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from agents.spec import parse_spec
+from backend import gitops, workspace
+from backend.core.config import Settings
+from backend.studies import create_study
+from tests.conftest import git, make_repo, tiny_files
+
+
+def test_clone_leaves_the_users_repository_alone(tmp_path: Path, tiny_repo: Path) -> None:
+    before = git("log", "--all", "--oneline", cwd=tiny_repo)
+    repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
+    repo.set_branch("grove/x/trunk", repo.rev("main"))
+    (repo.path / "new.txt").write_text("x")
+    repo.commit_all(repo.path, "local only")
+    assert git("log", "--all", "--oneline", cwd=tiny_repo) == before
+    assert git("status", "--porcelain", cwd=tiny_repo) == ""
+
+
+def test_plain_folder_is_imported_as_a_snapshot(tmp_path: Path) -> None:
+    src = tmp_path / "plain"
+    src.mkdir()
+    (src / "a.txt").write_text("hello")
+    repo = gitops.clone(str(src), tmp_path / "clone")
+    assert repo.files_at("main") == ["a.txt"]
+    assert not (src / ".git").exists()
+
+
+def test_missing_repository_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        gitops.clone(str(tmp_path / "nope"), tmp_path / "clone")
+
+
+def test_sealed_files_are_absent_and_never_committed(tmp_path: Path, tiny_repo: Path) -> None:
+    repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
+    wt = workspace.prepare(repo, tmp_path / "wt", "grove/t/n1", repo.rev("main"), sealed=["data/test/**"], reason="t")
+    assert not (wt / "data" / "test" / "offset.txt").exists()
+    assert not (wt / "data").exists()
+    assert git("status", "--porcelain", cwd=wt) == ""
+    (wt / "config.toml").write_text("[knob]\nx = 2\n")
+    commit = repo.commit_all(wt, "edit")
+    assert commit is not None
+    assert "data/test/offset.txt" in repo.files_at(commit)
+    assert repo.changed_files(repo.rev("main"), commit) == ["config.toml"]
+    repo.remove_worktree(wt)
+    assert not wt.exists() and repo.worktrees() == []
+    assert repo.branch_exists("grove/t/n1")
+
+
+def test_diff_outside_editable_or_protected_is_refused(tmp_path: Path, tiny_repo: Path) -> None:
+    spec = parse_spec(tiny_files()["grove.toml"])
+    repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
+    base = repo.rev("main")
+    for path, why in [("eval.py", "changed protected file eval.py"), ("notes.md", "outside files.editable")]:
+        wt = workspace.prepare(repo, tmp_path / "wt", "grove/t/x", base, sealed=spec.files.sealed, reason="t")
+        (wt / path).write_text("tampered")
+        commit = repo.commit_all(wt, "tamper")
+        assert commit is not None
+        assert why in workspace.diff_violation(repo, base, commit, spec)
+        repo.remove_worktree(wt)
+
+
+def test_concurrent_worktree_creation_is_serialised(tmp_path: Path, tiny_repo: Path) -> None:
+    repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
+    base = repo.rev("main")
+    errors: list[BaseException] = []
+
+    def add(i: int) -> None:
+        try:
+            repo.add_worktree(tmp_path / "wts" / f"n{i}", f"grove/t/n{i}", base, reason=f"job {i}")
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(repo.worktrees()) == 12
+    assert all((tmp_path / "wts" / f"n{i}" / "eval.py").exists() for i in range(12))
+
+
+def test_janitor_removes_stale_worktrees(settings: Settings, tiny_repo: Path) -> None:
+    study = create_study(settings, tiny_files()["grove.toml"], str(tiny_repo))
+    repo = workspace.repo_of(study)
+    path = workspace.worktree_path(settings, study, "n99-a1")
+    workspace.prepare(repo, path, "grove/tiny/n99", study.base_commit, sealed=None, reason="left over")
+    assert path.exists()
+    removed = workspace.janitor(settings)
+    assert removed == [path] and not path.exists() and repo.worktrees() == []
+
