@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sqlite3
 import sys
@@ -213,10 +214,8 @@ def _discard(study: Study) -> None:
     with sqlite3.connect(settings.checkpoint_path) as conn:
         tid = thread_config(study.id or 0)["configurable"]["thread_id"]
         for table in ("checkpoints", "writes"):
-            try:
+            with contextlib.suppress(sqlite3.OperationalError):
                 conn.execute(f"DELETE FROM {table} WHERE thread_id = ?", (tid,))
-            except sqlite3.OperationalError:
-                pass
     shutil.rmtree(study.repo_path, ignore_errors=True)
     shutil.rmtree(settings.worktrees_dir / study.name, ignore_errors=True)
 

@@ -165,7 +165,7 @@ class Repo:
         """Return `git worktree list --porcelain` as dicts (the main one excluded)."""
         out: list[dict[str, str]] = []
         cur: dict[str, str] = {}
-        for line in self.git("worktree", "list", "--porcelain").splitlines() + [""]:
+        for line in [*self.git("worktree", "list", "--porcelain").splitlines(), ""]:
             if not line:
                 if cur:
                     out.append(cur)

@@ -6,6 +6,7 @@ A job finalises only while its token is current, so a superseded duplicate chang
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -133,10 +134,8 @@ def run_experiment(settings: Settings, job_id: int, token: str) -> str:
 
 def record_crash(settings: Settings, job_id: int, token: str, reason: str) -> None:
     """Mark a job whose process died without finishing as failed."""
-    try:
+    with contextlib.suppress(Superseded):
         _finish(settings, job_id, token, NodeStatus.FAILED, failure=reason)
-    except Superseded:
-        pass
     with db.session(settings.db_url) as s:
         job = s.get(Job, job_id)
         if job is not None:

@@ -5,6 +5,7 @@ Every evaluation and every command an executor runs goes through `run`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import resource
@@ -105,10 +106,8 @@ class _Capture(threading.Thread):
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 _running: set[int] = set()

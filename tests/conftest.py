@@ -12,7 +12,7 @@ import pytest
 
 from backend.core.config import Settings
 
-TINY_EVAL = '''\
+TINY_EVAL = """\
 import json, os, sys, time, tomllib
 cfg = tomllib.load(open("config.toml", "rb"))
 x = cfg["knob"]["x"]
@@ -25,7 +25,7 @@ else:
     score = offset - (x - 3) ** 2 + 0.01 * seed
 print("some log line")
 print(json.dumps({"score": score, "size": x}))
-'''
+"""
 
 TINY_SPEC = """\
 [study]

@@ -10,9 +10,8 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
-
-import model  # noqa: E402
+import model
+import numpy as np
 
 SPLITS = {"dev": "data/dev.csv", "test": "data/test/test.csv"}
 

@@ -1,5 +1,6 @@
 """The model under study: a small multi-layer perceptron configured by config.toml."""
 
+import itertools
 import tomllib
 import warnings
 
@@ -28,7 +29,7 @@ def build(config, seed):
 
 def n_params(config, n_features=64, n_classes=10):
     sizes = [n_features] + [int(config["model"]["hidden"])] * int(config["model"]["layers"]) + [n_classes]
-    return sum(a * b + b for a, b in zip(sizes, sizes[1:]))
+    return sum(a * b + b for a, b in itertools.pairwise(sizes))
 
 
 def fit(model, X, y):

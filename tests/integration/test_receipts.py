@@ -16,13 +16,19 @@ def receipt(tmp_path: Path, script: str, metric: str = "score") -> evaluation.Re
 
 
 def test_metrics_from_last_json_line(tmp_path: Path) -> None:
-    r = receipt(tmp_path, 'import os\nprint({"not": "json"})\nprint(\'{"score": 1}\')\nprint(\'{"score": 0.5, "seed": %s}\' % os.environ["GROVE_SEED"])\nprint("done")')
+    r = receipt(
+        tmp_path,
+        'import os\nprint({"not": "json"})\nprint(\'{"score": 1}\')\nprint(\'{"score": 0.5, "seed": %s}\' % os.environ["GROVE_SEED"])\nprint("done")',
+    )
     assert r.ok and r.metrics == {"score": 0.5, "seed": 2} and r.objective("score") == 0.5
     assert r.commit == "abc" and r.fingerprint == "fp" and r.exit_code == 0 and r.duration > 0
 
 
 def test_metrics_file_wins_over_stdout(tmp_path: Path) -> None:
-    r = receipt(tmp_path, 'import os, json\njson.dump({"score": 3}, open(os.environ["GROVE_METRICS_FILE"], "w"))\nprint(\'{"score": 1}\')')
+    r = receipt(
+        tmp_path,
+        'import os, json\njson.dump({"score": 3}, open(os.environ["GROVE_METRICS_FILE"], "w"))\nprint(\'{"score": 1}\')',
+    )
     assert r.ok and r.metrics == {"score": 3}
 
 
@@ -32,9 +38,12 @@ def test_metrics_file_wins_over_stdout(tmp_path: Path) -> None:
         ("import sys\nprint('{\"score\": 1}')\nsys.exit(3)", "exited with code 3"),
         ("print('hello')", "no metrics"),
         ("import os\nopen(os.environ['GROVE_METRICS_FILE'], 'w').write('{bad json')", "not valid JSON"),
-        ("import os\nopen(os.environ['GROVE_METRICS_FILE'], 'w').write('[1, 2]')", "does not hold a JSON object"),
+        (
+            "import os\nopen(os.environ['GROVE_METRICS_FILE'], 'w').write('[1, 2]')",
+            "does not hold a JSON object",
+        ),
         ("print('{\"loss\": 1}')", "objective metric 'score' missing"),
-        ("print('{\"score\": \"high\"}')", "not a finite number"),
+        ('print(\'{"score": "high"}\')', "not a finite number"),
         ("print('{\"score\": NaN}')", "not a finite number"),
         ("import time\ntime.sleep(30)", "timed out after 5s"),
     ],

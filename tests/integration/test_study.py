@@ -60,7 +60,11 @@ def test_grove_run_merges_into_trunk_and_writes_report(settings: Settings, tiny_
     parents = git("rev-list", "--parents", "-n1", st.trunk_commit, cwd=clone).split()
     assert len(parents) == 3 and parents[2] == last.commit
     tests = rows(settings, ReceiptRow, ReceiptRow.node_id == last.id, ReceiptRow.kind == "test")
-    assert len(tests) == 2 and {r.commit for r in tests} == {last.gate_commit} and {r.seed for r in tests} == {0, 1}
+    assert (
+        len(tests) == 2
+        and {r.commit for r in tests} == {last.gate_commit}
+        and {r.seed for r in tests} == {0, 1}
+    )
     devs = rows(settings, ReceiptRow, ReceiptRow.node_id == last.id, ReceiptRow.kind == "dev")
     assert [r.seed for r in devs] == [0, 1] and all(r.commit == last.commit for r in devs)
     report = Path(st.report_path).read_text()
@@ -126,7 +130,9 @@ def test_margin_blocks_a_merge(settings: Settings, tmp_path: Path) -> None:
     st = the_study(settings)
     assert st.trunk_commit == st.base_commit
     gated = rows(settings, Node, Node.gated == True)  # noqa: E712
-    assert gated and all(n.status == "rejected" and n.gate_reason.startswith("failed: held-out gain") for n in gated)
+    assert gated and all(
+        n.status == "rejected" and n.gate_reason.startswith("failed: held-out gain") for n in gated
+    )
     assert all(len(n.heldout_values) == 2 for n in gated)
 
 
@@ -148,13 +154,18 @@ def test_protected_change_is_rejected(settings: Settings, tmp_path: Path) -> Non
         files["grove.toml"]
         .replace('editable = ["config.toml"]', 'editable = ["*.toml"]')
         .replace('protected = ["eval.py"]', 'protected = ["eval.py", "locked.toml"]')
-        .replace('"config.toml:knob.x" = { values = [0, 1, 2, 3, 4, 5] }', '"locked.toml:a.b" = { values = [1, 2, 3] }')
+        .replace(
+            '"config.toml:knob.x" = { values = [0, 1, 2, 3, 4, 5] }',
+            '"locked.toml:a.b" = { values = [1, 2, 3] }',
+        )
     )
     repo = make_repo(tmp_path / "r", files)
     res = grove(settings, "run", str(repo), "--auto-approve", "--quiet")
     assert res.returncode == 0, res.stderr
     nodes = rows(settings, Node, col(Node.parent_id).is_not(None))
-    assert nodes and all(n.status == "rejected" and "changed protected file locked.toml" in n.failure for n in nodes)
+    assert nodes and all(
+        n.status == "rejected" and "changed protected file locked.toml" in n.failure for n in nodes
+    )
     assert the_study(settings).trunk_commit == the_study(settings).base_commit
 
 
@@ -171,7 +182,11 @@ def test_validate_reports_keys_and_exits_nonzero(settings: Settings, tmp_path: P
 
 def test_crash_and_resume_without_losing_or_duplicating_nodes(settings: Settings, tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "r", tiny_files(experiments=8, sleep=0.6, plateau_stop=50))
-    env = {**os.environ, "GROVE_DATA_DIR": str(settings.data_dir), "GROVE_WORKTREES_DIR": str(settings.worktrees_dir)}
+    env = {
+        **os.environ,
+        "GROVE_DATA_DIR": str(settings.data_dir),
+        "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
+    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "backend.cli", "run", str(repo), "--auto-approve", "--quiet"],
         cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -9,7 +9,7 @@ from agents.spec import parse_spec
 from backend import gitops, workspace
 from backend.core.config import Settings
 from backend.studies import create_study
-from tests.conftest import git, make_repo, tiny_files
+from tests.conftest import git, tiny_files
 
 
 def test_clone_leaves_the_users_repository_alone(tmp_path: Path, tiny_repo: Path) -> None:
@@ -38,7 +38,9 @@ def test_missing_repository_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_sealed_files_are_absent_and_never_committed(tmp_path: Path, tiny_repo: Path) -> None:
     repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
-    wt = workspace.prepare(repo, tmp_path / "wt", "grove/t/n1", repo.rev("main"), sealed=["data/test/**"], reason="t")
+    wt = workspace.prepare(
+        repo, tmp_path / "wt", "grove/t/n1", repo.rev("main"), sealed=["data/test/**"], reason="t"
+    )
     assert not (wt / "data" / "test" / "offset.txt").exists()
     assert not (wt / "data").exists()
     assert git("status", "--porcelain", cwd=wt) == ""
@@ -73,7 +75,7 @@ def test_concurrent_worktree_creation_is_serialised(tmp_path: Path, tiny_repo: P
     def add(i: int) -> None:
         try:
             repo.add_worktree(tmp_path / "wts" / f"n{i}", f"grove/t/n{i}", base, reason=f"job {i}")
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=add, args=(i,)) for i in range(12)]
@@ -94,4 +96,3 @@ def test_janitor_removes_stale_worktrees(settings: Settings, tiny_repo: Path) ->
     assert path.exists()
     removed = workspace.janitor(settings)
     assert removed == [path] and not path.exists() and repo.worktrees() == []
-

@@ -16,7 +16,9 @@ SPACE = {
 BASE = {"c.toml:m.hidden": 8, "c.toml:t.lr": 0.001}
 
 
-def ev(i: int, parent: int | None, edits: dict[str, object], mean: float | None, status: str = "evaluated") -> NodeEvidence:
+def ev(
+    i: int, parent: int | None, edits: dict[str, object], mean: float | None, status: str = "evaluated"
+) -> NodeEvidence:
     return NodeEvidence(
         id=i, parent_id=parent, depth=0 if parent is None else 1, status=status, title=f"n{i}",
         edits=edits, origin="policy", dev_mean=mean, dev_std=0.0, dev_n=3,
@@ -77,12 +79,16 @@ def test_implementer_applies_edits_exactly(tmp_path: Path, name: str, text: str,
 def test_implementer_refuses_non_editable_and_escaping_files(tmp_path: Path) -> None:
     (tmp_path / "c.toml").write_text("[m]\nhidden = 8\n")
     with pytest.raises(ImplementationError, match="not editable"):
-        SearchPolicy().implement(tmp_path, ImplementInput(1, "t", {}, {"c.toml:m.hidden": 4}, "", ["other.toml"]))
+        SearchPolicy().implement(
+            tmp_path, ImplementInput(1, "t", {}, {"c.toml:m.hidden": 4}, "", ["other.toml"])
+        )
     outside = tmp_path.parent / "outside.toml"
     outside.write_text("[m]\nhidden = 8\n")
     (tmp_path / "link.toml").symlink_to(outside)
     with pytest.raises(ImplementationError, match="outside the worktree"):
-        SearchPolicy().implement(tmp_path, ImplementInput(1, "t", {}, {"link.toml:m.hidden": 4}, "", ["*.toml"]))
+        SearchPolicy().implement(
+            tmp_path, ImplementInput(1, "t", {}, {"link.toml:m.hidden": 4}, "", ["*.toml"])
+        )
     with pytest.raises(ImplementationError, match="outside the worktree"):
         SearchPolicy().implement(
             tmp_path, ImplementInput(1, "t", {}, {"../outside.toml:m.hidden": 4}, "", ["**"])

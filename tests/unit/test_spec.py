@@ -63,7 +63,7 @@ def test_bad_search_entries_are_named() -> None:
 
 
 def test_range_must_be_ordered() -> None:
-    text = GOOD.replace('{ values = [0, 1, 2, 3, 4, 5] }', "{ low = 2, high = 1 }")
+    text = GOOD.replace("{ values = [0, 1, 2, 3, 4, 5] }", "{ low = 2, high = 1 }")
     assert issues(text) == {'search."config.toml:knob.x"': "low must be below high"}
 
 
@@ -94,7 +94,7 @@ def test_globs_and_search_keys_checked_against_files() -> None:
     )
     got = {i.key: i.message for i in check_against_tree(spec, FILES, read)}
     assert "matches no file" in got["files.protected[1]"]
-    assert "key 'knob.nope' not found in config.toml" == got['search."config.toml:knob.nope"']
+    assert got['search."config.toml:knob.nope"'] == "key 'knob.nope' not found in config.toml"
     assert "does not exist at base" in got['search."other.toml:a.b"']
     assert 'search."config.toml:knob.x"' not in got
 
