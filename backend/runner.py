@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Callable
 from contextlib import closing
 from typing import Any
@@ -29,6 +30,18 @@ Approver = Callable[[int, int], dict[str, Any]]
 def thread_config(study_id: int) -> dict[str, Any]:
     """Return the LangGraph config of a study's coordinator thread."""
     return {"configurable": {"thread_id": f"study-{study_id}"}, "recursion_limit": 100_000}
+
+
+def _wait_while_paused(settings: Settings, study_id: int, tick: Callable[[], None] | None) -> None:
+    while True:
+        with db.session(settings.db_url) as s:
+            study = s.get(Study, study_id)
+            assert study is not None
+            if study.status != "paused":
+                return
+        if tick:
+            tick()
+        time.sleep(1.0)
 
 
 def run_study(
@@ -71,6 +84,7 @@ def run_study(
                 elif kind == "approve":
                     inp = Command(resume={intr.id: approver(study_id, int(intr.value["node_id"]))})
                 elif kind == "paused":
+                    _wait_while_paused(settings, study_id, tick)
                     inp = Command(resume={intr.id: {}})
                 else:
                     raise RuntimeError(f"unknown interrupt {intr.value!r}")

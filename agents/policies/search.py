@@ -154,10 +154,9 @@ class SearchPolicy:
     name = "search"
     rebase_on_trunk = True
 
-    def __init__(self, explore_fraction: float = 0.34, optimism: float = 1.0, random_only: bool = False):
+    def __init__(self, explore_fraction: float = 0.34, optimism: float = 1.0):
         self.explore_fraction = explore_fraction
         self.optimism = optimism
-        self.random_only = random_only
 
     # ideation -------------------------------------------------------------------
 
@@ -189,11 +188,6 @@ class SearchPolicy:
 
         by_id = {n.id: n for n in ctx.nodes}
         root = next(n for n in ctx.nodes if n.parent_id is None)
-        if self.random_only:
-            for _ in range(50 * ctx.k):
-                take(root, space.sample(rng), "random sample")
-            return out
-
         for req in ctx.refine:
             node = by_id.get(req.node_id)
             if node is not None:

@@ -226,3 +226,35 @@ def test_crash_and_resume_without_losing_or_duplicating_nodes(settings: Settings
     assert not settings.worktrees_dir.joinpath("tiny").exists() or not any(
         p for p in settings.worktrees_dir.joinpath("tiny").iterdir()
     )
+
+
+def test_failed_attempt_is_retried_clean_with_a_reflection(settings: Settings, tmp_path: Path) -> None:
+    files = tiny_files(experiments=8, plateau_stop=50)
+    files["eval.py"] = files["eval.py"].replace(
+        'if sys.argv[1] == "dev":', 'if x == 5:\n    sys.exit("boom: x=5 is broken")\nif sys.argv[1] == "dev":'
+    )
+    repo = make_repo(tmp_path / "r", files)
+    res = grove(settings, "run", str(repo), "--auto-approve", "--quiet")
+    assert res.returncode == 0, res.stderr
+    broken = [n for n in rows(settings, Node) if n.edits.get("config.toml:knob.x") == 5]
+    assert len(broken) == 1, "the space is small enough that x=5 is always tried"
+    node = broken[0]
+    assert node.status == "failed" and node.attempts == 2
+    assert "exited with code 1" in node.failure and "boom: x=5 is broken" in node.reflection
+    jobs = rows(settings, Job, Job.node_id == node.id)
+    assert sorted(j.attempt for j in jobs) == [1, 2] and all(j.status == "failed" for j in jobs)
+    # Each attempt ran in its own fresh worktree.
+    outputs = settings.data_dir / "outputs" / "tiny"
+    assert (outputs / f"n{node.id}-a1").is_dir() and (outputs / f"n{node.id}-a2").is_dir()
+    state = the_study(settings).improvement_state
+    assert any(r["node_id"] == node.id for r in state["rejected_candidates"])
+
+
+def test_promote_pushes_trunk_as_a_new_branch(settings: Settings, tiny_repo: Path) -> None:
+    main_before = git("rev-parse", "main", cwd=tiny_repo)
+    assert grove(settings, "run", str(tiny_repo), "--auto-approve", "--quiet").returncode == 0
+    res = grove(settings, "promote", "tiny")
+    assert res.returncode == 0, res.stderr
+    st = the_study(settings)
+    assert git("rev-parse", "grove/tiny", cwd=tiny_repo).strip() == st.trunk_commit
+    assert git("rev-parse", "main", cwd=tiny_repo) == main_before
