@@ -133,6 +133,12 @@ def run_cmd(
         raise typer.Exit(1) from None
     if budget is not None:
         text = _override_budget(text, budget)
+    if spec.gate.mode != "auto" and not auto_approve and not sys.stdin.isatty():
+        err.print(
+            f"[red]error:[/] gate.mode = {spec.gate.mode!r} asks a human before each merge, and there is no "
+            "terminal to ask in; pass --auto-approve or set gate.mode = 'auto'"
+        )
+        raise typer.Exit(2)
     existing = get_by_name(settings, spec.study.name)
     if existing is not None and fresh:
         _discard(existing)

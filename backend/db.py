@@ -8,6 +8,7 @@ from functools import lru_cache
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, SQLModel, create_engine
 
 from backend import models  # noqa: F401  (registers the tables)
@@ -29,7 +30,14 @@ def get_engine(url: str) -> Engine:
             cur.close()
     else:
         engine = create_engine(url, pool_pre_ping=True)
-    SQLModel.metadata.create_all(engine)
+    for attempt in range(5):
+        try:
+            SQLModel.metadata.create_all(engine)
+            break
+        except OperationalError as exc:
+            # Another process created the tables between our check and our CREATE.
+            if "already exists" not in str(exc) or attempt == 4:
+                raise
     return engine
 
 

@@ -231,7 +231,8 @@ def test_crash_and_resume_without_losing_or_duplicating_nodes(settings: Settings
 def test_failed_attempt_is_retried_clean_with_a_reflection(settings: Settings, tmp_path: Path) -> None:
     files = tiny_files(experiments=8, plateau_stop=50)
     files["eval.py"] = files["eval.py"].replace(
-        'if sys.argv[1] == "dev":', 'if x == 5:\n    sys.exit("boom: x=5 is broken")\nif sys.argv[1] == "dev":'
+        'if sys.argv[1] == "dev":',
+        'if x == 5:\n    sys.exit("boom: x=5 is broken")\nif sys.argv[1] == "dev":',
     )
     repo = make_repo(tmp_path / "r", files)
     res = grove(settings, "run", str(repo), "--auto-approve", "--quiet")
