@@ -181,6 +181,9 @@ def run_cmd(
         with live:
             status = run_study(settings, sid, approver=approver, tick=lambda: live.update(_status_table(sid)))
             live.update(_status_table(sid))
+    except KeyboardInterrupt:
+        err.print("interrupted: the study is checkpointed; run the same command again to resume it")
+        raise typer.Exit(130) from None
     except BaselineError as exc:
         with db.session(settings.db_url) as s:
             st = s.get(Study, sid)
@@ -261,6 +264,24 @@ def promote_cmd(name: str) -> None:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from None
     console.print(f"pushed trunk {st.trunk_commit[:12]} to {st.source} as {target}")
+
+
+@app.command("stop")
+def stop_cmd(name: str) -> None:
+    """Ask a running study to stop: running experiments are cancelled and the report written."""
+    settings = get_settings()
+    with db.session(settings.db_url) as s:
+        st = s.exec(select(Study).where(Study.name == name)).first()
+        if st is None:
+            err.print(f"[red]error:[/] no study named {name!r}")
+            raise typer.Exit(1)
+        if st.status in ("finished", "failed"):
+            console.print(f"study {name!r} is already {st.status}")
+            return
+        st.status = "stopping"
+        s.add(st)
+        s.add(Event(study_id=st.id or 0, type="study.stopping", payload={"by": "cli"}))
+    console.print(f"study {name!r} will stop at its next step")
 
 
 @app.command("janitor")

@@ -128,55 +128,38 @@ class LocalGatekeeper:
                 )
             branch, title = node.branch, node.title
         label = f"gate-n{node_id}"
-        path = workspace.worktree_path(self.settings, st, label)
-        passed, reason, merged, values = False, "", "", []
-        workspace.prepare(
-            repo, path, f"grove/{st.name}/gate/n{node_id}", st.trunk_commit, sealed=None, reason=label
-        )
+        path = workspace.worktree_path(self.settings, st, f"{label}-merge")
+        passed, reason, merged, values, gain = False, "", "", None, None
         try:
+            workspace.prepare(
+                repo, path, f"grove/{st.name}/gate/n{node_id}", st.trunk_commit, sealed=None, reason=label
+            )
             merged = repo.merge_into(path, branch, f"Grove: merge n{node_id} ({title})")
-            violation = workspace.diff_violation(repo, st.trunk_commit, merged, spec)
-            if violation:
-                reason = f"rejected: {violation}"
-            else:
-                rs = workspace.run_repeats(
-                    self.settings,
-                    st,
-                    spec,
-                    kind="test",
-                    worktree=path,
-                    commit=merged,
-                    label=label,
-                    node_id=node_id,
-                )
-                with db.session(self.settings.db_url) as s:
-                    study = s.get(Study, study_id)
-                    assert study is not None
-                    study.test_queries += 1
-                    s.add(study)
-                if all(r.ok for r in rs):
-                    values = [r.objective(spec.objective.metric) or 0.0 for r in rs]
-                    d = heldout_decision(
-                        values, st.trunk_heldout, maximize=spec.maximize, margin=spec.gate.margin
-                    )
-                    passed, reason = d.passed, ("passed: " if d.passed else "failed: ") + d.reason
-                else:
-                    reason = "failed: the sealed evaluation did not run cleanly on the merged commit"
         except MergeConflict:
             reason = "failed: merge conflict with trunk"
         except GitError as exc:
             reason = f"failed: {exc}"
         finally:
             repo.remove_worktree(path)
+        violation = workspace.diff_violation(repo, st.trunk_commit, merged, spec) if merged else ""
+        if violation:
+            reason = f"rejected: {violation}"
+        elif merged:
+            # The merged commit is tested in a fresh worktree that holds the sealed files.
+            values = self._heldout(st, spec, merged, label, node_id=node_id)
+            if values is None:
+                reason = "failed: the sealed evaluation did not run cleanly on the merged commit"
+            else:
+                d = heldout_decision(
+                    values, st.trunk_heldout, maximize=spec.maximize, margin=spec.gate.margin
+                )
+                passed, gain = d.passed, d.gain
+                reason = ("passed: " if d.passed else "failed: ") + d.reason
         with db.session(self.settings.db_url) as s:
             node = s.get(Node, node_id)
             assert node is not None
             node.gated, node.gate_reason, node.gate_commit = True, reason, merged if passed else ""
-            node.heldout_values = values
-            if values:
-                node.heldout_gain = heldout_decision(
-                    values, st.trunk_heldout, maximize=spec.maximize, margin=spec.gate.margin
-                ).gain
+            node.heldout_values, node.heldout_gain = values or [], gain
             s.add(node)
             add_event(
                 s, study_id, "node.gate_passed" if passed else "node.gate_failed", node_id, passed=passed

@@ -28,8 +28,8 @@ from backend.studies import create_study
 EXAMPLE = PROJECT_ROOT / "examples" / "digits"
 
 
-def one(policy_name: str, seed: int, experiments: int, root: Path) -> tuple[float, float, int, float]:
-    """Run one study; return (held-out gain, dev gain, experiments used, seconds)."""
+def one(policy_name: str, seed: int, experiments: int, root: Path) -> tuple[float, float, int, float, float]:
+    """Run one study; return (held-out gain, dev gain, experiments used, seconds, final held-out)."""
     doc = tomlkit.parse((EXAMPLE / "grove.toml").read_text())
     doc["study"]["name"] = f"digits-{policy_name}-{seed}"  # type: ignore[index]
     doc["policy"]["seed"] = seed  # type: ignore[index]
@@ -49,7 +49,7 @@ def one(policy_name: str, seed: int, experiments: int, root: Path) -> tuple[floa
         used = len(list(s.exec(db_select_jobs(study.id or 0))))
     held = statistics.fmean(st.trunk_heldout) - statistics.fmean(st.baseline_heldout)
     dev = statistics.fmean(st.trunk_dev) - statistics.fmean(st.baseline_dev)
-    return held, dev, used, time.monotonic() - started
+    return held, dev, used, time.monotonic() - started, statistics.fmean(st.trunk_heldout)
 
 
 def db_select_jobs(study_id: int):  # type: ignore[no-untyped-def]
@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--experiments", type=int, default=16)
     args = ap.parse_args()
-    results: dict[str, list[tuple[float, float, int, float]]] = {"search": [], "random": []}
+    results: dict[str, list[tuple[float, float, int, float, float]]] = {"search": [], "random": []}
     with tempfile.TemporaryDirectory(prefix="grove-bench-") as tmp:
         for seed in args.seeds:
             for name in results:

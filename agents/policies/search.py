@@ -1,10 +1,12 @@
 """The built-in `search` policy: no LLM, edits of the declared config keys.
 
-Ideation fits a kernel regression of the dev objective over every evaluated assignment and
-scores candidates by an optimistic estimate (predicted gain plus an uncertainty bonus):
-*exploit* children are one-key moves around the best nodes, *explore* children are fresh
-samples under the root, and refine children move a violating node toward its constraint.
-Everything is drawn from a RNG seeded by (study seed, round), so ideation is reproducible.
+Ideation fits a Gaussian process to the dev objective of every evaluated assignment and
+scores a pool of candidates by their expected improvement over trunk: *exploit* candidates
+are one- and two-key moves of several sizes around the best nodes (children of those
+nodes), *explore* candidates are random samples (children of the root, or of the nearest
+measured node). A batch is chosen greedily with a penalty for crowding, and refine children
+move a partially verified node toward its open constraint. Randomness comes from a RNG
+seeded by (study seed, round), so ideation is reproducible.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from agents.policies.base import (
     Proposal,
     RefineRequest,
 )
+from agents.policies.gp import GaussianProcess, expected_improvement
 from agents.spec import split_search_key
 
 Assignment = dict[str, Any]
@@ -115,29 +118,8 @@ class Space:
         return tuple(_fmt(a.get(k, self.base.get(k))) for k in self.keys)
 
 
-class Surrogate:
-    """Nadaraya-Watson kernel regression with a count-based uncertainty."""
-
-    def __init__(self, space: Space, points: Sequence[tuple[Assignment, float]], width: float = 0.25):
-        self.space = space
-        self.points = [(space.vector(a), y) for a, y in points]
-        self.width = width
-        ys = [y for _, y in points]
-        self.mean = sum(ys) / len(ys) if ys else 0.0
-        spread = (max(ys) - min(ys)) if len(ys) > 1 else 0.0
-        self.scale = spread or (abs(self.mean) * 0.05 or 1e-3)
-
-    def predict(self, a: Assignment) -> tuple[float, float]:
-        """Return (prediction, uncertainty) for an assignment."""
-        x = self.space.vector(a)
-        wsum = ysum = 0.0
-        for p, y in self.points:
-            d2 = sum((u - v) ** 2 for u, v in zip(x, p, strict=True))
-            w = math.exp(-d2 / (2 * self.width**2))
-            wsum += w
-            ysum += w * y
-        pred = (ysum + 0.5 * self.mean) / (wsum + 0.5)
-        return pred, self.scale / math.sqrt(1.0 + wsum)
+def _dist(a: Sequence[float], b: Sequence[float]) -> float:
+    return math.sqrt(sum((u - v) ** 2 for u, v in zip(a, b, strict=True)))
 
 
 def _describe(space: Space, old: Assignment, new: Assignment) -> list[str]:
@@ -168,9 +150,9 @@ class SearchPolicy:
         assignment = {n.id: {**ctx.base_values, **n.edits} for n in ctx.nodes}
         seen = {space.key_of(a) for a in assignment.values()}
         scored = [n for n in ctx.nodes if n.dev_mean is not None and n.status != "failed"]
-        surrogate = Surrogate(space, [(assignment[n.id], sign * float(n.dev_mean)) for n in scored])  # type: ignore[arg-type]
-        trunk = ctx.trunk_dev_mean
-        ref = sign * trunk if trunk is not None else surrogate.mean
+        gp = self._fit(space, [(assignment[n.id], sign * float(n.dev_mean or 0.0), n) for n in scored])
+        ref = sign * ctx.trunk_dev_mean if ctx.trunk_dev_mean is not None else gp.mean
+        root = next(n for n in ctx.nodes if n.parent_id is None)
         out: list[Proposal] = []
 
         def take(
@@ -180,86 +162,103 @@ class SearchPolicy:
             if key in seen or len(out) >= ctx.k:
                 return
             seen.add(key)
-            pred, unc = surrogate.predict(a)
-            prior = (pred - ref) + self.optimism * unc
+            mu, sd = gp.predict(space.vector(a))
+            prior = expected_improvement(mu, sd, ref)
             out.append(
                 self._proposal(ctx, space, parent, assignment[parent.id], a, prior, why, origin, ref_id)
             )
 
         by_id = {n.id: n for n in ctx.nodes}
-        root = next(n for n in ctx.nodes if n.parent_id is None)
         for req in ctx.refine:
             node = by_id.get(req.node_id)
             if node is not None:
-                self._refine(ctx, space, node, assignment[node.id], req, take, rng)
+                self._refine(ctx, space, node, assignment[node.id], req, take)
 
-        n_explore = max(1, round(ctx.k * self.explore_fraction))
-        if ctx.plateau_level >= 2:
-            n_explore = ctx.k
-        n_exploit = ctx.k - len(out) - n_explore
+        pool: list[tuple[NodeEvidence, Assignment, str]] = []
+        explore_only = ctx.plateau_level >= 2  # "change approach": leave the current neighbourhoods
+        if not explore_only:
+            for parent in sorted(scored, key=lambda n: -sign * float(n.dev_mean or 0.0))[:3]:
+                a = assignment[parent.id]
+                for step in (0.1, 0.25, 0.5):
+                    for key in space.keys:
+                        pool += [
+                            (parent, {**a, key: v}, f"move {key} around n{parent.id}")
+                            for v in space.neighbours(a, key, step)
+                        ]
+                for _ in range(6):
+                    new = dict(a)
+                    for key in rng.sample(space.keys, min(2, len(space.keys))):
+                        opts = space.neighbours(a, key, rng.choice((0.1, 0.25, 0.5)))
+                        if opts:
+                            new[key] = rng.choice(opts)
+                    pool.append((parent, new, f"combine moves around n{parent.id}"))
+        measured = [(space.vector(assignment[n.id]), n) for n in scored]
+        for _ in range(256):
+            a = space.sample(rng)
+            x = space.vector(a)
+            near = min(measured, key=lambda m: _dist(m[0], x), default=None)
+            if explore_only and near is not None and _dist(near[0], x) < 0.35:
+                continue
+            parent = near[1] if near is not None and _dist(near[0], x) < 0.2 and near[1].depth < 6 else root
+            pool.append((parent, a, "explore a new region"))
 
-        # Exploit: one-key moves (and a few two-key moves) around the best nodes.
-        ranked = sorted(scored, key=lambda n: -sign * float(n.dev_mean))  # type: ignore[arg-type]
-        cands: list[tuple[float, NodeEvidence, Assignment, str]] = []
-        for parent in ranked[:3]:
-            a = assignment[parent.id]
-            step = 0.25 / (1 + 0.5 * parent.depth)
-            for key in space.keys:
-                for v in space.neighbours(a, key, step):
-                    new = {**a, key: v}
-                    pred, unc = surrogate.predict(new)
-                    cands.append((pred + self.optimism * unc, parent, new, f"move {key} around n{parent.id}"))
-            for _ in range(4):
-                k1, k2 = rng.sample(space.keys, 2) if len(space.keys) > 1 else (space.keys[0],) * 2
-                new = dict(a)
-                for key in {k1, k2}:
-                    opts = space.neighbours(a, key, step)
-                    if opts:
-                        new[key] = rng.choice(opts)
-                pred, unc = surrogate.predict(new)
-                cands.append((pred + self.optimism * unc, parent, new, f"combine moves around n{parent.id}"))
-        cands.sort(key=lambda c: -c[0])
-        limit = len(out) + max(n_exploit, 0)
-        for _, parent, new, why in cands:
-            if len(out) >= limit:
-                break
-            take(parent, new, why)
-
-        # Explore: the most promising of many random samples, as new directions under the root.
-        pool = [space.sample(rng) for _ in range(64)]
-        pool.sort(key=lambda a: -(lambda p: p[0] + 2 * self.optimism * p[1])(surrogate.predict(a)))
-        for a in pool:
-            if len(out) >= ctx.k:
-                break
-            take(root, a, "explore a new region")
+        scores = []
+        for parent, a, why in pool:
+            if space.key_of(a) in seen:
+                continue
+            mu, sd = gp.predict(space.vector(a))
+            scores.append([expected_improvement(mu, sd, ref), parent, a, why])
+        while scores and len(out) < ctx.k:
+            best = max(range(len(scores)), key=lambda i: (scores[i][0], -i))
+            _, parent, a, why = scores.pop(best)
+            if space.key_of(a) in seen:
+                continue
+            take(parent, a, why)
+            x = space.vector(a)
+            for row in scores:  # crowding penalty keeps a batch diverse
+                row[0] *= 1.0 - math.exp(-(_dist(space.vector(row[2]), x) ** 2) / (2 * 0.08**2))
         return out
 
-    def _refine(self, ctx, space, node, a, req: RefineRequest, take, rng) -> None:  # type: ignore[no-untyped-def]
+    @staticmethod
+    def _fit(space: Space, points: Sequence[tuple[Assignment, float, NodeEvidence]]) -> GaussianProcess:
+        noise = [(n.dev_std or 0.0) ** 2 / max(n.dev_n, 1) for _, _, n in points]
+        best = sorted(points, key=lambda p: -p[1])[:150]
+        return GaussianProcess(
+            [space.vector(a) for a, _, _ in best],
+            [y for _, y, _ in best],
+            lengthscale=0.25,
+            noise=sum(noise) / len(noise) if noise else 0.0,
+        )
+
+    def _refine(self, ctx, space, node, a, req: RefineRequest, take) -> None:  # type: ignore[no-untyped-def]
         rules = {c["name"]: c for c in ctx.constraints}
-        options: list[tuple[float, Assignment]] = []
+        options: list[tuple[float, int, Assignment]] = []
+        models = {}
+        for name in req.open_constraints:
+            rule = rules.get(name)
+            pts = [
+                (space.vector({**ctx.base_values, **n.edits}), n.dev_metrics[rule["metric"]])
+                for n in ctx.nodes
+                if rule and rule["metric"] in n.dev_metrics
+            ]
+            if rule and pts:
+                models[name] = (
+                    rule,
+                    GaussianProcess([p for p, _ in pts], [y for _, y in pts], lengthscale=0.15),
+                )
         for key in space.keys:
             for v in space.neighbours(a, key, 0.25):
                 new = {**a, key: v}
                 badness = 0.0
-                for name in req.open_constraints:
-                    rule = rules.get(name)
-                    if not rule:
-                        continue
-                    pts = [
-                        ({**ctx.base_values, **n.edits}, n.dev_metrics[rule["metric"]])
-                        for n in ctx.nodes
-                        if rule["metric"] in n.dev_metrics
-                    ]
-                    if not pts:
-                        continue
-                    pred, _ = Surrogate(space, pts, width=0.15).predict(new)
+                for rule, model in models.values():
+                    pred, _ = model.predict(space.vector(new))
                     if rule.get("max") is not None:
                         badness += max(pred - rule["max"], 0.0) / (abs(rule["max"]) or 1.0)
                     if rule.get("min") is not None:
                         badness += max(rule["min"] - pred, 0.0) / (abs(rule["min"]) or 1.0)
-                options.append((badness + rng.random() * 1e-9, new))
-        options.sort(key=lambda t: t[0])
-        for _, new in options[:1]:
+                options.append((badness, len(options), new))
+        options.sort(key=lambda t: (t[0], t[1]))
+        for _, _, new in options[:1]:
             take(node, new, f"refine n{node.id}: {req.goal}", "refine", node.id)
 
     def _proposal(self, ctx, space, parent, old, new, prior, why, origin, ref_id) -> Proposal:  # type: ignore[no-untyped-def]

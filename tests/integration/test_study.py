@@ -193,7 +193,7 @@ def test_crash_and_resume_without_losing_or_duplicating_nodes(settings: Settings
     )  # fmt: skip
 
     def integrated() -> int:
-        if not settings.db_url or not (settings.data_dir / "grove.db").exists():
+        if not (settings.data_dir / "grove.db").exists():
             return 0
         return len(rows(settings, Node, Node.completed_order > 0))
 
@@ -259,3 +259,35 @@ def test_promote_pushes_trunk_as_a_new_branch(settings: Settings, tiny_repo: Pat
     st = the_study(settings)
     assert git("rev-parse", "grove/tiny", cwd=tiny_repo).strip() == st.trunk_commit
     assert git("rev-parse", "main", cwd=tiny_repo) == main_before
+
+
+def test_user_stop_cancels_running_work_and_finishes(settings: Settings, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r", tiny_files(experiments=8, sleep=1.0, plateau_stop=50))
+    env = {
+        **os.environ,
+        "GROVE_DATA_DIR": str(settings.data_dir),
+        "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backend.cli", "run", str(repo), "--auto-approve", "--quiet"],
+        cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(
+            lambda: (
+                (settings.data_dir / "grove.db").exists() and rows(settings, Node, Node.status == "running")
+            ),
+            timeout=120,
+        )
+        assert grove(settings, "stop", "tiny").returncode == 0
+        _, errs = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, errs
+    st = the_study(settings)
+    assert st.status == "finished" and st.stop_reason == "stopped by user"
+    assert not rows(settings, Node, col(Node.status).in_(["queued", "running", "proposed"]))
+    assert rows(settings, Node, Node.status == "cancelled")
+    assert len(rows(settings, Job)) < 8
+    assert Path(st.report_path).is_file()
