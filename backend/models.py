@@ -99,7 +99,6 @@ class Job(SQLModel, table=True):
     status: str = "queued"  # queued|running|done|failed
     token: str = ""
     pid: int | None = None
-    integrated: bool = False
     outcome: dict[str, Any] = _json({})
     created_at: datetime = Field(default_factory=now)
     started_at: datetime | None = None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime
 from typing import Any
 
 from sqlmodel import Session, col, select
@@ -15,8 +14,6 @@ from agents.tree.insights import InsightUpdate
 from agents.tree.status import ACTIVE, TERMINAL, NodeStatus, check_transition
 from backend import db
 from backend.models import Event, InsightVersion, Job, Node, ReceiptRow, Study, now
-
-MAX_ATTEMPTS = 2
 
 
 def add_event(s: Session, study_id: int, type_: str, node_id: int | None = None, **payload: Any) -> Event:
@@ -123,12 +120,6 @@ def node_record(s: Session, node: Node, insight: str | None = None) -> NodeRecor
         # A node that passed the gate but was not yet moved on is still a candidate (replay).
         gated=node.gated
         and not (node.status == NodeStatus.EVALUATED and node.gate_reason.startswith("passed")),
-        retryable=(
-            node.status == NodeStatus.FAILED
-            and node.completed_order > 0
-            and node.attempts < MAX_ATTEMPTS
-            and node.parent_id is not None
-        ),
     )
 
 
@@ -323,8 +314,3 @@ class SqlStorage:
                 j.status, j.finished_at = "failed", now()
                 j.outcome = {"reason": "cancelled"}
                 s.add(j)
-
-
-def elapsed(since: datetime | None) -> float:
-    """Return seconds since a time (0 when unset)."""
-    return 0.0 if since is None else (now() - since).total_seconds()

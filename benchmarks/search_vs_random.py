@@ -69,18 +69,20 @@ def main() -> None:
         for seed in args.seeds:
             for name in results:
                 results[name].append(one(name, seed, args.experiments, Path(tmp)))
-                h, d, used, secs = results[name][-1]
+                h, d, used, secs, final = results[name][-1]
                 print(
-                    f"seed {seed} {name:7s} held-out gain {h:+.4f}  dev gain {d:+.4f}  experiments {used}  {secs:.0f}s",
+                    f"seed {seed} {name:7s} held-out gain {h:+.4f} (final {final:.4f})  dev gain {d:+.4f}  "
+                    f"experiments {used}  {secs:.0f}s",
                     flush=True,
                 )
     print()
-    print("| policy | held-out gain per seed | mean held-out gain | mean experiments |")
-    print("|---|---|---|---|")
+    print("| policy | held-out gain per seed | mean held-out gain | mean final held-out | mean experiments |")
+    print("|---|---|---|---|---|")
     for name, rs in results.items():
         per = ", ".join(f"{r[0]:+.4f}" for r in rs)
         print(
-            f"| {name} | {per} | {statistics.fmean(r[0] for r in rs):+.4f} | {statistics.fmean(r[2] for r in rs):.1f} |"
+            f"| {name} | {per} | {statistics.fmean(r[0] for r in rs):+.4f} | "
+            f"{statistics.fmean(r[4] for r in rs):.4f} | {statistics.fmean(r[2] for r in rs):.1f} |"
         )
     s, r = (statistics.fmean(x[0] for x in results[k]) for k in ("search", "random"))
     print(f"\nsearch / random mean held-out gain: {s / r:.3f}" if r else "")

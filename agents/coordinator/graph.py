@@ -99,7 +99,7 @@ def build_graph(
         study = storage.study(sid)
         records = storage.nodes(sid)
         waiting = sum(1 for r in records if r.evidence.status == NodeStatus.PROPOSED)
-        retry = sum(1 for r in records if r.retryable)
+        retry = sum(1 for r in records if retryable(r, config))
         slots = study.spec.budget.parallel - len(_active_jobs(state))
         round_no = state.get("round_no", 0)
         if waiting + retry < slots:
@@ -117,7 +117,7 @@ def build_graph(
             study.spec.budget.parallel - len(pending),
             study.spec.budget.experiments - study.experiments_used,
         )
-        retries = [r.evidence.id for r in records if r.retryable][: max(slots, 0)]
+        retries = [r.evidence.id for r in records if retryable(r, config)][: max(slots, 0)]
         cfg = selection.SelectionConfig(config.exploration, config.per_parent, study.seed)
         chosen = retries + selection.select(
             tree_of(records), slots - len(retries), cfg, state.get("round_no", 0)
@@ -161,7 +161,7 @@ def build_graph(
             if rec.completed_order:
                 continue  # already integrated (replayed step)
             order += 1
-            result = integrate_one(study, rec, policy, istate, records)
+            result = integrate_one(study, rec, policy, istate, records, config)
             storage.record(sid, result)
             storage.event(sid, "node.integrated", node_id, {"order": order, "status": result.status})
             records = {r.evidence.id: r for r in storage.nodes(sid)}
@@ -261,12 +261,13 @@ def integrate_one(
     policy: Policy,
     istate: ImprovementState,
     records: dict[int, NodeRecord],
+    config: CoordinatorConfig = CoordinatorConfig(),
 ) -> Integration:
     """Verify one finished node, decide AREX's call, and update the improvement state."""
     ev = rec.evidence
     spec = study.spec
     if ev.status in (NodeStatus.FAILED, NodeStatus.REJECTED, NodeStatus.CANCELLED) or not rec.dev_values:
-        recoverable = ev.status == NodeStatus.FAILED and rec.attempts < 2
+        recoverable = ev.status == NodeStatus.FAILED and rec.attempts < config.max_attempts
         a = assess(succeeded=False, recoverable=recoverable, improves=False, results=[], mechanism=ev.title)
         istate.reject(ev.id, ev.failure or a.reason)
         if a.decision == Decision.RESTART:
@@ -302,6 +303,17 @@ def integrate_one(
     updated = _with(ev, status=status, gain=g.mean, gain_lcb=g.lcb, constraints=cons)
     summary = policy.summarise(updated, spec.objective.metric, records.get(ev.parent_id or -1, rec).evidence)
     return Integration(ev.id, str(status), g.mean, g.lcb, cons, verification, summary)
+
+
+def retryable(rec: NodeRecord, config: CoordinatorConfig) -> bool:
+    """Return whether a failed, integrated node gets another clean attempt (Reflexion-style)."""
+    ev = rec.evidence
+    return (
+        ev.status == NodeStatus.FAILED
+        and rec.completed_order > 0
+        and rec.attempts < config.max_attempts
+        and ev.parent_id is not None
+    )
 
 
 def _with(ev: NodeEvidence, **changes: Any) -> NodeEvidence:

@@ -40,7 +40,6 @@ class NodeRecord:
     completed_order: int
     verification: dict[str, Any] = field(default_factory=dict)
     gated: bool = False
-    retryable: bool = False
 
 
 @dataclass(frozen=True)
