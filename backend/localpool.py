@@ -87,12 +87,16 @@ class LocalPool:
             return sorted(j.id for j in rows if j.id is not None)
 
     def wait_any(
-        self, job_ids: list[int], tick: Callable[[], None] | None = None, poll: float = 0.25
+        self,
+        job_ids: list[int],
+        tick: Callable[[], None] | None = None,
+        interrupted: Callable[[], bool] | None = None,
+        poll: float = 0.25,
     ) -> list[int]:
-        """Block until at least one of the jobs has finished; return those that have."""
+        """Block until one of the jobs has finished (return those that have) or `interrupted()` holds."""
         while True:
             done = self.finished(job_ids)
-            if done:
+            if done or (interrupted and interrupted()):
                 return done
             if tick:
                 tick()

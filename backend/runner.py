@@ -32,13 +32,15 @@ def thread_config(study_id: int) -> dict[str, Any]:
     return {"configurable": {"thread_id": f"study-{study_id}"}, "recursion_limit": 100_000}
 
 
+def _status(settings: Settings, study_id: int) -> str:
+    with db.session(settings.db_url) as s:
+        study = s.get(Study, study_id)
+        assert study is not None
+        return study.status
+
+
 def _wait_while_paused(settings: Settings, study_id: int, tick: Callable[[], None] | None) -> None:
-    while True:
-        with db.session(settings.db_url) as s:
-            study = s.get(Study, study_id)
-            assert study is not None
-            if study.status != "paused":
-                return
+    while _status(settings, study_id) == "paused":
         if tick:
             tick()
         time.sleep(1.0)
@@ -79,7 +81,11 @@ def run_study(
                 intr = interrupts[0]
                 kind = intr.value.get("kind")
                 if kind == "await_jobs":
-                    done = pool.wait_any(list(intr.value["jobs"]), tick=tick)
+                    done = pool.wait_any(
+                        list(intr.value["jobs"]),
+                        tick=tick,
+                        interrupted=lambda: _status(settings, study_id) == "stopping",
+                    )
                     inp = Command(resume={intr.id: done})
                 elif kind == "approve":
                     inp = Command(resume={intr.id: approver(study_id, int(intr.value["node_id"]))})
