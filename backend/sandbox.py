@@ -11,6 +11,7 @@ import re
 import resource
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -59,7 +60,10 @@ def scrubbed_env(extra: Mapping[str, str] | None = None, passthrough: tuple[str,
     env = {k: os.environ[k] for k in (*SAFE_ENV, *passthrough) if k in os.environ}
     env.update({k: v for k, v in os.environ.items() if k.startswith("LC_")})
     env = {k: v for k, v in env.items() if not SECRET.search(k) and not k.startswith("GROVE_")}
-    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    # `python` in an evaluation command means the interpreter Grove runs under, venv included.
+    bindir = str(Path(sys.executable).parent)
+    path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep)
+    env["PATH"] = os.pathsep.join([bindir, *(p for p in path if p != bindir)])
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(extra or {})

@@ -4,4 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export GROVE_DATA_DIR=${GROVE_DATA_DIR:-.grove}
-exec .venv/bin/grove run examples/digits --auto-approve --fresh "$@"
+. .venv/bin/activate
+exec grove run examples/digits --auto-approve --fresh "$@"

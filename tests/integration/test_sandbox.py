@@ -79,3 +79,12 @@ def test_output_is_stored_capped_with_a_tail(tmp_path: Path) -> None:
     assert stored.startswith("a" * 1000) and "output truncated, 300007 bytes" in stored
     assert len(stored) < 100_200
     assert res.stdout_tail.endswith("THE-END") and len(res.stdout_tail) == 100
+
+
+def test_python_is_groves_interpreter(tmp_path: Path) -> None:
+    import sys
+
+    res = sandbox.run(
+        "python -c 'import sys; print(sys.executable)'", cwd=tmp_path, output_dir=tmp_path / "o"
+    )
+    assert res.ok and res.stdout_tail.strip() == sys.executable
