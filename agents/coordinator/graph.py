@@ -221,7 +221,9 @@ def build_graph(
         sid, node_id = state["study_id"], state.get("gate_node")
         answer: dict[str, Any] = interrupt({"kind": "approve", "study_id": sid, "node_id": node_id})
         if answer.get("approved"):
-            return Command(update={"gate_node": node_id}, goto="merge")
+            return Command(
+                update={"gate_node": node_id, "approved_by": str(answer.get("by", "human"))}, goto="merge"
+            )
         assert node_id is not None
         gatekeeper.reject(
             sid, node_id, str(answer.get("reason") or "rejected by a human"), str(answer.get("by", ""))
@@ -231,8 +233,8 @@ def build_graph(
     def merge(state: CoordinatorState) -> Command[Literal["observe"]]:
         sid, node_id = state["study_id"], state.get("gate_node")
         assert node_id is not None
-        gatekeeper.merge(sid, node_id, "auto" if storage.study(sid).spec.gate.mode == "auto" else "approver")
-        return Command(update={"gate_node": None}, goto="observe")
+        gatekeeper.merge(sid, node_id, state.get("approved_by") or "auto")
+        return Command(update={"gate_node": None, "approved_by": ""}, goto="observe")
 
     def finish(state: CoordinatorState) -> dict[str, Any]:
         gatekeeper.finalize(state["study_id"], state.get("stop_reason", "finished"))

@@ -13,4 +13,5 @@ class CoordinatorState(TypedDict, total=False):
     finished: list[int]  # job ids reported done by the last wait
     candidates: list[int]  # node ids eligible for the gate, best first
     gate_node: int | None
+    approved_by: str  # who approved the gate node ("auto" in auto mode)
     stop_reason: str

@@ -1,0 +1,80 @@
+"""`grove run` in approve mode asks in a real terminal (a pseudo-terminal here)."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sqlmodel import select as sql_select
+
+from backend import db
+from backend.core.config import PROJECT_ROOT, Settings
+from backend.models import Approval, Node
+from tests.conftest import make_repo, tiny_files
+
+
+class Terminal:
+    """A child process on a pseudo-terminal, read with deadlines."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=PROJECT_ROOT)
+        os.close(slave)
+        self.seen = ""
+
+    def expect(self, text: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.seen:
+            left = deadline - time.monotonic()
+            assert left > 0, f"{text!r} never appeared; screen so far:\n{self.seen[-2000:]}"
+            ready, _, _ = select.select([self.master], [], [], left)
+            if ready:
+                try:
+                    self.seen += os.read(self.master, 65536).decode("utf-8", "replace")
+                except OSError:  # the child closed the terminal
+                    break
+        assert text in self.seen, self.seen[-2000:]
+
+    def send(self, line: str) -> None:
+        os.write(self.master, (line + "\r").encode())
+
+    def close(self) -> int:
+        try:
+            code = self.proc.wait(timeout=120)
+        finally:
+            os.close(self.master)
+        return code
+
+
+def test_approve_and_reject_at_the_terminal(settings: Settings, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r", tiny_files(mode="approve", experiments=6, margin=0.5))
+    env = {
+        **os.environ,
+        "GROVE_DATA_DIR": str(settings.data_dir),
+        "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
+        "COLUMNS": "120",
+    }
+    term = Terminal([sys.executable, "-m", "backend.cli", "run", str(repo)], env)
+    term.expect("Merge into trunk?")
+    term.send("n")
+    term.expect("Reason")
+    term.send("not convinced yet")
+    term.expect("Merge into trunk?")  # a later candidate asks again
+    term.send("y")
+    term.expect("report:")
+    assert term.close() == 0
+    with db.session(settings.db_url) as s:
+        approvals = {a.status: a for a in s.exec(sql_select(Approval))}
+        rejected = s.get(Node, approvals["rejected"].node_id)
+        merged = s.get(Node, approvals["approved"].node_id)
+    assert (
+        approvals["rejected"].reason == "not convinced yet" and approvals["rejected"].decided_by == "terminal"
+    )
+    assert rejected is not None and rejected.status == "rejected"
+    assert merged is not None and merged.status == "merged"
+    assert approvals["approved"].decided_by == "terminal"
