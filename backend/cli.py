@@ -25,9 +25,13 @@ from backend.runner import run_study, thread_config
 from backend.storage import spec_of
 from backend.studies import StudyExists, create_study, get_by_name, validate
 
-app = typer.Typer(help="Grove: grow a hypothesis tree over a git repository.", no_args_is_help=True)
+app = typer.Typer(
+    help="Grove: grow a hypothesis tree over a git repository.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 def _spec_file(path: Path) -> Path:
@@ -229,27 +233,28 @@ def _discard(study: Study) -> None:
     shutil.rmtree(settings.worktrees_dir / study.name, ignore_errors=True)
 
 
+def _study_named(name: str) -> Study:
+    st = get_by_name(get_settings(), name)
+    if st is None:
+        err.print(f"[red]error:[/] no study named {name!r}")
+        raise typer.Exit(1)
+    return st
+
+
 @app.command("report")
 def report_cmd(name: str) -> None:
     """Print a study's REPORT.md."""
     from backend import report
 
     settings = get_settings()
-    st = get_by_name(settings, name)
-    if st is None:
-        err.print(f"[red]error:[/] no study named {name!r}")
-        raise typer.Exit(1)
+    st = _study_named(name)
     console.print(report.render(settings, st.id or 0), markup=False)
 
 
 @app.command("promote")
 def promote_cmd(name: str) -> None:
     """Push a study's trunk to its origin repository as branch `grove/<study>`."""
-    settings = get_settings()
-    st = get_by_name(settings, name)
-    if st is None:
-        err.print(f"[red]error:[/] no study named {name!r}")
-        raise typer.Exit(1)
+    st = _study_named(name)
     repo = gitops.Repo(Path(st.repo_path))
     if not repo.git("remote").strip():
         err.print(
@@ -270,11 +275,10 @@ def promote_cmd(name: str) -> None:
 def stop_cmd(name: str) -> None:
     """Ask a running study to stop: running experiments are cancelled and the report written."""
     settings = get_settings()
+    sid = _study_named(name).id
     with db.session(settings.db_url) as s:
-        st = s.exec(select(Study).where(Study.name == name)).first()
-        if st is None:
-            err.print(f"[red]error:[/] no study named {name!r}")
-            raise typer.Exit(1)
+        st = s.get(Study, sid)
+        assert st is not None
         if st.status in ("finished", "failed"):
             console.print(f"study {name!r} is already {st.status}")
             return

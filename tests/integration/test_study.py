@@ -22,16 +22,35 @@ from backend.studies import create_study
 from tests.conftest import git, make_repo, tiny_files, wait_for
 
 
-def grove(settings: Settings, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-    env = {
+def grove_env(settings: Settings) -> dict[str, str]:
+    return {
         **os.environ,
         "GROVE_DATA_DIR": str(settings.data_dir),
         "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
     }
+
+
+def grove(settings: Settings, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "backend.cli", *args], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
-        timeout=kw.get("timeout", 240),
-    )  # fmt: skip
+        [sys.executable, "-m", "backend.cli", *args],
+        cwd=PROJECT_ROOT,
+        env=grove_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def spawn_run(settings: Settings, repo: Path) -> subprocess.Popen[str]:
+    """Start `grove run` in the background."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "backend.cli", "run", str(repo), "--auto-approve", "--quiet"],
+        cwd=PROJECT_ROOT,
+        env=grove_env(settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def rows(settings: Settings, model: Any, *where: Any) -> list[Any]:
@@ -182,15 +201,7 @@ def test_validate_reports_keys_and_exits_nonzero(settings: Settings, tmp_path: P
 
 def test_crash_and_resume_without_losing_or_duplicating_nodes(settings: Settings, tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "r", tiny_files(experiments=8, sleep=0.6, plateau_stop=50))
-    env = {
-        **os.environ,
-        "GROVE_DATA_DIR": str(settings.data_dir),
-        "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "backend.cli", "run", str(repo), "--auto-approve", "--quiet"],
-        cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    proc = spawn_run(settings, repo)
 
     def integrated() -> int:
         if not (settings.data_dir / "grove.db").exists():
@@ -263,15 +274,7 @@ def test_promote_pushes_trunk_as_a_new_branch(settings: Settings, tiny_repo: Pat
 
 def test_user_stop_cancels_running_work_and_finishes(settings: Settings, tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "r", tiny_files(experiments=8, sleep=1.0, plateau_stop=50))
-    env = {
-        **os.environ,
-        "GROVE_DATA_DIR": str(settings.data_dir),
-        "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "backend.cli", "run", str(repo), "--auto-approve", "--quiet"],
-        cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = spawn_run(settings, repo)
     try:
         wait_for(
             lambda: (
