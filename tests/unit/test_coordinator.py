@@ -1,0 +1,214 @@
+"""The coordinator graph over in-memory ports: routing, interrupts, budgets, replays."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
+
+from agents.coordinator.graph import build_graph
+from agents.coordinator.ports import Integration, NodeRecord, StudyView
+from agents.policies.base import NodeEvidence, Proposal
+from agents.policies.search import SearchPolicy
+from agents.spec import parse_spec
+from agents.tree.insights import InsightUpdate
+from tests.conftest import tiny_files
+
+
+class Memory:
+    """Storage, dispatcher and gatekeeper in one deterministic in-memory double."""
+
+    def __init__(self, mode: str = "approve", experiments: int = 4, gate_passes: bool = True) -> None:
+        self.spec = parse_spec(tiny_files(mode=mode, experiments=experiments)["grove.toml"])
+        self.status = "running"
+        self.rows: dict[int, dict[str, Any]] = {}
+        self.jobs: dict[int, int] = {}
+        self.events: list[str] = []
+        self.submitted: list[int] = []
+        self.gate_passes = gate_passes
+        self.trunk = "c0"
+        self.trunk_dev = [1.0, 1.01]
+        self.trunk_node = 1
+        self.state: dict[str, Any] = {}
+        self.rounds: dict[int, list[int]] = {}
+        self.add(None, "baseline", {"config.toml:knob.x": 0}, status="merged", dev=[1.0, 1.01])
+
+    def add(
+        self,
+        parent: int | None,
+        title: str,
+        edits: dict[str, Any],
+        status: str = "proposed",
+        dev: list[float] | None = None,
+    ) -> int:
+        nid = len(self.rows) + 1
+        self.rows[nid] = dict(id=nid, parent=parent, title=title, edits=edits, status=status, dev=dev or [],
+                               attempts=0, order=0, verification={}, gain=None, lcb=None, cons=[], gated=False,
+                               base="", insight="")  # fmt: skip
+        return nid
+
+    # Storage
+    def study(self, study_id: int) -> StudyView:
+        return StudyView(study_id, "tiny", self.status, self.spec, self.trunk, self.trunk_node, self.trunk_dev,
+                         {"config.toml:knob.x": 0}, 0, len(self.jobs), 0.0, self.state, 0)  # fmt: skip
+
+    def nodes(self, study_id: int) -> list[NodeRecord]:
+        out = []
+        for n in self.rows.values():
+            depth = 0 if n["parent"] is None else 1
+            mean = sum(n["dev"]) / len(n["dev"]) if n["dev"] else None
+            ev = NodeEvidence(n["id"], n["parent"], depth, n["status"], n["title"], n["edits"], "policy", mean, 0.0,
+                              len(n["dev"]), n["gain"], n["lcb"], {"size": n["edits"]["config.toml:knob.x"]},
+                              n["cons"], "", n["insight"])  # fmt: skip
+            receipts = [
+                (i, {"score": v, "size": n["edits"]["config.toml:knob.x"]}) for i, v in enumerate(n["dev"])
+            ]
+            out.append(NodeRecord(ev, 0, 0.0, n["base"], n["dev"], receipts, n["attempts"], n["order"],
+                                  n["verification"], n["gated"]))  # fmt: skip
+        return out
+
+    def add_proposals(self, study_id: int, round_no: int, proposals: list[Proposal]) -> list[int]:
+        if round_no not in self.rounds:
+            self.rounds[round_no] = [self.add(p.parent_id, p.title, p.edits) for p in proposals]
+        return self.rounds[round_no]
+
+    def enqueue(self, study_id: int, node_id: int) -> int:
+        n = self.rows[node_id]
+        if n["status"] == "queued":
+            return next(j for j, nid in self.jobs.items() if nid == node_id)
+        n["status"], n["attempts"], n["base"] = "queued", n["attempts"] + 1, self.trunk
+        job = len(self.jobs) + 100
+        self.jobs[job] = node_id
+        return job
+
+    def job_nodes(self, job_ids: list[int]) -> dict[int, int]:
+        return {j: self.jobs[j] for j in job_ids}
+
+    def record(self, study_id: int, result: Integration) -> None:
+        n = self.rows[result.node_id]
+        n.update(status=result.status, gain=result.gain, lcb=result.gain_lcb, cons=result.constraints,
+                 verification=result.verification, insight=result.summary)  # fmt: skip
+        n["order"] = max(m["order"] for m in self.rows.values()) + 1
+
+    def add_insights(self, study_id: int, updates: list[InsightUpdate]) -> None:
+        for u in updates:
+            self.rows[u.node_id]["insight"] = u.text
+
+    def save_state(self, study_id: int, state: dict[str, Any], plateau_level: int) -> None:
+        self.state = state
+
+    def prune(self, study_id: int, node_id: int, reason: str, lesson: str) -> None:
+        self.rows[node_id]["status"] = "pruned"
+
+    def event(self, study_id: int, type_: str, node_id: int | None, payload: dict[str, Any]) -> None:
+        self.events.append(type_)
+
+    def cancel_active(self, study_id: int) -> None:
+        for n in self.rows.values():
+            if n["status"] in ("queued", "running", "proposed"):
+                n["status"] = "cancelled"
+
+    # Dispatcher
+    def submit(self, job_id: int) -> None:
+        self.submitted.append(job_id)
+
+    def complete(self, job_id: int) -> None:
+        """Play the executor: x close to 3 scores higher."""
+        n = self.rows[self.jobs[job_id]]
+        x = n["edits"]["config.toml:knob.x"]
+        n["status"], n["dev"] = "evaluated", [10 - (x - 3) ** 2, 10 - (x - 3) ** 2 + 0.01]
+
+    # Gatekeeper
+    def baseline(self, study_id: int) -> None:
+        self.events.append("baseline")
+
+    def gate(self, study_id: int, node_id: int) -> bool:
+        self.rows[node_id]["gated"] = True
+        if not self.gate_passes:
+            self.rows[node_id]["status"] = "rejected"
+        return self.gate_passes
+
+    def await_approval(self, study_id: int, node_id: int) -> None:
+        self.rows[node_id]["status"] = "awaiting_approval"
+
+    def merge(self, study_id: int, node_id: int, by: str) -> None:
+        n = self.rows[node_id]
+        n["status"], self.trunk, self.trunk_dev, self.trunk_node = "merged", f"c{node_id}", n["dev"], node_id
+        self.events.append(f"merged by {by}")
+
+    def reject(self, study_id: int, node_id: int, reason: str, by: str) -> None:
+        self.rows[node_id]["status"] = "rejected"
+        self.events.append(f"rejected: {reason}")
+
+    def finalize(self, study_id: int, reason: str) -> None:
+        self.status = "finished"
+        self.events.append(f"finished: {reason}")
+
+
+def drive(mem: Memory, answer: dict[str, Any]) -> list[str]:
+    """Run the graph to the end, completing jobs in order and answering approvals; return interrupt kinds."""
+    graph = build_graph(mem, mem, mem, SearchPolicy()).compile(checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "t"}}
+    inp: Any = {"study_id": 1}
+    kinds = []
+    for _ in range(100):
+        out = graph.invoke(inp, cfg, durability="sync", version="v2")
+        if not out.interrupts:
+            return kinds
+        intr = out.interrupts[0]
+        kinds.append(intr.value["kind"])
+        if intr.value["kind"] == "await_jobs":
+            first = intr.value["jobs"][0]
+            mem.complete(first)
+            inp = Command(resume={intr.id: [first]})
+        else:
+            inp = Command(resume={intr.id: answer})
+    raise AssertionError("the graph did not finish")
+
+
+def test_approval_interrupt_then_merge_then_budget_stop() -> None:
+    mem = Memory(mode="approve", experiments=4)
+    kinds = drive(mem, {"approved": True, "by": "ada"})
+    assert kinds.count("approve") >= 1 and "await_jobs" in kinds
+    assert "merged by ada" in mem.events
+    assert mem.events[-1] == "finished: experiment budget spent (4)"
+    assert len(mem.jobs) == 4 and len(set(mem.submitted)) == 4
+    assert mem.events[0] == "baseline"
+
+
+def test_rejected_approval_keeps_trunk_and_continues() -> None:
+    mem = Memory(mode="approve", experiments=4)
+    drive(mem, {"approved": False, "by": "ada", "reason": "too risky"})
+    assert mem.trunk == "c0" and "rejected: too risky" in mem.events
+    assert mem.status == "finished"
+
+
+def test_auto_mode_merges_without_asking_and_gate_failures_do_not_merge() -> None:
+    mem = Memory(mode="auto", experiments=4)
+    assert "approve" not in drive(mem, {})
+    assert "merged by auto" in mem.events
+    failing = Memory(mode="auto", experiments=4, gate_passes=False)
+    drive(failing, {})
+    assert failing.trunk == "c0" and not any(e.startswith("merged") for e in failing.events)
+    assert any(n["gated"] and n["status"] == "rejected" for n in failing.rows.values())
+
+
+def test_user_stop_cancels_and_finishes() -> None:
+    mem = Memory(mode="auto", experiments=10)
+    graph = build_graph(mem, mem, mem, SearchPolicy()).compile(checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "t"}}
+    out = graph.invoke({"study_id": 1}, cfg, durability="sync", version="v2")
+    intr = out.interrupts[0]
+    assert intr.value["kind"] == "await_jobs" and len(intr.value["jobs"]) == 2
+    mem.status = "stopping"
+    out = graph.invoke(Command(resume={intr.id: []}), cfg, durability="sync", version="v2")
+    assert not out.interrupts and mem.events[-1] == "finished: stopped by user"
+    assert [n["status"] for n in mem.rows.values()].count("cancelled") >= 2
+
+
+def test_replayed_ideation_round_does_not_duplicate_nodes() -> None:
+    mem = Memory()
+    first = mem.add_proposals(1, 0, [Proposal(1, "a", {}, 0.0, {"config.toml:knob.x": 1})])
+    again = mem.add_proposals(1, 0, [Proposal(1, "b", {}, 0.0, {"config.toml:knob.x": 2})])
+    assert first == again and len(mem.rows) == 2
