@@ -346,7 +346,10 @@ def gate_candidates(study: StudyView, records: list[NodeRecord]) -> list[int]:
 def next_plan(records: list[NodeRecord], level: plateau.PlateauLevel) -> list[str]:
     """Return the next-step plan derived from the tree."""
     plan = []
-    refine = [r for r in records if r.verification.get("decision") == "refine"]
+    refined = {r.evidence.parent_id for r in records if r.evidence.origin == "refine"}
+    refine = [
+        r for r in records if r.verification.get("decision") == "refine" and r.evidence.id not in refined
+    ]
     for r in refine[-3:]:
         plan.append(f"refine n{r.evidence.id}: {r.verification.get('refine_goal', '')}")
     if level >= plateau.PlateauLevel.CHANGE:
