@@ -19,9 +19,10 @@ from sqlmodel import col, select
 from agents.spec import SpecError, parse_spec
 from backend import db, gitops
 from backend.core.config import get_settings
+from backend.driver import thread_config
 from backend.gatekeeper import BaselineError
 from backend.models import Event, Job, Node, Study
-from backend.runner import run_study, thread_config
+from backend.runner import run_study
 from backend.storage import spec_of
 from backend.studies import StudyExists, create_study, get_by_name, validate
 

@@ -200,8 +200,8 @@ class LocalGatekeeper:
             s.add(study)
             transition(s, node, NodeStatus.MERGED, by=by, trunk=node.gate_commit)
             appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
-            if appr and appr.status == "pending":
-                appr.status, appr.decided_by, appr.decided_at = "approved", by, now()
+            if appr and appr.status in ("pending", "approving"):
+                appr.status, appr.decided_by, appr.decided_at = "approved", appr.decided_by or by, now()
                 s.add(appr)
 
     def reject(self, study_id: int, node_id: int, reason: str, by: str) -> None:
@@ -212,8 +212,9 @@ class LocalGatekeeper:
             if node.status in (NodeStatus.AWAITING_APPROVAL, NodeStatus.EVALUATED):
                 transition(s, node, NodeStatus.REJECTED, reason=reason, by=by)
             appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
-            if appr and appr.status == "pending":
-                appr.status, appr.decided_by, appr.reason, appr.decided_at = "rejected", by, reason, now()
+            if appr and appr.status in ("pending", "rejecting"):
+                appr.status, appr.decided_at = "rejected", now()
+                appr.decided_by, appr.reason = appr.decided_by or by, appr.reason or reason
                 s.add(appr)
 
     def finalize(self, study_id: int, reason: str) -> None:

@@ -1,0 +1,157 @@
+"""Advance a study's coordinator graph as far as the database allows.
+
+The graph waits in interrupts (`await_jobs`, `approve`, `paused`); whether each can be resumed
+is read from the database (job rows, approval rows, the study's status), so any process may
+advance a study at any time: the CLI loop after a local job ends, a Celery task after a worker's
+job ends or an approval arrives. Callers hold the study's lock: one writer per thread.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.types import Command, Interrupt
+from sqlmodel import col, select
+
+from agents.coordinator.graph import build_graph
+from agents.coordinator.ports import Dispatcher
+from agents.policies.base import Policy
+from agents.policies.registry import make_policy
+from backend import db
+from backend.core.config import Settings
+from backend.gatekeeper import LocalGatekeeper
+from backend.models import Approval, Job, Study
+from backend.storage import SqlStorage, spec_of
+
+os.environ.setdefault("LANGGRAPH_STRICT_MSGPACK", "true")
+
+
+def thread_config(study_id: int) -> dict[str, Any]:
+    """Return the LangGraph config of a study's coordinator thread."""
+    return {"configurable": {"thread_id": f"study-{study_id}"}, "recursion_limit": 100_000}
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """What a study's graph is waiting for after an advance."""
+
+    finished: bool
+    jobs: list[int]
+    approval_node: int | None
+    paused: bool
+
+
+def study_status(settings: Settings, study_id: int) -> str:
+    """Return a study's status."""
+    with db.session(settings.db_url) as s:
+        study = s.get(Study, study_id)
+        assert study is not None
+        return study.status
+
+
+def decide_approval(settings: Settings, node_id: int, *, approved: bool, by: str, reason: str = "") -> bool:
+    """Record a human decision on a pending approval; return False if it was already decided."""
+    with db.session(settings.db_url) as s:
+        appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
+        if appr is None or appr.status != "pending" or appr.decided_by:
+            return False
+        appr.decided_by, appr.reason = by, reason
+        appr.status = "approving" if approved else "rejecting"
+        s.add(appr)
+        return True
+
+
+def _resume_value(settings: Settings, study_id: int, intr: Interrupt) -> Any | None:
+    """Return the value that resumes this interrupt now, or None if it must keep waiting."""
+    kind = intr.value.get("kind")
+    if kind == "await_jobs":
+        jobs = list(intr.value["jobs"])
+        with db.session(settings.db_url) as s:
+            rows = s.exec(select(Job).where(col(Job.id).in_(jobs), col(Job.status).in_(["done", "failed"])))
+            done = sorted(j.id for j in rows if j.id is not None)
+        if done or study_status(settings, study_id) == "stopping":
+            return done
+        return None
+    if kind == "approve":
+        with db.session(settings.db_url) as s:
+            appr = s.exec(select(Approval).where(Approval.node_id == intr.value["node_id"])).first()
+        if appr is None or not appr.decided_by:
+            return None
+        return {
+            "approved": appr.status in ("approving", "approved"),
+            "by": appr.decided_by,
+            "reason": appr.reason,
+        }
+    if kind == "paused":
+        return {} if study_status(settings, study_id) != "paused" else None
+    raise RuntimeError(f"unknown interrupt {intr.value!r}")
+
+
+class Driver:
+    """Runs one study's graph with the given dispatcher (the local pool or Celery)."""
+
+    def __init__(
+        self, settings: Settings, study_id: int, dispatcher: Dispatcher, policy: Policy | None = None
+    ):
+        self.settings, self.study_id = settings, study_id
+        with db.session(settings.db_url) as s:
+            study = s.get(Study, study_id)
+            assert study is not None
+            spec = spec_of(study)
+        self.graph_def = build_graph(
+            SqlStorage(settings.db_url), dispatcher, LocalGatekeeper(settings), policy or make_policy(spec)
+        )
+
+    @contextmanager
+    def _graph(self) -> Iterator[Any]:
+        self.settings.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
+        with closing(
+            sqlite3.connect(self.settings.checkpoint_path, check_same_thread=False, timeout=30)
+        ) as conn:
+            conn.execute("PRAGMA busy_timeout=30000")
+            saver = SqliteSaver(conn)
+            saver.setup()
+            yield self.graph_def.compile(checkpointer=saver)
+
+    def advance(self) -> Waiting:
+        """Run the graph until every pending interrupt must keep waiting (or it ends)."""
+        cfg = thread_config(self.study_id)
+        with self._graph() as graph:
+            while True:
+                snap = graph.get_state(cfg)
+                if not snap.values:
+                    inp: Any = {"study_id": self.study_id}
+                elif not snap.next:
+                    return Waiting(True, [], None, False)
+                elif not snap.interrupts:
+                    inp = None  # a step was cut short (crash): run it again
+                else:
+                    ready = {}
+                    for intr in snap.interrupts:
+                        value = _resume_value(self.settings, self.study_id, intr)
+                        if value is not None:
+                            ready[intr.id] = value
+                    if not ready:
+                        return self._waiting(snap.interrupts)
+                    inp = Command(resume=ready)
+                graph.invoke(inp, cfg, durability="sync", version="v2")
+
+    @staticmethod
+    def _waiting(interrupts: tuple[Interrupt, ...]) -> Waiting:
+        jobs: list[int] = []
+        approval, paused = None, False
+        for intr in interrupts:
+            kind = intr.value.get("kind")
+            if kind == "await_jobs":
+                jobs += list(intr.value["jobs"])
+            elif kind == "approve":
+                approval = int(intr.value["node_id"])
+            elif kind == "paused":
+                paused = True
+        return Waiting(False, jobs, approval, paused)
