@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from backend.core.config import Settings
+from backend.core.config import PROJECT_ROOT, Settings
 
 TINY_EVAL = """\
 import json, os, sys, time, tomllib
@@ -145,3 +147,86 @@ def wait_for(cond: Callable[[], object], timeout: float = 60.0, every: float = 0
             return value
         time.sleep(every)
     raise AssertionError(f"condition not met within {timeout}s")
+
+
+def free_port() -> int:
+    """Return a free TCP port on loopback."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Start a real redis-server on a free loopback port for the session."""
+    import redis
+
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(workdir), "--maxmemory-policy", "noeviction"],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    client = redis.Redis(port=port)
+
+    def up() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    wait_for(up, timeout=20)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+class Service:
+    """Celery workers over a shared data directory, for service-level tests."""
+
+    def __init__(self, settings: Settings, env: dict[str, str]) -> None:
+        self.settings, self.env = settings, env
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs = settings.data_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+
+    def start_worker(self, name: str, queues: str, concurrency: int, beat: bool = False) -> None:
+        cmd = [sys.executable, "-m", "celery", "-A", "backend.celery_app", "worker", "-Q", queues,
+               "-c", str(concurrency), "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
+               "--loglevel", "INFO", "--pool", "prefork"]  # fmt: skip
+        if beat:
+            cmd += ["-B", "--schedule", str(self.settings.data_dir / "beat-schedule")]
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115
+        self.procs[name] = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=log, cwd=PROJECT_ROOT)
+        wait_for(lambda: b"ready." in (self.logs / f"{name}.log").read_bytes(), timeout=60)
+
+    def stop_worker(self, name: str, sig: int = 15) -> None:
+        proc = self.procs.pop(name)
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+
+    def stop(self) -> None:
+        for name in list(self.procs):
+            self.stop_worker(name)
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Service]:
+    """Start a coordinator worker (with the reconciler's beat) and a cpu worker with two slots."""
+    root = tmp_path_factory.mktemp("service")
+    settings = Settings(data_dir=root / "data", worktrees_dir=root / "worktrees", redis_url=redis_url)
+    settings.ensure_dirs()
+    env = {
+        **os.environ,
+        "GROVE_DATA_DIR": str(settings.data_dir),
+        "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
+        "GROVE_REDIS_URL": redis_url,
+    }
+    svc = Service(settings, env)
+    svc.start_worker("coord", "coordinator", 2, beat=True)
+    svc.start_worker("cpu", "cpu", 2)
+    yield svc
+    svc.stop()

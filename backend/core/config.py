@@ -16,6 +16,9 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".grove")
     worktrees_dir: Path = PROJECT_ROOT / "worktrees"
     database_url: str | None = None
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # Longest an experiment may hold a worker; Redis redelivers unacked tasks after this.
+    visibility_timeout: int = 12 * 3600
     # Extra variable names passed through to sandboxed commands (comma separated).
     sandbox_env_passthrough: str = ""
     output_cap_bytes: int = 5_000_000

@@ -1,0 +1,40 @@
+"""The Celery application: Redis broker, queues `coordinator`, `cpu` and `gpu`.
+
+Start workers with `grove worker --queues cpu` (or `celery -A backend.celery_app worker -Q cpu`).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from backend.core.config import Settings, get_settings
+
+
+def make_app(settings: Settings) -> Celery:
+    """Return a configured Celery app."""
+    app = Celery("grove", broker=settings.redis_url, include=["backend.tasks"])
+    app.conf.update(
+        task_queues=(Queue("coordinator"), Queue("cpu"), Queue("gpu")),
+        task_default_queue="cpu",
+        task_routes={
+            "coordinator.*": {"queue": "coordinator"},
+            "cpu.*": {"queue": "cpu"},
+            "gpu.*": {"queue": "gpu"},
+        },
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+        beat_schedule={"reconcile": {"task": "coordinator.reconcile", "schedule": 15.0}},
+        worker_soft_shutdown_timeout=10.0,
+    )
+    return app
+
+
+app = make_app(get_settings())

@@ -1,0 +1,44 @@
+"""The Celery implementation of the coordinator's `Dispatcher` port."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from backend import db
+from backend.core.config import Settings
+from backend.models import Job, Study
+from backend.storage import spec_of
+
+
+def job_token(job: Job) -> str:
+    """Return a job's deterministic task id."""
+    return f"job-{job.id}-a{job.attempt}"
+
+
+class CeleryDispatcher:
+    """Sends one experiment task per job, on `cpu` or `gpu`, with the spec's time limits."""
+
+    def __init__(self, settings: Settings, app: Celery) -> None:
+        self.settings, self.app = settings, app
+
+    def submit(self, job_id: int) -> None:
+        """Send the job's task (safe to repeat: the task id is deterministic and the task idempotent)."""
+        with db.session(self.settings.db_url) as s:
+            job = s.get(Job, job_id)
+            if job is None or job.status not in ("queued", "running"):
+                return
+            study = s.get(Study, job.study_id)
+            assert study is not None
+            spec = spec_of(study)
+            job.token = job_token(job)
+            s.add(job)
+            token = job.token
+        queue = "gpu" if spec.resources.gpu else "cpu"
+        hard = int(spec.evaluate.timeout * spec.evaluate.repeats + 300)
+        self.app.send_task(
+            f"{queue}.experiment",
+            args=[job_id, token],
+            task_id=token,
+            time_limit=min(hard, self.settings.visibility_timeout - 60),
+            soft_time_limit=min(hard - 30, self.settings.visibility_timeout - 90),
+        )

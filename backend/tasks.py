@@ -1,0 +1,101 @@
+"""Celery tasks: coordinator steps, experiments on `cpu`/`gpu`, and the reconciler.
+
+Executor tasks never wait on other tasks: they end by enqueueing `coordinator.advance`.
+"""
+
+from __future__ import annotations
+
+from celery import Task
+from celery.exceptions import SoftTimeLimitExceeded
+from sqlmodel import col, select
+
+from backend import db, jobs
+from backend.celery_app import app
+from backend.core.config import get_settings
+from backend.dispatch import CeleryDispatcher
+from backend.driver import Driver
+from backend.locks import Busy, client, lease
+from backend.models import Job, Study, now
+
+STUDY_LEASE = 60.0
+JOB_LEASE = 30.0
+
+
+def enqueue_advance(study_id: int, countdown: float | None = None) -> None:
+    """Ask a coordinator worker to advance a study."""
+    app.send_task("coordinator.advance", args=[study_id], countdown=countdown)
+
+
+@app.task(name="coordinator.advance", bind=True)
+def advance(self: Task, study_id: int) -> str:
+    """Advance a study's graph under its lock; if another step holds the lock, try again shortly."""
+    settings = get_settings()
+    try:
+        with lease(settings.redis_url, f"grove:study:{study_id}", STUDY_LEASE):
+            waiting = Driver(settings, study_id, CeleryDispatcher(settings, app)).advance()
+    except Busy:
+        enqueue_advance(study_id, countdown=1.0)
+        return "busy"
+    return "finished" if waiting.finished else "waiting"
+
+
+def _experiment(job_id: int, token: str) -> str:
+    settings = get_settings()
+    with db.session(settings.db_url) as s:
+        job = s.get(Job, job_id)
+        study_id = job.study_id if job else None
+    if study_id is None:
+        return "unknown job"
+    try:
+        with lease(settings.redis_url, f"grove:job:{job_id}", JOB_LEASE):
+            status = jobs.run_experiment(settings, job_id, token)
+    except Busy:
+        return "running elsewhere"
+    except jobs.Superseded:
+        status = "superseded"
+    except SoftTimeLimitExceeded:
+        jobs.record_crash(settings, job_id, token, "the experiment ran past its time limit")
+        status = "failed"
+    enqueue_advance(study_id)
+    return str(status)
+
+
+@app.task(name="cpu.experiment")
+def experiment_cpu(job_id: int, token: str) -> str:
+    """Run one node attempt on the cpu queue."""
+    return _experiment(job_id, token)
+
+
+@app.task(name="gpu.experiment")
+def experiment_gpu(job_id: int, token: str) -> str:
+    """Run one node attempt on the gpu queue."""
+    return _experiment(job_id, token)
+
+
+@app.task(name="coordinator.reconcile")
+def reconcile() -> dict[str, int]:
+    """Re-send jobs whose task was lost and nudge every active study forward."""
+    settings = get_settings()
+    r = client(settings.redis_url)
+    if not r.set("grove:reconcile", "1", nx=True, ex=10):
+        return {"skipped": 1}
+    dispatcher = CeleryDispatcher(settings, app)
+    resent = nudged = 0
+    with db.session(settings.db_url) as s:
+        active = [st.id for st in s.exec(select(Study).where(col(Study.status).in_(["running", "stopping"])))]
+        stale = []
+        for job in s.exec(select(Job).where(col(Job.status).in_(["queued", "running"]))):
+            age = (now() - (job.started_at or job.created_at)).total_seconds()
+            held = r.exists(f"grove:job:{job.id}")
+            # A re-sent duplicate is harmless (job lease + status check) but not free: once per 5 min.
+            if not held and age > JOB_LEASE and r.set(f"grove:resent:{job.id}", "1", nx=True, ex=300):
+                stale.append(job.id)
+    for job_id in stale:
+        if job_id is not None:
+            dispatcher.submit(job_id)
+            resent += 1
+    for study_id in active:
+        if study_id is not None and not r.exists(f"grove:study:{study_id}"):
+            enqueue_advance(study_id)
+            nudged += 1
+    return {"resent": resent, "nudged": nudged}
