@@ -20,7 +20,6 @@ from agents.spec import SpecError, parse_spec
 from backend import db, gitops
 from backend.core.config import get_settings
 from backend.driver import thread_config
-from backend.gatekeeper import BaselineError
 from backend.models import Event, Job, Node, Study
 from backend.runner import run_study
 from backend.storage import spec_of
@@ -189,17 +188,12 @@ def run_cmd(
     except KeyboardInterrupt:
         err.print("interrupted: the study is checkpointed; run the same command again to resume it")
         raise typer.Exit(130) from None
-    except BaselineError as exc:
-        with db.session(settings.db_url) as s:
-            st = s.get(Study, sid)
-            assert st is not None
-            st.status, st.stop_reason = "failed", str(exc)
-            s.add(st)
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(1) from None
     with db.session(settings.db_url) as s:
         st = s.get(Study, sid)
         assert st is not None
+    if st.status == "failed":
+        err.print(f"[red]error:[/] study {st.name!r} failed: {st.stop_reason}")
+        raise typer.Exit(1)
     console.print(f"study {st.name!r} {status}: {st.stop_reason}")
     console.print(f"report: {st.report_path}")
 
@@ -287,6 +281,27 @@ def stop_cmd(name: str) -> None:
         s.add(st)
         s.add(Event(study_id=st.id or 0, type="study.stopping", payload={"by": "cli"}))
     console.print(f"study {name!r} will stop at its next step")
+
+
+token_app = typer.Typer(help="Manage API tokens.", no_args_is_help=True)
+app.add_typer(token_app, name="token")
+
+
+@token_app.command("create")
+def token_create(
+    role: Annotated[list[str], typer.Option("--role", help="viewer, operator or approver (repeatable)")],
+    name: Annotated[str, typer.Option(help="who the token is for")] = "",
+) -> None:
+    """Issue a bearer token with the given roles and print it once."""
+    from backend.core.security import create_token
+
+    roles = [r for item in role for r in item.split(",") if r]
+    try:
+        token = create_token(get_settings(), roles, name)
+    except ValueError as exc:
+        err.print(f"[red]error:[/] --role: {exc}")
+        raise typer.Exit(2) from None
+    console.print(token, markup=False, highlight=False)
 
 
 @app.command("janitor")

@@ -25,9 +25,9 @@ from agents.policies.base import Policy
 from agents.policies.registry import make_policy
 from backend import db
 from backend.core.config import Settings
-from backend.gatekeeper import LocalGatekeeper
-from backend.models import Approval, Job, Study
-from backend.storage import SqlStorage, spec_of
+from backend.gatekeeper import BaselineError, LocalGatekeeper
+from backend.models import Approval, Job, Study, now
+from backend.storage import SqlStorage, add_event, spec_of
 
 os.environ.setdefault("LANGGRAPH_STRICT_MSGPACK", "true")
 
@@ -140,7 +140,19 @@ class Driver:
                     if not ready:
                         return self._waiting(snap.interrupts)
                     inp = Command(resume=ready)
-                graph.invoke(inp, cfg, durability="sync", version="v2")
+                try:
+                    graph.invoke(inp, cfg, durability="sync", version="v2")
+                except BaselineError as exc:
+                    self._fail(str(exc))
+                    return Waiting(True, [], None, False)
+
+    def _fail(self, reason: str) -> None:
+        with db.session(self.settings.db_url) as s:
+            study = s.get(Study, self.study_id)
+            assert study is not None
+            study.status, study.stop_reason, study.finished_at = "failed", reason, now()
+            s.add(study)
+            add_event(s, self.study_id, "study.failed", None, reason=reason[:2000])
 
     @staticmethod
     def _waiting(interrupts: tuple[Interrupt, ...]) -> Waiting:

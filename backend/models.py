@@ -157,3 +157,13 @@ class Approval(SQLModel, table=True):
     reason: str = ""
     created_at: datetime = Field(default_factory=now)
     decided_at: datetime | None = None
+
+
+class ApiToken(SQLModel, table=True):
+    __tablename__ = "api_token"
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = ""
+    roles: str = "viewer"  # comma separated: viewer, operator, approver
+    token_hash: str = Field(index=True, unique=True)
+    created_at: datetime = Field(default_factory=now)
+    revoked: bool = False

@@ -62,11 +62,22 @@ def validate(spec_text: str, source_repo: str, source: str = "grove.toml") -> Sp
 
 
 def create_study(
-    settings: Settings, spec_text: str, source_repo: str, *, spec_source: str = "grove.toml"
+    settings: Settings,
+    spec_text: str,
+    source_repo: str,
+    *,
+    spec_source: str = "grove.toml",
+    allow_plain_folder: bool = True,
 ) -> Study:
     """Create a study: check the spec, clone the repository, create trunk and the root node."""
     settings.ensure_dirs()
     spec = parse_spec(spec_text, spec_source)
+    if not allow_plain_folder and not gitops.is_url(source_repo):
+        path = Path(source_repo).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"{source_repo!r} does not exist or is not a directory")
+        if gitops.toplevel(path.resolve()) != path.resolve():
+            raise FileNotFoundError(f"{source_repo!r} is not the top of a git repository")
     name = spec.study.name
     with db.session(settings.db_url) as s:
         if s.exec(select(Study).where(Study.name == name)).first():

@@ -19,6 +19,8 @@ class Settings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     # Longest an experiment may hold a worker; Redis redelivers unacked tasks after this.
     visibility_timeout: int = 12 * 3600
+    # Let GET endpoints answer without a token (mutations always need one).
+    public_reads: bool = False
     # Extra variable names passed through to sandboxed commands (comma separated).
     sandbox_env_passthrough: str = ""
     output_cap_bytes: int = 5_000_000

@@ -1,0 +1,76 @@
+"""Request dependencies: settings, the Celery app, and the caller's roles."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+from celery import Celery
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from backend.core import security
+from backend.core.config import Settings
+
+bearer = HTTPBearer(auto_error=False, description="A token from `grove token create`")
+
+
+def get_settings_dep(request: Request) -> Settings:
+    """Return the app's settings."""
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_celery(request: Request) -> Celery:
+    """Return the app's Celery client."""
+    app: Celery = request.app.state.celery
+    return app
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+CeleryDep = Annotated[Celery, Depends(get_celery)]
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    roles: frozenset[str]
+
+
+def principal(
+    settings: SettingsDep, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> Principal | None:
+    """Return who is calling, or None without a valid token."""
+    if creds is None:
+        return None
+    row = security.lookup(settings, creds.credentials)
+    if row is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "invalid or revoked token", headers={"WWW-Authenticate": "Bearer"}
+        )
+    return Principal(row.name or f"token-{row.id}", frozenset(row.roles.split(",")))
+
+
+def require(role: str | None) -> Callable[..., Principal]:
+    """Return a dependency that needs a token with `role` (None: any token, unless reads are public)."""
+
+    def dep(settings: SettingsDep, who: Annotated[Principal | None, Depends(principal)]) -> Principal:
+        if who is None:
+            if role is None and settings.public_reads:
+                return Principal("anonymous", frozenset({"viewer"}))
+            raise HTTPException(
+                status.HTTP_401_UNAUTHORIZED,
+                "a bearer token is required",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if role is not None and role not in who.roles:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, f"this needs a token with the {role!r} role")
+        return who
+
+    return dep
+
+
+Reader = Annotated[Principal, Depends(require(None))]
+Operator = Annotated[Principal, Depends(require("operator"))]
+Approver = Annotated[Principal, Depends(require("approver"))]

@@ -1,0 +1,67 @@
+"""The FastAPI application: `/api/v1`, OpenAPI at `/docs`."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from agents.spec import SpecError
+from backend.api.routes import approvals, events, health, studies, tree
+from backend.celery_app import make_app
+from backend.core.config import Settings, get_settings
+from backend.gitops import GitError
+from backend.spec_errors import repository_error
+from backend.studies import StudyExists
+
+API_PREFIX = "/api/v1"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the API app for the given settings."""
+    settings = settings or get_settings()
+    settings.ensure_dirs()
+    app = FastAPI(
+        title="Grove",
+        version="0.1.0",
+        description="Autonomous research over a git repository: studies, hypothesis trees, sealed gates.",
+        generate_unique_id_function=lambda r: f"{r.tags[0]}-{r.name}" if r.tags else r.name,
+    )
+    app.state.settings = settings
+    app.state.celery = make_app(settings)
+    api = APIRouter(prefix=API_PREFIX)
+    for module in (studies, tree, approvals, events, health):
+        api.include_router(module.router)
+    app.include_router(api)
+
+    @app.exception_handler(SpecError)
+    async def spec_error(request: Request, exc: SpecError) -> JSONResponse:
+        errors = [{"key": f"spec.{i.key}" if i.key else "spec", "message": i.message} for i in exc.issues]
+        message = "; ".join(f"{e['key']}: {e['message']}" for e in errors)
+        return JSONResponse(
+            {"detail": {"message": message, "errors": errors}}, status.HTTP_422_UNPROCESSABLE_CONTENT
+        )
+
+    @app.exception_handler(StudyExists)
+    async def exists(request: Request, exc: StudyExists) -> JSONResponse:
+        return JSONResponse(
+            {"detail": {"message": f"spec.study.name: {exc}", "errors": []}}, status.HTTP_409_CONFLICT
+        )
+
+    @app.exception_handler(FileNotFoundError)
+    @app.exception_handler(GitError)
+    async def repo_error(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": repository_error(exc)}, status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"key": ".".join(str(p) for p in e["loc"] if p != "body"), "message": e["msg"]}
+            for e in exc.errors()
+        ]
+        message = "; ".join(f"{e['key']}: {e['message']}" for e in errors)
+        return JSONResponse(
+            {"detail": {"message": message, "errors": errors}}, status.HTTP_422_UNPROCESSABLE_CONTENT
+        )
+
+    return app

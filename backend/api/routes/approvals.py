@@ -1,0 +1,77 @@
+"""Approvals: list gate-passed nodes waiting for a human; approve or reject them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, status
+from sqlmodel import col, select
+
+from backend import db
+from backend.api import schemas, views
+from backend.api.deps import Approver, CeleryDep, Reader, SettingsDep
+from backend.api.routes.tree import get_node
+from backend.driver import decide_approval
+from backend.models import Approval
+
+router = APIRouter(tags=["approvals"])
+
+
+@router.get("/approvals", response_model=schemas.Page[schemas.ApprovalPublic])
+def pending(
+    settings: SettingsDep,
+    who: Reader,
+    study_id: int | None = None,
+    state: Annotated[str, Query(pattern="^(pending|approved|rejected|all)$")] = "pending",
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> schemas.Page[schemas.ApprovalPublic]:
+    """List approvals (pending by default), oldest first."""
+    with db.session(settings.db_url) as s:
+        q = select(Approval)
+        if study_id is not None:
+            q = q.where(Approval.study_id == study_id)
+        if state != "all":
+            q = q.where(Approval.status == state)
+        rows = list(s.exec(q.order_by(col(Approval.id))))
+        return schemas.Page(
+            data=[views.approval_public(s, a) for a in rows[offset : offset + limit]], count=len(rows)
+        )
+
+
+def _decide(
+    study_id: int,
+    node_id: int,
+    approved: bool,
+    reason: str,
+    settings: SettingsDep,
+    celery: CeleryDep,
+    by: str,
+) -> schemas.ApprovalPublic:
+    get_node(settings, study_id, node_id)
+    with db.session(settings.db_url) as s:
+        appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
+    if appr is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"node {node_id} has no approval")
+    if not decide_approval(settings, node_id, approved=approved, by=by, reason=reason):
+        raise HTTPException(status.HTTP_409_CONFLICT, f"node {node_id} was already {appr.status}")
+    celery.send_task("coordinator.advance", args=[study_id])
+    with db.session(settings.db_url) as s:
+        fresh = s.exec(select(Approval).where(Approval.node_id == node_id)).one()
+        return views.approval_public(s, fresh)
+
+
+@router.post("/studies/{study_id}/nodes/{node_id}/approve", response_model=schemas.ApprovalPublic)
+def approve(
+    study_id: int, node_id: int, settings: SettingsDep, celery: CeleryDep, who: Approver
+) -> schemas.ApprovalPublic:
+    """Approve a gate-passed node: the coordinator merges it into trunk."""
+    return _decide(study_id, node_id, True, "", settings, celery, who.name)
+
+
+@router.post("/studies/{study_id}/nodes/{node_id}/reject", response_model=schemas.ApprovalPublic)
+def reject(
+    study_id: int, node_id: int, body: schemas.Reason, settings: SettingsDep, celery: CeleryDep, who: Approver
+) -> schemas.ApprovalPublic:
+    """Reject a gate-passed node with a reason."""
+    return _decide(study_id, node_id, False, body.reason or "rejected", settings, celery, who.name)

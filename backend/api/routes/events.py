@@ -1,0 +1,56 @@
+"""Events: the record of everything that happened to a study, as a page or a live stream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from backend import db
+from backend.api import schemas, views
+from backend.api.deps import Reader, SettingsDep
+from backend.api.routes.studies import get_study
+from backend.core.config import Settings
+
+router = APIRouter(prefix="/studies/{study_id}", tags=["events"])
+
+
+def _page(settings: Settings, study_id: int, after: int, limit: int) -> list[schemas.EventPublic]:
+    with db.session(settings.db_url) as s:
+        return [views.event_public(e) for e in views.events_after(s, study_id, after, limit)]
+
+
+@router.get("/events/log", response_model=list[schemas.EventPublic])
+def event_log(
+    study_id: int,
+    settings: SettingsDep,
+    who: Reader,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> list[schemas.EventPublic]:
+    """Return the study's events after an id, oldest first."""
+    get_study(settings, study_id)
+    return _page(settings, study_id, after, limit)
+
+
+@router.get("/events", response_class=EventSourceResponse)
+async def stream(
+    study_id: int,
+    settings: SettingsDep,
+    who: Reader,
+    last_event_id: Annotated[str | None, Header()] = None,
+    after: Annotated[int, Query(ge=0)] = 0,
+) -> AsyncIterator[ServerSentEvent]:
+    """Stream the study's events (server-sent events); reconnect with `Last-Event-ID` to resume."""
+    get_study(settings, study_id)
+    cursor = int(last_event_id) if last_event_id and last_event_id.isdigit() else after
+    while True:
+        events = await asyncio.to_thread(_page, settings, study_id, cursor, 500)
+        for e in events:
+            cursor = e.id
+            yield ServerSentEvent(data=e.model_dump(mode="json"), event=e.type, id=str(e.id))
+        if not events:
+            await asyncio.sleep(0.3)

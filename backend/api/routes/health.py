@@ -1,0 +1,48 @@
+"""Health and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from sqlalchemy import text
+from sqlmodel import func, select
+
+from backend import db
+from backend.api import schemas
+from backend.api.deps import SettingsDep
+from backend.locks import client
+from backend.models import Approval, Job, Node, Study
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/health", response_model=dict[str, str])
+def health(settings: SettingsDep) -> dict[str, str]:
+    """Report whether the database and Redis answer."""
+    out = {"status": "ok", "database": "ok", "redis": "ok"}
+    try:
+        with db.session(settings.db_url) as s:
+            s.exec(select(1)).one()  # type: ignore[call-overload]
+    except Exception as exc:
+        out["database"], out["status"] = f"error: {type(exc).__name__}", "degraded"
+    try:
+        client(settings.redis_url).ping()
+    except Exception as exc:
+        out["redis"], out["status"] = f"error: {type(exc).__name__}", "degraded"
+    return out
+
+
+@router.get("/metrics", response_class=Response)
+def metrics(settings: SettingsDep) -> Response:
+    """Expose counts of studies, nodes, jobs and approvals by status for Prometheus."""
+    registry = CollectorRegistry()
+    for name, model in (("studies", Study), ("nodes", Node), ("jobs", Job), ("approvals", Approval)):
+        g = Gauge(f"grove_{name}", f"Grove {name} by status", ["status"], registry=registry)
+        with db.session(settings.db_url) as s:
+            for status_, count in s.exec(select(model.status, func.count()).group_by(model.status)):  # type: ignore[attr-defined]
+                g.labels(status=status_).set(count)
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+__all__ = ["router", "schemas", "text"]

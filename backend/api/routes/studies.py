@@ -1,0 +1,161 @@
+"""Studies: create, list, read, control, promote, report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Form, HTTPException, Query, UploadFile, status
+from fastapi.responses import PlainTextResponse
+from sqlmodel import col, func, select
+
+from backend import db, gitops, report
+from backend.api import schemas, views
+from backend.api.deps import Approver, CeleryDep, Operator, Reader, SettingsDep
+from backend.models import Job, Study
+from backend.storage import add_event
+from backend.studies import create_study
+
+router = APIRouter(prefix="/studies", tags=["studies"])
+
+
+def get_study(settings: SettingsDep, study_id: int) -> Study:
+    """Return a study or answer 404."""
+    with db.session(settings.db_url) as s:
+        st = s.get(Study, study_id)
+    if st is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no study with id {study_id}")
+    return st
+
+
+def _create(settings: SettingsDep, celery: CeleryDep, spec: str, repository: str) -> schemas.StudyPublic:
+    st = create_study(settings, spec, repository, allow_plain_folder=False)
+    celery.send_task("coordinator.advance", args=[st.id])
+    with db.session(settings.db_url) as s:
+        fresh = s.get(Study, st.id)
+        assert fresh is not None
+        return views.study_public(s, fresh)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=schemas.StudyPublic)
+def create(
+    body: schemas.StudyCreate, settings: SettingsDep, celery: CeleryDep, who: Operator
+) -> schemas.StudyPublic:
+    """Create a study from a grove.toml text and a repository path or URL, and start it."""
+    return _create(settings, celery, body.spec, body.repository)
+
+
+@router.post("/form", status_code=status.HTTP_201_CREATED, response_model=schemas.StudyPublic)
+async def create_form(
+    settings: SettingsDep,
+    celery: CeleryDep,
+    who: Operator,
+    repository: Annotated[str, Form(min_length=1)],
+    spec: Annotated[str | None, Form()] = None,
+    spec_file: UploadFile | None = None,
+) -> schemas.StudyPublic:
+    """Create a study from a form: the spec as text or as an uploaded grove.toml."""
+    text = spec
+    if spec_file is not None:
+        raw = await spec_file.read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise HTTPException(422, {"message": "spec_file: not UTF-8 text", "errors": []}) from None
+    if not text:
+        raise HTTPException(422, {"message": "spec: give the grove.toml text or upload it", "errors": []})
+    return _create(settings, celery, text, repository)
+
+
+@router.get("", response_model=schemas.Page[schemas.StudyPublic])
+def list_studies(
+    settings: SettingsDep,
+    who: Reader,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> schemas.Page[schemas.StudyPublic]:
+    """List studies, newest first."""
+    with db.session(settings.db_url) as s:
+        count = s.exec(select(func.count()).select_from(Study)).one()
+        rows = s.exec(select(Study).order_by(col(Study.id).desc()).offset(offset).limit(limit)).all()
+        return schemas.Page(data=[views.study_public(s, r) for r in rows], count=count)
+
+
+@router.get("/{study_id}", response_model=schemas.StudyPublic)
+def read(study_id: int, settings: SettingsDep, who: Reader) -> schemas.StudyPublic:
+    """Return one study."""
+    st = get_study(settings, study_id)
+    with db.session(settings.db_url) as s:
+        return views.study_public(s, st)
+
+
+def _set_status(
+    settings: SettingsDep, study_id: int, allowed: tuple[str, ...], new: str, event: str, by: str
+) -> Study:
+    with db.session(settings.db_url) as s:
+        st = s.get(Study, study_id)
+        if st is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no study with id {study_id}")
+        if st.status not in allowed:
+            raise HTTPException(status.HTTP_409_CONFLICT, f"study {st.name!r} is {st.status}; cannot {event}")
+        st.status = new
+        s.add(st)
+        add_event(s, study_id, f"study.{event}", None, by=by)
+        return st
+
+
+@router.post("/{study_id}/pause", response_model=schemas.StudyPublic)
+def pause(study_id: int, settings: SettingsDep, who: Operator) -> schemas.StudyPublic:
+    """Pause a study: running experiments finish, nothing new starts."""
+    _set_status(settings, study_id, ("created", "running"), "paused", "paused", who.name)
+    return read(study_id, settings, who)
+
+
+@router.post("/{study_id}/resume", response_model=schemas.StudyPublic)
+def resume(study_id: int, settings: SettingsDep, celery: CeleryDep, who: Operator) -> schemas.StudyPublic:
+    """Resume a paused study."""
+    _set_status(settings, study_id, ("paused",), "running", "resumed", who.name)
+    celery.send_task("coordinator.advance", args=[study_id])
+    return read(study_id, settings, who)
+
+
+@router.post("/{study_id}/stop", response_model=schemas.StudyPublic)
+def stop(study_id: int, settings: SettingsDep, celery: CeleryDep, who: Operator) -> schemas.StudyPublic:
+    """Stop a study: queued experiments are revoked, running ones cancelled, the report written."""
+    _set_status(settings, study_id, ("created", "running", "paused"), "stopping", "stopping", who.name)
+    with db.session(settings.db_url) as s:
+        tokens = [
+            j.token
+            for j in s.exec(select(Job).where(Job.study_id == study_id))
+            if j.status == "queued" and j.token
+        ]
+    if tokens:
+        celery.control.revoke(tokens)
+    celery.send_task("coordinator.advance", args=[study_id])
+    return read(study_id, settings, who)
+
+
+@router.post("/{study_id}/promote", response_model=schemas.Message)
+def promote(study_id: int, settings: SettingsDep, who: Approver) -> schemas.Message:
+    """Push the study's trunk to its origin repository as branch `grove/<study>`."""
+    st = get_study(settings, study_id)
+    repo = gitops.Repo(Path(st.repo_path))
+    if not repo.git("remote").strip():
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, "the study was imported from a plain folder; nothing to push to"
+        )
+    target = f"grove/{st.name}"
+    try:
+        repo.git("push", "--force", "origin", f"{st.trunk_commit}:refs/heads/{target}")
+    except gitops.GitError as exc:
+        raise HTTPException(status.HTTP_502_BAD_GATEWAY, f"push failed: {exc.stderr.strip()[:500]}") from None
+    with db.session(settings.db_url) as s:
+        add_event(s, study_id, "study.promoted", None, branch=target, commit=st.trunk_commit, by=who.name)
+    return schemas.Message(message=f"pushed {st.trunk_commit[:12]} to {st.source} as {target}")
+
+
+@router.get("/{study_id}/report", response_class=PlainTextResponse)
+def read_report(study_id: int, settings: SettingsDep, who: Reader) -> str:
+    """Return the study's REPORT.md (built from its current state)."""
+    get_study(settings, study_id)
+    return report.render(settings, study_id)

@@ -1,0 +1,170 @@
+"""The hypothesis tree: read it, inspect a node, steer it (human hypotheses, pruning)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, HTTPException, status
+from sqlmodel import col, select
+
+from agents.policies import configfiles
+from agents.spec import split_search_key
+from agents.tree.status import TERMINAL
+from backend import db, gitops
+from backend.api import schemas, views
+from backend.api.deps import CeleryDep, Operator, Reader, SettingsDep
+from backend.api.routes.studies import get_study
+from backend.models import Event, InsightVersion, Node, ReceiptRow
+from backend.storage import SqlStorage, add_event, spec_of
+
+router = APIRouter(prefix="/studies/{study_id}", tags=["tree"])
+
+
+def get_node(settings: SettingsDep, study_id: int, node_id: int) -> Node:
+    """Return a node of the study or answer 404."""
+    with db.session(settings.db_url) as s:
+        node = s.get(Node, node_id)
+    if node is None or node.study_id != study_id:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"study {study_id} has no node {node_id}")
+    return node
+
+
+@router.get("/tree", response_model=schemas.Tree)
+def tree(study_id: int, settings: SettingsDep, who: Reader) -> schemas.Tree:
+    """Return every node of the study's tree."""
+    st = get_study(settings, study_id)
+    with db.session(settings.db_url) as s:
+        rows = s.exec(select(Node).where(Node.study_id == study_id).order_by(col(Node.id))).all()
+        return schemas.Tree(
+            study_id=study_id, trunk_node_id=st.trunk_node_id, nodes=[views.node_summary(n) for n in rows]
+        )
+
+
+@router.get("/nodes/{node_id}", response_model=schemas.NodeDetail)
+def node_detail(study_id: int, node_id: int, settings: SettingsDep, who: Reader) -> schemas.NodeDetail:
+    """Return a node with its evidence, diff, receipts, verification, insight history and cost."""
+    st = get_study(settings, study_id)
+    n = get_node(settings, study_id, node_id)
+    diff = ""
+    if n.commit and n.base_commit and n.commit != n.base_commit:
+        try:
+            diff = gitops.Repo(Path(st.repo_path)).diff(n.base_commit, n.commit)[:200_000]
+        except gitops.GitError:
+            diff = ""
+    with db.session(settings.db_url) as s:
+        receipts = s.exec(
+            select(ReceiptRow).where(ReceiptRow.node_id == node_id).order_by(col(ReceiptRow.id))
+        ).all()
+        insights = s.exec(
+            select(InsightVersion)
+            .where(InsightVersion.node_id == node_id)
+            .order_by(col(InsightVersion.version))
+        ).all()
+        children = s.exec(select(Node.id).where(Node.parent_id == node_id).order_by(col(Node.id))).all()
+        history = s.exec(select(Event).where(Event.node_id == node_id).order_by(col(Event.id))).all()
+    return schemas.NodeDetail(
+        **views.node_summary(n).model_dump(),
+        hypothesis=n.hypothesis,
+        edits=n.edits,
+        base_commit=n.base_commit,
+        branch=n.branch,
+        commit=n.commit,
+        diff_stats=n.diff_stats,
+        diff=diff,
+        dev_values=n.dev_values,
+        dev_std=n.dev_std,
+        constraints=n.constraints,
+        verification=n.verification,
+        summary=n.summary,
+        failure=n.failure,
+        reflection=n.reflection,
+        heldout_values=n.heldout_values,
+        gate_reason=n.gate_reason,
+        cost=n.cost,
+        receipts=[schemas.ReceiptPublic.model_validate(r, from_attributes=True) for r in receipts],
+        insights=[schemas.InsightPublic.model_validate(i, from_attributes=True) for i in insights],
+        children=[c for c in children if c is not None],
+        history=[views.event_public(e) for e in history],
+    )
+
+
+@router.post(
+    "/nodes/{node_id}/hypotheses", status_code=status.HTTP_201_CREATED, response_model=schemas.NodeSummary
+)
+def add_hypothesis(
+    study_id: int,
+    node_id: int,
+    body: schemas.HypothesisCreate,
+    settings: SettingsDep,
+    celery: CeleryDep,
+    who: Operator,
+) -> schemas.NodeSummary:
+    """Add a human hypothesis as a child of a node; it runs before the policy's own proposals."""
+    st = get_study(settings, study_id)
+    parent = get_node(settings, study_id, node_id)
+    spec = spec_of(st)
+    if st.status not in ("created", "running", "paused"):
+        raise HTTPException(status.HTTP_409_CONFLICT, f"study is {st.status}")
+    edits = {**st.base_values, **parent.edits}
+    for key, value in body.edits.items():
+        if key not in spec.search:
+            raise HTTPException(
+                422, {"message": f"edits.{key}: not a key of the study's [search] section", "errors": []}
+            )
+        file, dotted = split_search_key(key)
+        try:
+            configfiles.get_key(file, gitops.Repo(Path(st.repo_path)).read_at(st.trunk_commit, file), dotted)
+        except (configfiles.ConfigKeyError, gitops.GitError):
+            raise HTTPException(422, {"message": f"edits.{key}: not found at trunk", "errors": []}) from None
+        edits[key] = value
+    if spec.policy_kind == "search" and not body.edits:
+        raise HTTPException(
+            422, {"message": "edits: the search policy implements hypotheses as key edits", "errors": []}
+        )
+    with db.session(settings.db_url) as s:
+        node = Node(
+            study_id=study_id,
+            parent_id=node_id,
+            depth=parent.depth + 1,
+            round_no=-1,
+            title=body.title,
+            hypothesis={
+                "mechanism": body.mechanism,
+                "hypothesis": body.hypothesis,
+                "observable": body.observable,
+                "risks": body.risks,
+            },
+            origin="human",
+            prior=1.0,
+            edits=edits,
+        )
+        s.add(node)
+        s.flush()
+        add_event(
+            s,
+            study_id,
+            "node.proposed",
+            node.id,
+            title=body.title,
+            parent_id=node_id,
+            origin="human",
+            by=who.name,
+        )
+        out = views.node_summary(node)
+    celery.send_task("coordinator.advance", args=[study_id])
+    return out
+
+
+@router.post("/nodes/{node_id}/prune", response_model=schemas.Message)
+def prune(
+    study_id: int, node_id: int, body: schemas.Reason, settings: SettingsDep, who: Operator
+) -> schemas.Message:
+    """Prune a node and its subtree (running experiments finish; their results are kept)."""
+    n = get_node(settings, study_id, node_id)
+    if n.parent_id is None:
+        raise HTTPException(status.HTTP_409_CONFLICT, "the root cannot be pruned")
+    if n.status in TERMINAL:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"node {node_id} is {n.status}")
+    reason = body.reason or f"pruned by {who.name}"
+    SqlStorage(settings.db_url).prune(study_id, node_id, reason, n.summary or n.title)
+    return schemas.Message(message=f"pruned n{node_id}")

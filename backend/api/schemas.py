@@ -1,0 +1,167 @@
+"""Request and response bodies of the REST API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+T = TypeVar("T")
+
+
+class Page(BaseModel, Generic[T]):
+    data: list[T]
+    count: int
+
+
+class StudyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    spec: str = Field(description="the grove.toml text", min_length=1)
+    repository: str = Field(description="a local path or git URL of the repository", min_length=1)
+
+
+class StudyPublic(BaseModel):
+    id: int
+    name: str
+    goal: str
+    status: str
+    stop_reason: str
+    source: str
+    policy: str
+    trunk_branch: str
+    trunk_commit: str
+    nodes: int
+    experiments_used: int
+    experiments_budget: int
+    pending_approvals: int
+    best_dev: float | None
+    baseline_dev: float | None
+    trunk_dev: float | None
+    baseline_heldout: float | None
+    trunk_heldout: float | None
+    test_queries: int
+    improvement_state: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class NodeSummary(BaseModel):
+    id: int
+    parent_id: int | None
+    depth: int
+    status: str
+    title: str
+    origin: str
+    dev_mean: float | None
+    dev_n: int
+    gain: float | None
+    gain_lcb: float | None
+    heldout_gain: float | None
+    attempts: int
+
+
+class Tree(BaseModel):
+    study_id: int
+    trunk_node_id: int | None
+    nodes: list[NodeSummary]
+
+
+class ReceiptPublic(BaseModel):
+    id: int
+    kind: str
+    seed: int
+    command: str
+    commit: str
+    exit_code: int | None
+    duration: float
+    timed_out: bool
+    ok: bool
+    reason: str
+    metrics: dict[str, Any] | None
+    stdout_tail: str
+    stderr_tail: str
+    fingerprint: str
+
+
+class InsightPublic(BaseModel):
+    version: int
+    text: str
+    cites: list[int]
+    created_at: datetime
+
+
+class NodeDetail(NodeSummary):
+    hypothesis: dict[str, Any]
+    edits: dict[str, Any]
+    base_commit: str
+    branch: str
+    commit: str
+    diff_stats: dict[str, Any]
+    diff: str
+    dev_values: list[float]
+    dev_std: float | None
+    constraints: list[dict[str, Any]]
+    verification: dict[str, Any]
+    summary: str
+    failure: str
+    reflection: str
+    heldout_values: list[float]
+    gate_reason: str
+    cost: dict[str, Any]
+    receipts: list[ReceiptPublic]
+    insights: list[InsightPublic]
+    children: list[int]
+    history: list[EventPublic]
+
+
+class HypothesisCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    title: str = Field(min_length=1, max_length=200)
+    mechanism: str = ""
+    hypothesis: str = ""
+    observable: str = ""
+    risks: str = ""
+    edits: dict[str, Any] = Field(
+        default_factory=dict, description="search keys to set, e.g. {'config.toml:a.b': 3}"
+    )
+
+
+class Reason(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(default="", max_length=2000)
+
+
+class ApprovalPublic(BaseModel):
+    id: int
+    study_id: int
+    node_id: int
+    status: str
+    decided_by: str
+    reason: str
+    created_at: datetime
+    decided_at: datetime | None
+    title: str
+    dev_gain: float | None
+    dev_gain_lcb: float | None
+    dev_n: int
+    heldout_gain: float | None
+    margin: float
+    constraints: list[dict[str, Any]]
+
+
+class EventPublic(BaseModel):
+    id: int
+    study_id: int
+    node_id: int | None
+    type: str
+    payload: dict[str, Any]
+    time: datetime
+
+
+class Message(BaseModel):
+    message: str
+
+
+NodeDetail.model_rebuild()

@@ -1,0 +1,115 @@
+"""Turn database rows into API bodies."""
+
+from __future__ import annotations
+
+import statistics
+
+from sqlmodel import Session, col, func, select
+
+from backend.api import schemas
+from backend.models import Approval, Event, Job, Node, Study
+from backend.storage import spec_of
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def study_public(s: Session, st: Study) -> schemas.StudyPublic:
+    """Return a study with its counters."""
+    spec = spec_of(st)
+    nodes = s.exec(select(func.count()).select_from(Node).where(Node.study_id == st.id)).one()
+    jobs = s.exec(select(func.count()).select_from(Job).where(Job.study_id == st.id)).one()
+    pending = s.exec(
+        select(func.count())
+        .select_from(Approval)
+        .where(Approval.study_id == st.id, Approval.status == "pending")
+    ).one()
+    pick = func.max if spec.maximize else func.min
+    best = s.exec(select(pick(Node.dev_mean)).where(Node.study_id == st.id)).one()
+    return schemas.StudyPublic(
+        id=st.id or 0,
+        name=st.name,
+        goal=st.goal,
+        status=st.status,
+        stop_reason=st.stop_reason,
+        source=st.source,
+        policy=spec.policy_kind,
+        trunk_branch=st.trunk_branch,
+        trunk_commit=st.trunk_commit,
+        nodes=nodes,
+        experiments_used=jobs,
+        experiments_budget=spec.budget.experiments,
+        pending_approvals=pending,
+        best_dev=best,
+        baseline_dev=_mean(st.baseline_dev),
+        trunk_dev=_mean(st.trunk_dev),
+        baseline_heldout=_mean(st.baseline_heldout),
+        trunk_heldout=_mean(st.trunk_heldout),
+        test_queries=st.test_queries,
+        improvement_state=st.improvement_state,
+        created_at=st.created_at,
+        started_at=st.started_at,
+        finished_at=st.finished_at,
+    )
+
+
+def node_summary(n: Node) -> schemas.NodeSummary:
+    """Return the tree view of a node."""
+    return schemas.NodeSummary(
+        id=n.id or 0,
+        parent_id=n.parent_id,
+        depth=n.depth,
+        status=n.status,
+        title=n.title,
+        origin=n.origin,
+        dev_mean=n.dev_mean,
+        dev_n=n.dev_n,
+        gain=n.gain,
+        gain_lcb=n.gain_lcb,
+        heldout_gain=n.heldout_gain,
+        attempts=n.attempts,
+    )
+
+
+def event_public(e: Event) -> schemas.EventPublic:
+    """Return an event body."""
+    return schemas.EventPublic(
+        id=e.id or 0, study_id=e.study_id, node_id=e.node_id, type=e.type, payload=e.payload, time=e.time
+    )
+
+
+def approval_public(s: Session, a: Approval) -> schemas.ApprovalPublic:
+    """Return an approval card: the candidate's evidence and gate outcome."""
+    node = s.get(Node, a.node_id)
+    study = s.get(Study, a.study_id)
+    assert node is not None and study is not None
+    return schemas.ApprovalPublic(
+        id=a.id or 0,
+        study_id=a.study_id,
+        node_id=a.node_id,
+        status=a.status,
+        decided_by=a.decided_by,
+        reason=a.reason,
+        created_at=a.created_at,
+        decided_at=a.decided_at,
+        title=node.title,
+        dev_gain=node.gain,
+        dev_gain_lcb=node.gain_lcb,
+        dev_n=node.dev_n,
+        heldout_gain=node.heldout_gain,
+        margin=spec_of(study).gate.margin,
+        constraints=node.constraints,
+    )
+
+
+def events_after(s: Session, study_id: int, after: int, limit: int = 500) -> list[Event]:
+    """Return a study's events with id > after, oldest first."""
+    return list(
+        s.exec(
+            select(Event)
+            .where(Event.study_id == study_id, col(Event.id) > after)
+            .order_by(col(Event.id))
+            .limit(limit)
+        )
+    )

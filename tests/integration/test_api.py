@@ -1,0 +1,182 @@
+"""The REST API against real Celery workers, a real Redis and real git."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from backend.api.main import create_app
+from backend.core.security import create_token
+from tests.conftest import Service, make_repo, tiny_files, wait_for
+
+API = "/api/v1"
+
+
+@pytest.fixture(scope="module")
+def client(service: Service) -> Iterator[TestClient]:
+    with TestClient(create_app(service.settings)) as c:
+        yield c
+
+
+def auth(service: Service, *roles: str, name: str = "") -> dict[str, str]:
+    return {"Authorization": f"Bearer {create_token(service.settings, list(roles), name or '-'.join(roles))}"}
+
+
+def sse(
+    client: TestClient, url: str, headers: dict[str, str], until: str, limit: int = 500
+) -> list[dict[str, Any]]:
+    """Read server-sent events until one of type `until` (or `limit` events)."""
+    events: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    with client.stream("GET", url, headers=headers) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        for line in resp.iter_lines():
+            if line.startswith("id:"):
+                current["id"] = int(line[3:].strip())
+            elif line.startswith("event:"):
+                current["event"] = line[6:].strip()
+            elif line.startswith("data:"):
+                current["data"] = json.loads(line[5:].strip())
+            elif not line and current:
+                events.append(current)
+                current = {}
+                if events[-1]["event"] == until or len(events) >= limit:
+                    break
+    return events
+
+
+def test_study_over_http_runs_to_approval_merges_and_finishes(
+    service: Service, client: TestClient, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "r", tiny_files(name="api-flow", mode="approve", experiments=4, sleep=0.3))
+    op = auth(service, "operator", "approver", name="ada")
+    resp = client.post(
+        f"{API}/studies",
+        json={"spec": (repo / "grove.toml").read_text(), "repository": str(repo)},
+        headers=op,
+    )
+    assert resp.status_code == 201, resp.text
+    sid = resp.json()["id"]
+
+    def pending() -> list[dict[str, Any]]:
+        r = client.get(f"{API}/approvals", params={"study_id": sid}, headers=op)
+        assert r.status_code == 200
+        return list(r.json()["data"])
+
+    card = wait_for(pending, timeout=180)[0]  # type: ignore[index]
+    assert card["dev_gain_lcb"] > 0 and card["heldout_gain"] >= card["margin"]
+    assert all(c["verdict"] == "satisfied" for c in card["constraints"])
+    resp = client.post(f"{API}/studies/{sid}/nodes/{card['node_id']}/approve", headers=op)
+    assert resp.status_code == 200 and resp.json()["decided_by"] == "ada"
+    again = client.post(f"{API}/studies/{sid}/nodes/{card['node_id']}/approve", headers=op)
+    assert again.status_code == 409
+
+    def settle() -> bool:
+        for a in pending():
+            client.post(f"{API}/studies/{sid}/nodes/{a['node_id']}/approve", headers=op)
+        return client.get(f"{API}/studies/{sid}", headers=op).json()["status"] == "finished"
+
+    wait_for(settle, timeout=180)
+    node = client.get(f"{API}/studies/{sid}/nodes/{card['node_id']}", headers=op).json()
+    assert node["status"] == "merged" and node["diff"].startswith("diff --git")
+    assert [r["seed"] for r in node["receipts"] if r["kind"] == "dev"] == [0, 1]
+    assert node["insights"] and node["insights"][0]["cites"] == [card["node_id"]]
+    assert {"node.queued", "node.running", "node.evaluated", "node.merged"} <= {
+        e["type"] for e in node["history"]
+    }
+    tree = client.get(f"{API}/studies/{sid}/tree", headers=op).json()
+    assert len(tree["nodes"]) >= 3
+    assert client.get(f"{API}/studies/{sid}/report", headers=op).text.startswith("# Grove report: api-flow")
+
+    # The event stream replays the whole study in order, then resumes after a reconnect.
+    events = sse(client, f"{API}/studies/{sid}/events", op, until="study.finished")
+    ids = [e["id"] for e in events]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    types = [e["event"] for e in events]
+    assert types[0] == "study.created" and types[-1] == "study.finished"
+    assert types.index("study.started") < types.index("node.proposed") < types.index("node.merged")
+    middle = ids[len(ids) // 2]
+    resumed = sse(
+        client, f"{API}/studies/{sid}/events", {**op, "Last-Event-ID": str(middle)}, until="study.finished"
+    )
+    assert [e["id"] for e in resumed] == [i for i in ids if i > middle]
+    log = client.get(f"{API}/studies/{sid}/events/log", params={"after": middle}, headers=op).json()
+    assert [e["id"] for e in log] == [i for i in ids if i > middle]
+
+
+def test_auth_rules(service: Service, client: TestClient, tmp_path: Path) -> None:
+    assert client.get(f"{API}/studies").status_code == 401
+    assert client.get(f"{API}/studies", headers={"Authorization": "Bearer nope"}).status_code == 401
+    viewer, operator = auth(service, "viewer"), auth(service, "operator")
+    assert client.get(f"{API}/studies", headers=viewer).status_code == 200
+    body = {"spec": tiny_files()["grove.toml"], "repository": str(tmp_path)}
+    assert client.post(f"{API}/studies", json=body, headers=viewer).status_code == 403
+    resp = client.post(f"{API}/studies/1/nodes/1/approve", headers=operator)
+    assert resp.status_code == 403 and "approver" in resp.json()["detail"]
+    assert client.get(f"{API}/health").json()["status"] == "ok"
+    assert "grove_studies" in client.get(f"{API}/metrics").text
+
+
+@pytest.mark.parametrize(
+    ("mutate", "status", "needle"),
+    [
+        (lambda spec, repo: ("[study\nname=", str(repo)), 422, "not valid TOML"),
+        (
+            lambda spec, repo: (spec.replace('goal = "', 'colour = 1\ngoal = "'), str(repo)),
+            422,
+            "spec.study.colour: unknown key",
+        ),
+        (lambda spec, repo: (spec, str(repo / "missing")), 422, "repository: "),
+        (lambda spec, repo: (spec, str(repo / "data")), 422, "is not the top of a git repository"),
+        (
+            lambda spec, repo: (spec, "http://127.0.0.1:9/nothing.git"),
+            422,
+            "repository: git could not read it",
+        ),
+        (
+            lambda spec, repo: (spec.replace("editable = [", 'editable = ["nope/*", '), str(repo)),
+            422,
+            "spec.files.editable[0]",
+        ),
+    ],
+)
+def test_bad_input_is_a_clear_4xx_and_creates_nothing(
+    service: Service, client: TestClient, tmp_path: Path, mutate: Any, status: int, needle: str
+) -> None:
+    files = tiny_files(name="bad-input")
+    repo = make_repo(tmp_path / "r", files)
+    spec, repository = mutate(files["grove.toml"], repo)
+    op = auth(service, "operator")
+    before = client.get(f"{API}/studies", headers=op).json()["count"]
+    resp = client.post(f"{API}/studies", json={"spec": spec, "repository": repository}, headers=op)
+    assert resp.status_code == status, resp.text
+    assert needle in resp.json()["detail"]["message"]
+    assert client.get(f"{API}/studies", headers=op).json()["count"] == before
+
+
+def test_an_evaluation_without_metrics_fails_the_study_clearly(
+    service: Service, client: TestClient, tmp_path: Path
+) -> None:
+    files = tiny_files(name="no-metric")
+    files["eval.py"] = "print('all good, no numbers')\n"
+    repo = make_repo(tmp_path / "r", files)
+    op = auth(service, "operator")
+    resp = client.post(
+        f"{API}/studies", json={"spec": files["grove.toml"], "repository": str(repo)}, headers=op
+    )
+    assert resp.status_code == 201
+    sid = resp.json()["id"]
+    wait_for(lambda: client.get(f"{API}/studies/{sid}", headers=op).json()["status"] == "failed", timeout=120)
+    study = client.get(f"{API}/studies/{sid}", headers=op).json()
+    assert "no metrics" in study["stop_reason"]
+    tree = client.get(f"{API}/studies/{sid}/tree", headers=op).json()
+    root = next(n for n in tree["nodes"] if n["parent_id"] is None)
+    receipts = client.get(f"{API}/studies/{sid}/nodes/{root['id']}", headers=op).json()["receipts"]
+    assert receipts and not receipts[0]["ok"] and "no metrics" in receipts[0]["reason"]
+    assert "all good, no numbers" in receipts[0]["stdout_tail"]
