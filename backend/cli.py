@@ -136,7 +136,7 @@ def run_cmd(
             err.print(f"[red]error:[/] {exc.source}: {issue}")
         raise typer.Exit(1) from None
     if budget is not None:
-        text = _override_budget(text, budget)
+        text = _override(text, "budget", "experiments", budget)
     if spec.gate.mode != "auto" and not auto_approve and not sys.stdin.isatty():
         err.print(
             f"[red]error:[/] gate.mode = {spec.gate.mode!r} asks a human before each merge, and there is no "
@@ -198,11 +198,11 @@ def run_cmd(
     console.print(f"report: {st.report_path}")
 
 
-def _override_budget(text: str, experiments: int) -> str:
+def _override(text: str, section: str, key: str, value: object) -> str:
     import tomlkit
 
     doc = tomlkit.parse(text)
-    doc.setdefault("budget", tomlkit.table())["experiments"] = experiments  # type: ignore[index]
+    doc.setdefault(section, tomlkit.table())[key] = value  # type: ignore[index]
     return tomlkit.dumps(doc)
 
 
@@ -281,6 +281,132 @@ def stop_cmd(name: str) -> None:
         s.add(st)
         s.add(Event(study_id=st.id or 0, type="study.stopping", payload={"by": "cli"}))
     console.print(f"study {name!r} will stop at its next step")
+
+
+@app.command("up")
+def up_cmd(
+    host: Annotated[str, typer.Option(help="address the API listens on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port of the API")] = 8000,
+    cpu_slots: Annotated[int, typer.Option(help="experiments that may run at once")] = 2,
+) -> None:
+    """Start Redis, the API, a coordinator worker and a cpu worker; stop them all on Ctrl-C."""
+    import json
+    import os
+    import signal
+    import time
+
+    from backend.core.security import create_token
+    from backend.up import Stack, UpError
+
+    settings = get_settings()
+    stack = Stack(settings, host=host, port=port, cpu_slots=cpu_slots)
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        env = stack.start(os.environ.get("GROVE_REDIS_URL"))
+        token = create_token(settings, ["operator", "approver"], "grove-up")
+        api = f"http://{host}:{port}/api/v1"
+        (settings.data_dir / "up.json").write_text(json.dumps({"api": api, "token": token}))
+        console.print(f"Grove is up.\n  API      {api}\n  docs     http://{host}:{port}/docs")
+        console.print(f"  redis    {env['GROVE_REDIS_URL']}\n  data     {settings.data_dir.resolve()}")
+        console.print(f"  token    {token}   (operator + approver)", markup=False, highlight=False)
+        console.print("Press Ctrl-C to stop.")
+        while not stopping:
+            dead = stack.watch()
+            if dead:
+                err.print(f"[red]error:[/] {dead} stopped; see {settings.data_dir / 'logs' / dead}.log")
+                break
+            time.sleep(0.5)
+    except UpError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        stack.stop()
+        raise typer.Exit(1) from None
+    finally:
+        (settings.data_dir / "up.json").unlink(missing_ok=True)
+        stack.stop()
+    console.print("Grove stopped.")
+
+
+@app.command("worker")
+def worker_cmd(
+    queues: Annotated[str, typer.Option(help="cpu, gpu or coordinator (comma separated)")] = "cpu",
+    concurrency: Annotated[int, typer.Option(help="tasks at once (1 per GPU on gpu)")] = 2,
+    beat: Annotated[
+        bool, typer.Option(help="also run the reconciler's schedule (one per deployment)")
+    ] = False,
+) -> None:
+    """Run a Celery worker for more machines (uses GROVE_REDIS_URL and GROVE_DATABASE_URL)."""
+    import os
+
+    from backend.up import worker_command
+
+    allowed = {"cpu", "gpu", "coordinator"}
+    bad = [q for q in queues.split(",") if q not in allowed]
+    if bad:
+        err.print(f"[red]error:[/] --queues: unknown queue {bad[0]!r} (use cpu, gpu, coordinator)")
+        raise typer.Exit(2)
+    settings = get_settings()
+    schedule = settings.data_dir / "beat" if beat else None
+    name = queues.replace(",", "-")
+    os.execv(sys.executable, worker_command(queues, concurrency, name, schedule))
+
+
+@app.command("submit")
+def submit_cmd(
+    path: Annotated[Path, typer.Argument(help="grove.toml, or a folder holding one")],
+    repo: Annotated[
+        str | None, typer.Option(help="repository (path or URL); default: the spec's folder")
+    ] = None,
+    api: Annotated[str | None, typer.Option(help="API URL, e.g. http://127.0.0.1:8000/api/v1")] = None,
+    token: Annotated[str | None, typer.Option(help="bearer token")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="follow the study until it ends")] = False,
+    approve_all: Annotated[
+        bool, typer.Option("--approve-all", help="with --wait: approve every gate pass")
+    ] = False,
+    name: Annotated[str | None, typer.Option(help="override study.name")] = None,
+) -> None:
+    """Submit a study to a running Grove service over its REST API."""
+    import time
+
+    from backend.client import ApiError, Client, connection, git_repository
+
+    settings = get_settings()
+    spec_path = _spec_file(path)
+    try:
+        url, tok = connection(settings, api, token)
+        repository = repo or str(git_repository(settings, spec_path.parent))
+        client = Client(url, tok)
+        text = spec_path.read_text("utf-8")
+        if name:
+            text = _override(text, "study", "name", name)
+        study = client.submit(text, repository)
+        console.print(f"submitted study {study['name']!r} (id {study['id']}) to {url}")
+        if not wait:
+            return
+        last = ""
+        while study["status"] not in ("finished", "failed"):
+            time.sleep(1.0)
+            if approve_all:
+                for card in client.pending(study["id"]):
+                    client.approve(study["id"], card["node_id"])
+                    console.print(f"  approved n{card['node_id']} {card['title']}")
+            study = client.study(study["id"])
+            line = f"  {study['status']}: {study['nodes']} nodes, {study['experiments_used']} experiments, best dev {study['best_dev']}"
+            if line != last:
+                console.print(line, markup=False, highlight=False)
+                last = line
+    except ApiError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    console.print(client.report(study["id"]), markup=False, highlight=False)
+    if study["status"] == "failed":
+        raise typer.Exit(1)
 
 
 token_app = typer.Typer(help="Manage API tokens.", no_args_is_help=True)

@@ -1,8 +1,22 @@
 #!/usr/bin/env bash
-# Set up Grove and run the bundled digits study end to end with the `search` policy.
+# Set up Grove, start the service (`grove up`), submit the bundled digits study over the REST API,
+# approve its gate passes, print REPORT.md, and stop the service.
+# `bash scripts/example.sh --cli` runs the same study in one process with `grove run` instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export GROVE_DATA_DIR=${GROVE_DATA_DIR:-.grove}
 . .venv/bin/activate
-exec grove run examples/digits --auto-approve --fresh "$@"
+export GROVE_DATA_DIR=${GROVE_DATA_DIR:-.grove}
+if [ "${1:-}" = "--cli" ]; then
+  exec grove run examples/digits --auto-approve --fresh --quiet
+fi
+rm -f "$GROVE_DATA_DIR/up.json"
+grove up --port "${GROVE_PORT:-8000}" &
+up=$!
+trap 'kill -INT $up 2>/dev/null; wait $up' EXIT
+for _ in $(seq 1 120); do
+  [ -f "$GROVE_DATA_DIR/up.json" ] && break
+  kill -0 $up 2>/dev/null || { echo "grove up failed; see $GROVE_DATA_DIR/logs" >&2; exit 1; }
+  sleep 1
+done
+grove submit examples/digits --wait --approve-all --name "digits-$(date +%Y%m%d-%H%M%S)"

@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     visibility_timeout: int = 12 * 3600
     # Let GET endpoints answer without a token (mutations always need one).
     public_reads: bool = False
+    # Where `grove submit` finds the API (defaults to what `grove up` wrote in the data dir).
+    api_url: str | None = None
+    token: str | None = None
     # Extra variable names passed through to sandboxed commands (comma separated).
     sandbox_env_passthrough: str = ""
     output_cap_bytes: int = 5_000_000

@@ -1,0 +1,160 @@
+"""`grove up`: Redis, the API, a coordinator worker and a cpu worker on one machine, no Docker."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backend.core.config import PROJECT_ROOT, Settings
+
+
+class UpError(RuntimeError):
+    """A part of the stack could not start."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a free TCP port."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _listening(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def redis_binary() -> str:
+    """Return a redis-server executable: one on PATH, or one that a pip package ships."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redis_server  # type: ignore[import-not-found]
+
+        return str(redis_server.REDIS_SERVER_PATH)
+    except ImportError:
+        raise UpError(
+            "redis-server is not installed: `apt-get install redis-server` (or `pip install redis-server`), "
+            "or point GROVE_REDIS_URL at a running Redis"
+        ) from None
+
+
+def worker_command(queues: str, concurrency: int, name: str, beat_schedule: Path | None = None) -> list[str]:
+    """Return the command line of a Celery worker for the given queues."""
+    cmd = [
+        sys.executable, "-m", "celery", "-A", "backend.celery_app", "worker", "-Q", queues, "-c", str(concurrency),
+        "-n", f"{name}@%h", "--pool", "prefork", "--without-gossip", "--without-mingle", "--loglevel", "INFO",
+    ]  # fmt: skip
+    if beat_schedule is not None:
+        cmd += ["-B", "--schedule", str(beat_schedule)]
+    return cmd
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    host: str = "127.0.0.1"
+    port: int = 8000
+    cpu_slots: int = 2
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        logs = self.settings.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        out = open(logs / f"{name}.log", "ab")  # noqa: SIM115  (owned by the child)
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT, start_new_session=True
+        )
+        self.procs.append((name, proc))
+        return proc
+
+    def _wait(self, what: str, ready: object, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, proc in self.procs:
+                if proc.poll() is not None:
+                    raise UpError(
+                        f"{name} exited with code {proc.returncode}; see {self.settings.data_dir / 'logs' / name}.log"
+                    )
+            if ready():  # type: ignore[operator]
+                return
+            time.sleep(0.2)
+        raise UpError(f"{what} did not come up within {timeout:.0f}s")
+
+    def start(self, redis_url: str | None) -> dict[str, str]:
+        """Start every part and return the environment the parts share."""
+        self.settings.ensure_dirs()
+        env = {
+            **os.environ,
+            "GROVE_DATA_DIR": str(self.settings.data_dir.resolve()),
+            "GROVE_WORKTREES_DIR": str(self.settings.worktrees_dir.resolve()),
+        }
+        if self.settings.database_url:
+            env["GROVE_DATABASE_URL"] = self.settings.database_url
+        if redis_url is None:
+            rport = free_port()
+            rdir = self.settings.data_dir / "redis"
+            rdir.mkdir(parents=True, exist_ok=True)
+            self._spawn(
+                "redis",
+                [redis_binary(), "--port", str(rport), "--bind", "127.0.0.1", "--dir", str(rdir),
+                 "--appendonly", "yes", "--save", "", "--maxmemory-policy", "noeviction"],
+                env,
+            )  # fmt: skip
+            self._wait("redis", lambda: _listening("127.0.0.1", rport))
+            redis_url = f"redis://127.0.0.1:{rport}/0"
+        env["GROVE_REDIS_URL"] = redis_url
+        self._spawn(
+            "api",
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "backend.api.app:app",
+                "--host",
+                self.host,
+                "--port",
+                str(self.port),
+            ],
+            env,
+        )
+        self._spawn(
+            "coordinator",
+            worker_command("coordinator", 2, "coordinator", self.settings.data_dir / "beat"),
+            env,
+        )
+        self._spawn("worker-cpu", worker_command("cpu", self.cpu_slots, "cpu"), env)
+        self._wait("the API", lambda: _listening(self.host, self.port))
+        for name in ("coordinator", "worker-cpu"):
+            log = self.settings.data_dir / "logs" / f"{name}.log"
+            self._wait(name, lambda log=log: log.exists() and b"ready." in log.read_bytes())
+        return env
+
+    def stop(self) -> None:
+        """Stop every part, newest first."""
+        for _, proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for _, proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs.clear()
+
+    def watch(self) -> str | None:
+        """Return the name of a part that died, if any."""
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                return name
+        return None

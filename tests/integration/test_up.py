@@ -1,0 +1,79 @@
+"""`grove up` starts the whole stack on one machine and stops it cleanly."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from backend.core.config import PROJECT_ROOT
+from tests.conftest import free_port, make_repo, tiny_files, wait_for
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def processes_using(marker: str) -> list[int]:
+    """Return pids whose environment mentions `marker` (our data directory)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if marker.encode() in (d / "environ").read_bytes():
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_grove_up_serves_a_study_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "GROVE_DATA_DIR": str(tmp_path / "data"),
+        "GROVE_WORKTREES_DIR": str(tmp_path / "wt"),
+    }
+    env.pop("GROVE_REDIS_URL", None)
+    out = tmp_path / "up.log"
+    with open(out, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "backend.cli", "up", "--port", str(port)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: b"Press Ctrl-C" in out.read_bytes(), timeout=90)
+        text = out.read_text()
+        token = re.search(r"token\s+(grove_\S+)", text).group(1)  # type: ignore[union-attr]
+        redis_port = int(re.search(r"redis\s+redis://127.0.0.1:(\d+)", text).group(1))  # type: ignore[union-attr]
+        api = f"http://127.0.0.1:{port}/api/v1"
+        assert httpx.get(f"{api}/health").json() == {"status": "ok", "database": "ok", "redis": "ok"}
+        repo = make_repo(tmp_path / "r", tiny_files(name="up-study", experiments=3))
+        headers = {"Authorization": f"Bearer {token}"}
+        resp = httpx.post(
+            f"{api}/studies",
+            json={"spec": (repo / "grove.toml").read_text(), "repository": str(repo)},
+            headers=headers,
+        )
+        assert resp.status_code == 201, resp.text
+        sid = resp.json()["id"]
+        wait_for(
+            lambda: httpx.get(f"{api}/studies/{sid}", headers=headers).json()["status"] == "finished",
+            timeout=180,
+        )
+        assert httpx.get(f"{api}/studies/{sid}", headers=headers).json()["trunk_heldout"] > 700
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=90)
+    assert code == 0
+    assert "Grove stopped." in out.read_text()
+    assert not listening(port) and not listening(redis_port)
+    assert processes_using(str(tmp_path / "data")) == []
