@@ -430,6 +430,16 @@ def token_create(
     console.print(token, markup=False, highlight=False)
 
 
+@app.command("migrate")
+def migrate_cmd() -> None:
+    """Bring the database (GROVE_DATABASE_URL, or SQLite in the data dir) to the newest schema."""
+    from backend.db import get_engine
+
+    settings = get_settings()
+    get_engine(settings.db_url)
+    console.print(f"database at the newest schema: {get_engine(settings.db_url).url.render_as_string()}")
+
+
 @app.command("janitor")
 def janitor_cmd(max_age_hours: float | None = None) -> None:
     """Remove stale worktrees."""

@@ -9,15 +9,14 @@ from pathlib import Path
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import OperationalError
-from sqlmodel import Session, SQLModel, create_engine
+from sqlmodel import Session, create_engine
 
-from backend import models  # noqa: F401  (registers the tables)
+from backend import migrate, models  # noqa: F401  (models registers the tables)
 
 
 @lru_cache(maxsize=8)
 def get_engine(url: str) -> Engine:
-    """Return the engine for a database URL, creating the tables on first use."""
+    """Return the engine for a database URL, migrated to the newest schema on first use."""
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     if url.startswith("sqlite"):
@@ -33,14 +32,7 @@ def get_engine(url: str) -> Engine:
             cur.close()
     else:
         engine = create_engine(url, pool_pre_ping=True)
-    for attempt in range(5):
-        try:
-            SQLModel.metadata.create_all(engine)
-            break
-        except OperationalError as exc:
-            # Another process created the tables between our check and our CREATE.
-            if "already exists" not in str(exc) or attempt == 4:
-                raise
+    migrate.upgrade(engine)
     return engine
 
 

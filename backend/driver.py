@@ -37,6 +37,28 @@ def thread_config(study_id: int) -> dict[str, Any]:
     return {"configurable": {"thread_id": f"study-{study_id}"}, "recursion_limit": 100_000}
 
 
+@contextmanager
+def checkpointer(settings: Settings) -> Iterator[Any]:
+    """Yield the coordinator's checkpointer: PostgresSaver with PostgreSQL, else SqliteSaver in the data dir."""
+    if settings.is_postgres:
+        import psycopg
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from psycopg.rows import dict_row
+
+        url = settings.db_url.replace("postgresql+psycopg://", "postgresql://", 1)
+        with psycopg.connect(url, autocommit=True, prepare_threshold=0, row_factory=dict_row) as conn:
+            pg = PostgresSaver(conn)  # type: ignore[arg-type]
+            pg.setup()
+            yield pg
+        return
+    settings.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
+    with closing(sqlite3.connect(settings.checkpoint_path, check_same_thread=False, timeout=30)) as conn:
+        conn.execute("PRAGMA busy_timeout=30000")
+        saver = SqliteSaver(conn)
+        saver.setup()
+        yield saver
+
+
 @dataclass(frozen=True)
 class Waiting:
     """What a study's graph is waiting for after an advance."""
@@ -110,13 +132,7 @@ class Driver:
 
     @contextmanager
     def _graph(self) -> Iterator[Any]:
-        self.settings.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-        with closing(
-            sqlite3.connect(self.settings.checkpoint_path, check_same_thread=False, timeout=30)
-        ) as conn:
-            conn.execute("PRAGMA busy_timeout=30000")
-            saver = SqliteSaver(conn)
-            saver.setup()
+        with checkpointer(self.settings) as saver:
             yield self.graph_def.compile(checkpointer=saver)
 
     def advance(self) -> Waiting:

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Set up Grove and run lint, type checks and every test.
+# Set up Grove and run lint, type checks and every test (SQLite and PostgreSQL, real Redis and Celery).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+GROVE_TEST_POSTGRES=$(bash scripts/test-services.sh)
+export GROVE_TEST_POSTGRES
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

@@ -213,20 +213,65 @@ class Service:
             self.stop_worker(name)
 
 
+PG_ADMIN = os.environ.get("GROVE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def postgres_database(name: str) -> str:
+    """Create an empty PostgreSQL database and return its SQLAlchemy URL."""
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    return f"{base}/{name}"
+
+
+def drop_postgres_database(name: str) -> None:
+    """Drop a test database."""
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgres"])
+def db_backend(request: pytest.FixtureRequest) -> str:
+    """Run the tests that use it against SQLite and against PostgreSQL."""
+    return str(request.param)
+
+
 @pytest.fixture(scope="session")
-def service(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Service]:
+def service(tmp_path_factory: pytest.TempPathFactory, redis_url: str, db_backend: str) -> Iterator[Service]:
     """Start a coordinator worker (with the reconciler's beat) and a cpu worker with two slots."""
-    root = tmp_path_factory.mktemp("service")
-    settings = Settings(data_dir=root / "data", worktrees_dir=root / "worktrees", redis_url=redis_url)
+    root = tmp_path_factory.mktemp(f"service-{db_backend}")
+    dbname = f"grove_test_{os.getpid()}"
+    database_url = postgres_database(dbname) if db_backend == "postgres" else None
+    settings = Settings(
+        data_dir=root / "data",
+        worktrees_dir=root / "worktrees",
+        redis_url=redis_url,
+        database_url=database_url,
+    )
     settings.ensure_dirs()
+    import redis as redis_lib
+
+    redis_lib.Redis.from_url(redis_url).flushdb()
     env = {
         **os.environ,
         "GROVE_DATA_DIR": str(settings.data_dir),
         "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
         "GROVE_REDIS_URL": redis_url,
     }
+    if database_url:
+        env["GROVE_DATABASE_URL"] = database_url
     svc = Service(settings, env)
     svc.start_worker("coord", "coordinator", 2, beat=True)
     svc.start_worker("cpu", "cpu", 2)
     yield svc
     svc.stop()
+    if database_url:
+        from backend.db import get_engine
+
+        get_engine(settings.db_url).dispose()
+        drop_postgres_database(dbname)

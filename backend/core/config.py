@@ -34,8 +34,17 @@ class Settings(BaseSettings):
     def db_url(self) -> str:
         """Return the database URL, defaulting to SQLite under the data directory."""
         if self.database_url:
-            return self.database_url
+            url = self.database_url
+            for prefix in ("postgres://", "postgresql://"):
+                if url.startswith(prefix):
+                    return "postgresql+psycopg://" + url.removeprefix(prefix)
+            return url
         return f"sqlite:///{(self.data_dir / 'grove.db').resolve()}"
+
+    @property
+    def is_postgres(self) -> bool:
+        """Return whether the database is PostgreSQL."""
+        return self.db_url.startswith("postgresql")
 
     @property
     def checkpoint_path(self) -> Path:
