@@ -1,0 +1,14 @@
+# One image for every Grove process: API, coordinator, workers, migrations.
+FROM python:3.11-slim-bookworm
+RUN apt-get update && apt-get install -y --no-install-recommends git && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+COPY pyproject.toml requirements.lock README.md ./
+COPY backend ./backend
+COPY agents ./agents
+COPY frontend ./frontend
+RUN pip install --no-cache-dir -c requirements.lock '.[example]'
+ENV GROVE_DATA_DIR=/data GROVE_WORKTREES_DIR=/worktrees PYTHONUNBUFFERED=1
+RUN useradd --create-home grove && mkdir -p /data /worktrees /repos && chown grove /data /worktrees /repos
+USER grove
+EXPOSE 8000
+CMD ["grove", "--help"]
