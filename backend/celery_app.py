@@ -31,7 +31,9 @@ def make_app(settings: Settings) -> Celery:
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
         broker_transport_options={"visibility_timeout": settings.visibility_timeout},
-        beat_schedule={"reconcile": {"task": "coordinator.reconcile", "schedule": 15.0}},
+        beat_schedule={
+            "reconcile": {"task": "coordinator.reconcile", "schedule": settings.reconcile_seconds}
+        },
         worker_soft_shutdown_timeout=10.0,
     )
     return app

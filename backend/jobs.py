@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import sys
 import traceback
 
@@ -38,6 +39,16 @@ def _claim(settings: Settings, job_id: int, token: str) -> tuple[Job, Node, Stud
         assert node is not None and study is not None
         job.status, job.started_at, job.pid = "running", now(), os.getpid()
         s.add(job)
+        add_event(
+            s,
+            job.study_id,
+            "job.started",
+            job.node_id,
+            job_id=job_id,
+            attempt=job.attempt,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+        )
         if node.status == NodeStatus.QUEUED:
             transition(s, node, NodeStatus.RUNNING, job_id=job_id, attempt=job.attempt)
         return job, node, study

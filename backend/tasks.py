@@ -17,9 +17,6 @@ from backend.driver import Driver
 from backend.locks import Busy, client, lease
 from backend.models import Job, Study, now
 
-STUDY_LEASE = 60.0
-JOB_LEASE = 30.0
-
 
 def enqueue_advance(study_id: int, countdown: float | None = None) -> None:
     """Ask a coordinator worker to advance a study."""
@@ -31,7 +28,7 @@ def advance(self: Task, study_id: int) -> str:
     """Advance a study's graph under its lock; if another step holds the lock, try again shortly."""
     settings = get_settings()
     try:
-        with lease(settings.redis_url, f"grove:study:{study_id}", STUDY_LEASE):
+        with lease(settings.redis_url, f"grove:study:{study_id}", 2 * settings.lease_seconds):
             waiting = Driver(settings, study_id, CeleryDispatcher(settings, app)).advance()
     except Busy:
         enqueue_advance(study_id, countdown=1.0)
@@ -47,7 +44,7 @@ def _experiment(job_id: int, token: str) -> str:
     if study_id is None:
         return "unknown job"
     try:
-        with lease(settings.redis_url, f"grove:job:{job_id}", JOB_LEASE):
+        with lease(settings.redis_url, f"grove:job:{job_id}", settings.lease_seconds):
             status = jobs.run_experiment(settings, job_id, token)
     except Busy:
         return "running elsewhere"
@@ -77,7 +74,7 @@ def reconcile() -> dict[str, int]:
     """Re-send jobs whose task was lost and nudge every active study forward."""
     settings = get_settings()
     r = client(settings.redis_url)
-    if not r.set("grove:reconcile", "1", nx=True, ex=10):
+    if not r.set("grove:reconcile", "1", nx=True, ex=max(1, int(settings.reconcile_seconds * 0.7))):
         return {"skipped": 1}
     dispatcher = CeleryDispatcher(settings, app)
     resent = nudged = 0
@@ -88,7 +85,11 @@ def reconcile() -> dict[str, int]:
             age = (now() - (job.started_at or job.created_at)).total_seconds()
             held = r.exists(f"grove:job:{job.id}")
             # A re-sent duplicate is harmless (job lease + status check) but not free: once per 5 min.
-            if not held and age > JOB_LEASE and r.set(f"grove:resent:{job.id}", "1", nx=True, ex=300):
+            if (
+                not held
+                and age > settings.lease_seconds
+                and r.set(f"grove:resent:{job.id}", "1", nx=True, ex=300)
+            ):
                 stale.append(job.id)
     for job_id in stale:
         if job_id is not None:

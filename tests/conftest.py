@@ -200,12 +200,19 @@ class Service:
         if beat:
             cmd += ["-B", "--schedule", str(self.settings.data_dir / "beat-schedule")]
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115
-        self.procs[name] = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=log, cwd=PROJECT_ROOT)
-        wait_for(lambda: b"ready." in (self.logs / f"{name}.log").read_bytes(), timeout=60)
+        start = (self.logs / f"{name}.log").stat().st_size if (self.logs / f"{name}.log").exists() else 0
+        self.procs[name] = subprocess.Popen(
+            cmd, env=self.env, stdout=log, stderr=log, cwd=PROJECT_ROOT, start_new_session=True
+        )
+        wait_for(lambda: b"ready." in (self.logs / f"{name}.log").read_bytes()[start:], timeout=60)
 
     def stop_worker(self, name: str, sig: int = 15) -> None:
+        """Stop a worker; with SIGKILL its whole process group dies at once, pool children included."""
         proc = self.procs.pop(name)
-        proc.send_signal(sig)
+        if sig == 9:
+            os.killpg(proc.pid, 9)
+        else:
+            proc.send_signal(sig)
         proc.wait(timeout=60)
 
     def stop(self) -> None:

@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     visibility_timeout: int = 12 * 3600
     # Let GET endpoints answer without a token (mutations always need one).
     public_reads: bool = False
+    # A job's lease in Redis; a job whose worker died is re-sent once its lease lapses.
+    lease_seconds: float = 30.0
+    reconcile_seconds: float = 15.0
     # Where `grove submit` finds the API (defaults to what `grove up` wrote in the data dir).
     api_url: str | None = None
     token: str | None = None

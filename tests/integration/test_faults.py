@@ -1,0 +1,144 @@
+"""Faults: a worker killed mid-experiment, the coordinator killed, Redis restarted mid-study."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from sqlmodel import select
+
+from backend import db, gitops
+from backend.celery_app import make_app
+from backend.core.config import Settings
+from backend.models import Event, Job, Node, Study
+from backend.studies import create_study
+from tests.conftest import Service, free_port, make_repo, tiny_files, wait_for
+
+
+class RedisServer:
+    def __init__(self, port: int, workdir: Path) -> None:
+        self.port, self.workdir = port, workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        client = redis.Redis(port=self.port)
+
+        def up() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.ConnectionError:
+                return False
+
+        wait_for(up, timeout=20)
+
+    def stop(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def faulty(tmp_path: Path) -> Iterator[tuple[Service, RedisServer]]:
+    """A private stack with short leases, so that lost work is found within seconds."""
+    server = RedisServer(free_port(), tmp_path)
+    server.start()
+    url = f"redis://127.0.0.1:{server.port}/0"
+    settings = Settings(data_dir=tmp_path / "data", worktrees_dir=tmp_path / "wt", redis_url=url)
+    settings.ensure_dirs()
+    env = {
+        **os.environ,
+        "GROVE_DATA_DIR": str(settings.data_dir),
+        "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
+        "GROVE_REDIS_URL": url,
+        "GROVE_LEASE_SECONDS": "4",
+        "GROVE_RECONCILE_SECONDS": "2",
+    }
+    svc = Service(settings, env)
+    svc.start_worker("coord", "coordinator", 2, beat=True)
+    svc.start_worker("cpu", "cpu", 2)
+    yield svc, server
+    svc.stop()
+    if server.proc and server.proc.poll() is None:
+        server.stop()
+
+
+def start_study(svc: Service, tmp_path: Path, name: str, **kw: object) -> int:
+    repo = make_repo(tmp_path / name, tiny_files(name=name, **kw))
+    study = create_study(svc.settings, (repo / "grove.toml").read_text(), str(repo))
+    make_app(svc.settings).send_task("coordinator.advance", args=[study.id])
+    return study.id or 0
+
+
+def rows(settings: Settings, model: type, *where: object) -> list:  # type: ignore[type-arg]
+    with db.session(settings.db_url) as s:
+        return list(s.exec(select(model).where(*where)))  # type: ignore[call-overload]
+
+
+def finished(settings: Settings, sid: int) -> bool:
+    return rows(settings, Study, Study.id == sid)[0].status == "finished"
+
+
+def assert_clean_end(settings: Settings, sid: int) -> None:
+    jobs = rows(settings, Job, Job.study_id == sid)
+    assert len({(j.node_id, j.attempt) for j in jobs}) == len(jobs), "a dispatch was duplicated"
+    assert all(j.status in ("done", "failed") for j in jobs)
+    nodes = rows(settings, Node, Node.study_id == sid)
+    assert not [n for n in nodes if n.status in ("queued", "running")]
+    study = rows(settings, Study, Study.id == sid)[0]
+    assert gitops.Repo(Path(study.repo_path)).worktrees() == [], "an orphan worktree remains"
+    left = settings.worktrees_dir / study.name
+    assert not left.exists() or not any(left.iterdir())
+
+
+def test_worker_killed_mid_experiment_is_redelivered(
+    faulty: tuple[Service, RedisServer], tmp_path: Path
+) -> None:
+    svc, _ = faulty
+    sid = start_study(svc, tmp_path, "kill-cpu", experiments=3, sleep=3.0)
+    wait_for(lambda: rows(svc.settings, Node, Node.study_id == sid, Node.status == "running"), timeout=120)
+    victim = rows(svc.settings, Node, Node.study_id == sid, Node.status == "running")[0]
+    svc.stop_worker("cpu", sig=9)
+    svc.start_worker("cpu", "cpu", 2)
+    wait_for(lambda: finished(svc.settings, sid), timeout=240)
+    node = rows(svc.settings, Node, Node.id == victim.id)[0]
+    assert node.status in ("evaluated", "merged", "rejected") and node.dev_n == 2
+    starts = rows(svc.settings, Event, Event.node_id == victim.id, Event.type == "job.started")
+    assert len(starts) >= 2 and len({e.payload["pid"] for e in starts}) >= 2, "the job was not run again"
+    assert len({e.payload["job_id"] for e in starts}) == 1  # the same job, not a new attempt
+    assert_clean_end(svc.settings, sid)
+
+
+def test_coordinator_killed_between_steps_continues_after_restart(
+    faulty: tuple[Service, RedisServer], tmp_path: Path
+) -> None:
+    svc, _ = faulty
+    sid = start_study(svc, tmp_path, "kill-coord", experiments=4, sleep=2.0)
+    wait_for(lambda: rows(svc.settings, Job, Job.study_id == sid), timeout=120)
+    svc.stop_worker("coord", sig=9)
+    wait_for(
+        lambda: len(rows(svc.settings, Job, Job.study_id == sid, Job.status == "done")) >= 1, timeout=120
+    )
+    svc.start_worker("coord", "coordinator", 2, beat=True)
+    wait_for(lambda: finished(svc.settings, sid), timeout=240)
+    assert len(rows(svc.settings, Job, Job.study_id == sid)) == 4
+    assert_clean_end(svc.settings, sid)
+
+
+def test_redis_restart_mid_study_loses_nothing(faulty: tuple[Service, RedisServer], tmp_path: Path) -> None:
+    svc, server = faulty
+    sid = start_study(svc, tmp_path, "redis-restart", experiments=4, sleep=2.0)
+    wait_for(lambda: rows(svc.settings, Node, Node.study_id == sid, Node.status == "running"), timeout=120)
+    server.stop()
+    server.start()  # empty: every queued message and lease is gone
+    wait_for(lambda: finished(svc.settings, sid), timeout=300)
+    assert len(rows(svc.settings, Job, Job.study_id == sid)) == 4
+    assert_clean_end(svc.settings, sid)
