@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from celery import Celery
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Path, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from backend.core import security
@@ -29,6 +29,10 @@ def get_celery(request: Request) -> Celery:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+MAX_ID = 2**31 - 1
+StudyId = Annotated[int, Path(ge=1, le=MAX_ID, description="a study id")]
+NodeId = Annotated[int, Path(ge=1, le=MAX_ID, description="a node id")]
+Cursor = Annotated[int, Query(ge=0, le=2**62, description="return events with a larger id")]
 CeleryDep = Annotated[Celery, Depends(get_celery)]
 
 

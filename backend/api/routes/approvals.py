@@ -9,7 +9,7 @@ from sqlmodel import col, select
 
 from backend import db
 from backend.api import schemas, views
-from backend.api.deps import Approver, CeleryDep, Reader, SettingsDep
+from backend.api.deps import MAX_ID, Approver, CeleryDep, NodeId, Reader, SettingsDep, StudyId
 from backend.api.routes.tree import get_node
 from backend.driver import decide_approval
 from backend.models import Approval
@@ -21,7 +21,7 @@ router = APIRouter(tags=["approvals"])
 def pending(
     settings: SettingsDep,
     who: Reader,
-    study_id: int | None = None,
+    study_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     state: Annotated[str, Query(pattern="^(pending|approved|rejected|all)$")] = "pending",
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0)] = 0,
@@ -63,7 +63,7 @@ def _decide(
 
 @router.post("/studies/{study_id}/nodes/{node_id}/approve", response_model=schemas.ApprovalPublic)
 def approve(
-    study_id: int, node_id: int, settings: SettingsDep, celery: CeleryDep, who: Approver
+    study_id: StudyId, node_id: NodeId, settings: SettingsDep, celery: CeleryDep, who: Approver
 ) -> schemas.ApprovalPublic:
     """Approve a gate-passed node: the coordinator merges it into trunk."""
     return _decide(study_id, node_id, True, "", settings, celery, who.name)
@@ -71,7 +71,12 @@ def approve(
 
 @router.post("/studies/{study_id}/nodes/{node_id}/reject", response_model=schemas.ApprovalPublic)
 def reject(
-    study_id: int, node_id: int, body: schemas.Reason, settings: SettingsDep, celery: CeleryDep, who: Approver
+    study_id: StudyId,
+    node_id: NodeId,
+    body: schemas.Reason,
+    settings: SettingsDep,
+    celery: CeleryDep,
+    who: Approver,
 ) -> schemas.ApprovalPublic:
     """Reject a gate-passed node with a reason."""
     return _decide(study_id, node_id, False, body.reason or "rejected", settings, celery, who.name)

@@ -11,7 +11,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from backend import db
 from backend.api import schemas, views
-from backend.api.deps import Reader, SettingsDep
+from backend.api.deps import Cursor, Reader, SettingsDep, StudyId
 from backend.api.routes.studies import get_study
 from backend.core.config import Settings
 
@@ -25,10 +25,10 @@ def _page(settings: Settings, study_id: int, after: int, limit: int) -> list[sch
 
 @router.get("/events/log", response_model=list[schemas.EventPublic])
 def event_log(
-    study_id: int,
+    study_id: StudyId,
     settings: SettingsDep,
     who: Reader,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Cursor = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[schemas.EventPublic]:
     """Return the study's events after an id, oldest first."""
@@ -38,11 +38,11 @@ def event_log(
 
 @router.get("/events", response_class=EventSourceResponse)
 async def stream(
-    study_id: int,
+    study_id: StudyId,
     settings: SettingsDep,
     who: Reader,
     last_event_id: Annotated[str | None, Header()] = None,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Cursor = 0,
 ) -> AsyncIterator[ServerSentEvent]:
     """Stream the study's events (server-sent events); reconnect with `Last-Event-ID` to resume."""
     get_study(settings, study_id)

@@ -11,7 +11,7 @@ from sqlmodel import col, func, select
 
 from backend import db, gitops, report
 from backend.api import schemas, views
-from backend.api.deps import Approver, CeleryDep, Operator, Reader, SettingsDep
+from backend.api.deps import Approver, CeleryDep, Operator, Reader, SettingsDep, StudyId
 from backend.models import Job, Study
 from backend.storage import add_event
 from backend.studies import create_study
@@ -82,7 +82,7 @@ def list_studies(
 
 
 @router.get("/{study_id}", response_model=schemas.StudyPublic)
-def read(study_id: int, settings: SettingsDep, who: Reader) -> schemas.StudyPublic:
+def read(study_id: StudyId, settings: SettingsDep, who: Reader) -> schemas.StudyPublic:
     """Return one study."""
     st = get_study(settings, study_id)
     with db.session(settings.db_url) as s:
@@ -105,14 +105,14 @@ def _set_status(
 
 
 @router.post("/{study_id}/pause", response_model=schemas.StudyPublic)
-def pause(study_id: int, settings: SettingsDep, who: Operator) -> schemas.StudyPublic:
+def pause(study_id: StudyId, settings: SettingsDep, who: Operator) -> schemas.StudyPublic:
     """Pause a study: running experiments finish, nothing new starts."""
     _set_status(settings, study_id, ("created", "running"), "paused", "paused", who.name)
     return read(study_id, settings, who)
 
 
 @router.post("/{study_id}/resume", response_model=schemas.StudyPublic)
-def resume(study_id: int, settings: SettingsDep, celery: CeleryDep, who: Operator) -> schemas.StudyPublic:
+def resume(study_id: StudyId, settings: SettingsDep, celery: CeleryDep, who: Operator) -> schemas.StudyPublic:
     """Resume a paused study."""
     _set_status(settings, study_id, ("paused",), "running", "resumed", who.name)
     celery.send_task("coordinator.advance", args=[study_id])
@@ -120,7 +120,7 @@ def resume(study_id: int, settings: SettingsDep, celery: CeleryDep, who: Operato
 
 
 @router.post("/{study_id}/stop", response_model=schemas.StudyPublic)
-def stop(study_id: int, settings: SettingsDep, celery: CeleryDep, who: Operator) -> schemas.StudyPublic:
+def stop(study_id: StudyId, settings: SettingsDep, celery: CeleryDep, who: Operator) -> schemas.StudyPublic:
     """Stop a study: queued experiments are revoked, running ones cancelled, the report written."""
     _set_status(settings, study_id, ("created", "running", "paused"), "stopping", "stopping", who.name)
     with db.session(settings.db_url) as s:
@@ -136,7 +136,7 @@ def stop(study_id: int, settings: SettingsDep, celery: CeleryDep, who: Operator)
 
 
 @router.post("/{study_id}/promote", response_model=schemas.Message)
-def promote(study_id: int, settings: SettingsDep, who: Approver) -> schemas.Message:
+def promote(study_id: StudyId, settings: SettingsDep, who: Approver) -> schemas.Message:
     """Push the study's trunk to its origin repository as branch `grove/<study>`."""
     st = get_study(settings, study_id)
     repo = gitops.Repo(Path(st.repo_path))
@@ -155,7 +155,7 @@ def promote(study_id: int, settings: SettingsDep, who: Approver) -> schemas.Mess
 
 
 @router.get("/{study_id}/report", response_class=PlainTextResponse)
-def read_report(study_id: int, settings: SettingsDep, who: Reader) -> str:
+def read_report(study_id: StudyId, settings: SettingsDep, who: Reader) -> str:
     """Return the study's REPORT.md (built from its current state)."""
     get_study(settings, study_id)
     return report.render(settings, study_id)

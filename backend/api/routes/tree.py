@@ -12,7 +12,7 @@ from agents.spec import split_search_key
 from agents.tree.status import TERMINAL
 from backend import db, gitops
 from backend.api import schemas, views
-from backend.api.deps import CeleryDep, Operator, Reader, SettingsDep
+from backend.api.deps import CeleryDep, NodeId, Operator, Reader, SettingsDep, StudyId
 from backend.api.routes.studies import get_study
 from backend.models import Event, InsightVersion, Node, ReceiptRow
 from backend.storage import SqlStorage, add_event, spec_of
@@ -30,7 +30,7 @@ def get_node(settings: SettingsDep, study_id: int, node_id: int) -> Node:
 
 
 @router.get("/tree", response_model=schemas.Tree)
-def tree(study_id: int, settings: SettingsDep, who: Reader) -> schemas.Tree:
+def tree(study_id: StudyId, settings: SettingsDep, who: Reader) -> schemas.Tree:
     """Return every node of the study's tree."""
     st = get_study(settings, study_id)
     with db.session(settings.db_url) as s:
@@ -41,7 +41,7 @@ def tree(study_id: int, settings: SettingsDep, who: Reader) -> schemas.Tree:
 
 
 @router.get("/nodes/{node_id}", response_model=schemas.NodeDetail)
-def node_detail(study_id: int, node_id: int, settings: SettingsDep, who: Reader) -> schemas.NodeDetail:
+def node_detail(study_id: StudyId, node_id: NodeId, settings: SettingsDep, who: Reader) -> schemas.NodeDetail:
     """Return a node with its evidence, diff, receipts, verification, insight history and cost."""
     st = get_study(settings, study_id)
     n = get_node(settings, study_id, node_id)
@@ -92,8 +92,8 @@ def node_detail(study_id: int, node_id: int, settings: SettingsDep, who: Reader)
     "/nodes/{node_id}/hypotheses", status_code=status.HTTP_201_CREATED, response_model=schemas.NodeSummary
 )
 def add_hypothesis(
-    study_id: int,
-    node_id: int,
+    study_id: StudyId,
+    node_id: NodeId,
     body: schemas.HypothesisCreate,
     settings: SettingsDep,
     celery: CeleryDep,
@@ -157,7 +157,7 @@ def add_hypothesis(
 
 @router.post("/nodes/{node_id}/prune", response_model=schemas.Message)
 def prune(
-    study_id: int, node_id: int, body: schemas.Reason, settings: SettingsDep, who: Operator
+    study_id: StudyId, node_id: NodeId, body: schemas.Reason, settings: SettingsDep, who: Operator
 ) -> schemas.Message:
     """Prune a node and its subtree (running experiments finish; their results are kept)."""
     n = get_node(settings, study_id, node_id)
