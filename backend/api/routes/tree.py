@@ -33,11 +33,13 @@ def get_node(settings: SettingsDep, study_id: int, node_id: int) -> Node:
 def tree(study_id: StudyId, settings: SettingsDep, who: Reader) -> schemas.Tree:
     """Return every node of the study's tree."""
     st = get_study(settings, study_id)
+    fields = list(schemas.NodeSummary.model_fields)
+    columns = [getattr(Node, f) for f in fields]
     with db.session(settings.db_url) as s:
-        rows = s.exec(select(Node).where(Node.study_id == study_id).order_by(col(Node.id))).all()
-        return schemas.Tree(
-            study_id=study_id, trunk_node_id=st.trunk_node_id, nodes=[views.node_summary(n) for n in rows]
-        )
+        rows = s.exec(select(*columns).where(Node.study_id == study_id).order_by(col(Node.id))).all()
+    # Rows come straight from typed columns: build the bodies without re-validating 5,000 of them.
+    nodes = [schemas.NodeSummary.model_construct(**dict(zip(fields, row, strict=True))) for row in rows]
+    return schemas.Tree.model_construct(study_id=study_id, trunk_node_id=st.trunk_node_id, nodes=nodes)
 
 
 @router.get("/nodes/{node_id}", response_model=schemas.NodeDetail)

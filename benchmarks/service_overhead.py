@@ -1,0 +1,195 @@
+"""Service overheads, measured side by side in one run on this machine.
+
+(a) N trivial experiments through the service (Redis, Celery workers, coordinator graph,
+    gate, database) vs a bare shell loop doing the same worktree + edit + commit + eval;
+(b) wall time of 4 sleep-bound experiments with 4 worker slots vs 1 experiment;
+(c) p95 latency of GET /tree on a study with 5,000 nodes (vs GET /health).
+
+    python benchmarks/service_overhead.py [--n 20] [--sleep 2.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+from sqlmodel import select
+
+from backend import db
+from backend.api.main import create_app
+from backend.core.config import PROJECT_ROOT, Settings
+from backend.core.security import create_token
+from backend.models import Job, Node, Study
+from backend.studies import create_study
+from backend.up import Stack
+
+EVAL = """\
+import json, os, sys, time, tomllib
+cfg = tomllib.load(open("config.toml", "rb"))
+time.sleep(float(cfg["knob"].get("sleep", 0)))
+print(json.dumps({"score": %s}))
+"""
+
+
+def spec(name: str, n: int, parallel: int, score: str) -> str:
+    return textwrap.dedent(f"""\
+        [study]
+        name = "{name}"
+        goal = "benchmark"
+        [objective]
+        metric = "score"
+        direction = "maximize"
+        [evaluate]
+        dev = "python eval.py"
+        test = "python eval.py"
+        repeats = 1
+        [files]
+        editable = ["config.toml"]
+        [search]
+        "config.toml:knob.x" = {{ low = 0.0, high = 100.0 }}
+        [budget]
+        experiments = {n}
+        parallel = {parallel}
+        [gate]
+        mode = "auto"
+        test_repeats = 1
+        [plateau]
+        warn = 1000
+        change = 1000
+        stop = 1000
+        [policy]
+        kind = "search"
+        children = {parallel}
+        """)
+
+
+def make_repo(path: Path, name: str, n: int, parallel: int, score: str, sleep: float) -> Path:
+    path.mkdir(parents=True)
+    (path / "eval.py").write_text(EVAL % score)
+    (path / "config.toml").write_text(f"[knob]\nx = 0.0\nsleep = {sleep}\n")
+    (path / "grove.toml").write_text(spec(name, n, parallel, score))
+    for cmd in (
+        ["git", "init", "-q", "-b", "main"],
+        ["git", "add", "-A"],
+        ["git", "-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "init"],
+    ):
+        subprocess.run(cmd, cwd=path, check=True)
+    return path
+
+
+def bare_loop(repo: Path, n: int, work: Path) -> float:
+    """What a shell script would do per experiment: worktree, edit, commit, evaluate, clean up."""
+    started = time.monotonic()
+    for i in range(n):
+        wt = work / f"wt{i}"
+        subprocess.run(
+            ["git", "worktree", "add", "-q", "--no-track", "-b", f"bare/{i}", str(wt), "main"],
+            cwd=repo,
+            check=True,
+        )
+        (wt / "config.toml").write_text(f"[knob]\nx = {i + 1}.0\nsleep = 0.0\n")
+        subprocess.run(
+            ["git", "-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qam", f"e{i}"],
+            cwd=wt,
+            check=True,
+        )
+        subprocess.run([sys.executable, "eval.py"], cwd=wt, check=True, capture_output=True)
+        subprocess.run(["git", "worktree", "remove", "--force", str(wt)], cwd=repo, check=True)
+    return time.monotonic() - started
+
+
+def run_study(settings: Settings, repo: Path, app: object) -> tuple[float, float]:
+    """Submit a study to the running stack; return (study wall time, executor phase wall time)."""
+    study = create_study(settings, (repo / "grove.toml").read_text(), str(repo))
+    started = time.monotonic()
+    app.send_task("coordinator.advance", args=[study.id])  # type: ignore[attr-defined]
+    while True:
+        with db.session(settings.db_url) as s:
+            st = s.get(Study, study.id)
+            assert st is not None
+            if st.status in ("finished", "failed"):
+                jobs = list(s.exec(select(Job).where(Job.study_id == study.id)))
+                break
+        time.sleep(0.05)
+    wall = time.monotonic() - started
+    first = min(j.started_at for j in jobs if j.started_at)
+    last = max(j.finished_at for j in jobs if j.finished_at)
+    return wall, (last - first).total_seconds()
+
+
+def tree_latency(settings: Settings, root: Path, nodes: int = 5000, calls: int = 40) -> tuple[float, float]:
+    repo = make_repo(root / "big", "big-tree", 1, 1, "1.0", 0.0)
+    study = create_study(settings, (repo / "grove.toml").read_text(), str(repo))
+    with db.session(settings.db_url) as s:
+        parent = study.trunk_node_id
+        for i in range(nodes - 1):
+            s.add(Node(study_id=study.id or 0, parent_id=parent, depth=1 + i % 5, title=f"bulk {i}", status="evaluated",
+                       dev_mean=0.5, dev_n=3, gain=0.01, gain_lcb=0.0))  # fmt: skip
+    token = create_token(settings, ["viewer"], "bench")
+    headers = {"Authorization": f"Bearer {token}"}
+    with TestClient(create_app(settings)) as client:
+
+        def p95(url: str) -> float:
+            times = []
+            for _ in range(calls):
+                t = time.perf_counter()
+                r = client.get(url, headers=headers)
+                times.append(time.perf_counter() - t)
+                assert r.status_code == 200
+            return statistics.quantiles(times, n=20)[-1]
+
+        tree = p95(f"/api/v1/studies/{study.id}/tree")
+        health = p95("/api/v1/health")
+    return tree, health
+
+
+def main() -> None:
+    """Start a private stack and print the three measurements."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=20)
+    ap.add_argument("--sleep", type=float, default=2.0)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="grove-bench-") as tmp:
+        root = Path(tmp)
+        settings = Settings(data_dir=root / "data", worktrees_dir=root / "wt")
+        stack = Stack(settings, port=0, cpu_slots=4)
+        stack.port = __import__("backend.up", fromlist=["free_port"]).free_port()
+        env = stack.start(None)
+        settings = Settings(
+            data_dir=root / "data", worktrees_dir=root / "wt", redis_url=env["GROVE_REDIS_URL"]
+        )
+        from backend.celery_app import make_app
+
+        app = make_app(settings)
+        try:
+            trivial = make_repo(root / "trivial", "trivial", args.n, 1, "-abs(cfg['knob']['x'] - 50)", 0.0)
+            bare = bare_loop(make_repo(root / "bare", "bare", 1, 1, "1.0", 0.0), args.n, root / "bare-wt")
+            wall, phase = run_study(settings, trivial, app)
+            print(f"(a) {args.n} trivial experiments: service {wall:.2f} s (executor phase {phase:.2f} s), "
+                  f"bare loop {bare:.2f} s -> service/bare {wall / bare:.2f}x, per experiment "
+                  f"{(wall - bare) / args.n * 1000:+.0f} ms")  # fmt: skip
+            one_w, one_p = run_study(
+                settings, make_repo(root / "one", "sleep-one", 1, 1, "1.0", args.sleep), app
+            )
+            four_w, four_p = run_study(
+                settings, make_repo(root / "four", "sleep-four", 4, 4, "1.0", args.sleep), app
+            )
+            print(f"(b) sleep-bound ({args.sleep:g} s per run): 1 experiment {one_p:.2f} s, 4 experiments on 4 slots "
+                  f"{four_p:.2f} s -> ratio {four_p / one_p:.2f} (1.00 is perfect); whole studies {one_w:.2f} s vs {four_w:.2f} s")  # fmt: skip
+        finally:
+            stack.stop()
+        tree, health = tree_latency(settings, root)
+        print(f"(c) GET /tree with 5,000 nodes: p95 {tree * 1000:.1f} ms (GET /health p95 {health * 1000:.1f} ms, "
+              f"ratio {tree / health:.1f}x)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(PROJECT_ROOT))
+    main()
