@@ -20,6 +20,7 @@ def add_event(s: Session, study_id: int, type_: str, node_id: int | None = None,
     """Append an event row in the caller's transaction."""
     ev = Event(study_id=study_id, node_id=node_id, type=type_, payload=payload)
     s.add(ev)
+    s.info.setdefault("grove_event_studies", set()).add(study_id)
     return ev
 
 

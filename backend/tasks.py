@@ -7,15 +7,21 @@ from __future__ import annotations
 
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import worker_process_init
 from sqlmodel import col, select
 
-from backend import db, jobs
+from backend import db, events, jobs
 from backend.celery_app import app
 from backend.core.config import get_settings
 from backend.dispatch import CeleryDispatcher
 from backend.driver import Driver
 from backend.locks import Busy, client, lease
 from backend.models import Job, Study, now
+
+
+@worker_process_init.connect
+def _init_process(**_: object) -> None:
+    events.enable(get_settings().redis_url)
 
 
 def enqueue_advance(study_id: int, countdown: float | None = None) -> None:

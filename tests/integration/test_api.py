@@ -86,6 +86,15 @@ def test_study_over_http_runs_to_approval_merges_and_finishes(
     node = client.get(f"{API}/studies/{sid}/nodes/{card['node_id']}", headers=op).json()
     assert node["status"] == "merged" and node["diff"].startswith("diff --git")
     assert [r["seed"] for r in node["receipts"] if r["kind"] == "dev"] == [0, 1]
+    rid = node["receipts"][0]["id"]
+    full = client.get(f"{API}/studies/{sid}/receipts/{rid}/output", headers=op)
+    assert full.status_code == 200 and full.text.startswith("some log line")
+    assert (
+        client.get(
+            f"{API}/studies/{sid}/receipts/{rid}/output", params={"stream": "bad"}, headers=op
+        ).status_code
+        == 422
+    )
     assert node["insights"] and node["insights"][0]["cites"] == [card["node_id"]]
     assert {"node.queued", "node.running", "node.evaluated", "node.merged"} <= {
         e["type"] for e in node["history"]
@@ -180,3 +189,52 @@ def test_an_evaluation_without_metrics_fails_the_study_clearly(
     receipts = client.get(f"{API}/studies/{sid}/nodes/{root['id']}", headers=op).json()["receipts"]
     assert receipts and not receipts[0]["ok"] and "no metrics" in receipts[0]["reason"]
     assert "all good, no numbers" in receipts[0]["stdout_tail"]
+
+
+def test_pause_steer_and_resume(service: Service, client: TestClient, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r", tiny_files(name="steered", mode="auto", experiments=4, sleep=0.5))
+    op = auth(service, "operator", name="grace")
+    sid = client.post(
+        f"{API}/studies",
+        json={"spec": (repo / "grove.toml").read_text(), "repository": str(repo)},
+        headers=op,
+    ).json()["id"]
+    assert client.post(f"{API}/studies/{sid}/pause", headers=op).json()["status"] == "paused"
+    assert client.post(f"{API}/studies/{sid}/pause", headers=op).status_code == 409
+    tree = client.get(f"{API}/studies/{sid}/tree", headers=op).json()
+    root = next(n["id"] for n in tree["nodes"] if n["parent_id"] is None)
+    bad = client.post(
+        f"{API}/studies/{sid}/nodes/{root}/hypotheses",
+        json={"title": "t", "edits": {"nope.toml:a": 1}},
+        headers=op,
+    )
+    assert bad.status_code == 422 and "edits.nope.toml:a" in bad.json()["detail"]["message"]
+    human = client.post(
+        f"{API}/studies/{sid}/nodes/{root}/hypotheses",
+        json={"title": "try x = 3", "mechanism": "centre the knob", "edits": {"config.toml:knob.x": 3}},
+        headers=op,
+    )
+    assert human.status_code == 201 and human.json()["origin"] == "human"
+    hid = human.json()["id"]
+    decoy = client.post(
+        f"{API}/studies/{sid}/nodes/{root}/hypotheses",
+        json={"title": "x = 5", "edits": {"config.toml:knob.x": 5}},
+        headers=op,
+    ).json()["id"]
+    pruned = client.post(
+        f"{API}/studies/{sid}/nodes/{decoy}/prune", json={"reason": "not worth it"}, headers=op
+    )
+    assert pruned.status_code == 200
+    assert client.post(f"{API}/studies/{sid}/resume", headers=op).json()["status"] == "running"
+    wait_for(
+        lambda: client.get(f"{API}/studies/{sid}", headers=op).json()["status"] == "finished", timeout=180
+    )
+    node = client.get(f"{API}/studies/{sid}/nodes/{hid}", headers=op).json()
+    assert (
+        node["status"] in ("merged", "evaluated")
+        and node["attempts"] == 1
+        and abs(node["dev_mean"] - 10.005) < 1e-9
+    )
+    decoy_node = client.get(f"{API}/studies/{sid}/nodes/{decoy}", headers=op).json()
+    assert decoy_node["status"] == "pruned" and decoy_node["attempts"] == 0
+    assert "not worth it" in decoy_node["insights"][-1]["text"]

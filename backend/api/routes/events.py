@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Annotated
 
+import redis.asyncio as aioredis
 from fastapi import APIRouter, Header, Query
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from backend import db
+from backend import events as fanout
 from backend.api import schemas, views
 from backend.api.deps import Cursor, Reader, SettingsDep, StudyId
 from backend.api.routes.studies import get_study
@@ -47,10 +50,26 @@ async def stream(
     """Stream the study's events (server-sent events); reconnect with `Last-Event-ID` to resume."""
     get_study(settings, study_id)
     cursor = int(last_event_id) if last_event_id and last_event_id.isdigit() else after
-    while True:
-        events = await asyncio.to_thread(_page, settings, study_id, cursor, 500)
-        for e in events:
-            cursor = e.id
-            yield ServerSentEvent(data=e.model_dump(mode="json"), event=e.type, id=str(e.id))
-        if not events:
-            await asyncio.sleep(0.3)
+    pubsub = None
+    with contextlib.suppress(Exception):
+        pubsub = aioredis.Redis.from_url(settings.redis_url).pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe(fanout.channel(study_id))
+    try:
+        while True:
+            page = await asyncio.to_thread(_page, settings, study_id, cursor, 500)
+            for e in page:
+                cursor = e.id
+                yield ServerSentEvent(data=e.model_dump(mode="json"), event=e.type, id=str(e.id))
+            if page:
+                continue
+            if pubsub is None:
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                await pubsub.get_message(timeout=2.0)  # woken by a ping, or poll again after 2 s
+            except Exception:
+                pubsub = None
+    finally:
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import Path as PathParam
+from fastapi.responses import PlainTextResponse
 from sqlmodel import col, select
 
 from agents.policies import configfiles
@@ -12,7 +15,7 @@ from agents.spec import split_search_key
 from agents.tree.status import TERMINAL
 from backend import db, gitops
 from backend.api import schemas, views
-from backend.api.deps import CeleryDep, NodeId, Operator, Reader, SettingsDep, StudyId
+from backend.api.deps import MAX_ID, CeleryDep, NodeId, Operator, Reader, SettingsDep, StudyId
 from backend.api.routes.studies import get_study
 from backend.models import Event, InsightVersion, Node, ReceiptRow
 from backend.storage import SqlStorage, add_event, spec_of
@@ -159,7 +162,12 @@ def add_hypothesis(
 
 @router.post("/nodes/{node_id}/prune", response_model=schemas.Message)
 def prune(
-    study_id: StudyId, node_id: NodeId, body: schemas.Reason, settings: SettingsDep, who: Operator
+    study_id: StudyId,
+    node_id: NodeId,
+    body: schemas.Reason,
+    settings: SettingsDep,
+    celery: CeleryDep,
+    who: Operator,
 ) -> schemas.Message:
     """Prune a node and its subtree (running experiments finish; their results are kept)."""
     n = get_node(settings, study_id, node_id)
@@ -169,4 +177,24 @@ def prune(
         raise HTTPException(status.HTTP_409_CONFLICT, f"node {node_id} is {n.status}")
     reason = body.reason or f"pruned by {who.name}"
     SqlStorage(settings.db_url).prune(study_id, node_id, reason, n.summary or n.title)
+    celery.send_task("coordinator.advance", args=[study_id])
     return schemas.Message(message=f"pruned n{node_id}")
+
+
+@router.get("/receipts/{receipt_id}/output", response_class=PlainTextResponse)
+def receipt_output(
+    study_id: StudyId,
+    receipt_id: Annotated[int, PathParam(ge=1, le=MAX_ID)],
+    settings: SettingsDep,
+    who: Reader,
+    stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
+) -> str:
+    """Return the full stored output of an evaluation run (capped at the configured size)."""
+    with db.session(settings.db_url) as s:
+        r = s.get(ReceiptRow, receipt_id)
+    if r is None or r.study_id != study_id:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"study {study_id} has no receipt {receipt_id}")
+    path = Path(r.stdout_path if stream == "stdout" else r.stderr_path)
+    if not path.is_file():
+        raise HTTPException(status.HTTP_410_GONE, f"the stored {stream} of receipt {receipt_id} is gone")
+    return path.read_text("utf-8", "replace")
