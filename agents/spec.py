@@ -116,6 +116,12 @@ class Gate(_Section):
 class PolicySection(_Section):
     kind: Literal["search", "llm"] | None = None
     model: str | None = None
+    api_base: str | None = None  # an OpenAI-compatible server (vLLM, llama.cpp, Ollama's /v1)
+    input_usd_per_mtok: float | None = Field(default=None, ge=0)  # prices for models litellm does not know
+    output_usd_per_mtok: float | None = Field(default=None, ge=0)
+    max_turns: int = Field(default=30, ge=1)
+    max_tokens: int = Field(default=400_000, ge=1000)
+    executor_minutes: float = Field(default=30.0, gt=0)
     seed: int = 0
     children: int = Field(default=3, ge=1, le=16)
     max_depth: int = Field(default=6, ge=1)

@@ -26,6 +26,7 @@ from agents.policies.registry import make_policy
 from backend import db
 from backend.core.config import Settings
 from backend.gatekeeper import BaselineError, LocalGatekeeper
+from backend.ledger import SqlLedger
 from backend.models import Approval, Job, Study, now
 from backend.storage import SqlStorage, add_event, spec_of
 
@@ -127,7 +128,10 @@ class Driver:
             assert study is not None
             spec = spec_of(study)
         self.graph_def = build_graph(
-            SqlStorage(settings.db_url), dispatcher, LocalGatekeeper(settings), policy or make_policy(spec)
+            SqlStorage(settings.db_url),
+            dispatcher,
+            LocalGatekeeper(settings),
+            policy or make_policy(spec, ledger=SqlLedger(settings, study_id)),
         )
 
     @contextmanager

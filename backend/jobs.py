@@ -8,21 +8,28 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import socket
 import sys
 import traceback
+from dataclasses import replace
+from pathlib import Path
+
+from sqlmodel import select
 
 from agents.policies.base import ImplementationError, ImplementInput
+from agents.policies.llm.model import BudgetExhausted, ModelError
 from agents.policies.registry import make_policy
 from agents.tree.stats import summarize
 from agents.tree.status import NodeStatus
-from backend import db, sandbox, workspace
+from backend import db, evaluation, sandbox, workspace
 from backend.core.config import Settings, get_settings
 from backend.gitops import GitError
-from backend.models import Job, Node, Study, now
-from backend.storage import add_event, spec_of, transition
+from backend.ledger import SqlLedger
+from backend.models import Job, Node, Study, Trajectory, now
+from backend.storage import add_event, latest_insight, spec_of, transition
 
 
 class Superseded(RuntimeError):
@@ -82,18 +89,26 @@ def run_experiment(settings: Settings, job_id: int, token: str) -> str:
         workspace.prepare(
             repo, path, node.branch, node.base_commit, sealed=spec.files.sealed, reason=f"job {job_id}"
         )
-        policy = make_policy(spec)
-        account = policy.implement(
-            path,
-            ImplementInput(
-                node_id=node.id or 0,
-                title=node.title,
-                hypothesis=dict(node.hypothesis),
-                edits=dict(node.edits),
-                reflection=node.reflection,
-                editable=list(spec.files.editable),
-            ),
+        policy = make_policy(spec, ledger=SqlLedger(settings, study.id or 0, node.id))
+        inp = ImplementInput(
+            node_id=node.id or 0,
+            title=node.title,
+            hypothesis=dict(node.hypothesis),
+            edits=dict(node.edits),
+            reflection=node.reflection,
+            editable=list(spec.files.editable),
+            context={
+                "goal": spec.study.goal,
+                "metric": spec.objective.metric,
+                "direction": spec.objective.direction,
+                "insights": ancestor_insights(settings, node),
+            },
+            runtime=SandboxRuntime(settings, study, path, label),
         )
+        try:
+            account = policy.implement(path, inp)
+        finally:
+            _save_trajectory(settings, job, node, inp.trajectory)
         commit = repo.commit_all(path, f"Grove n{node.id}: {node.title}\n\n{account}")
         if commit is None:
             _finish(settings, job_id, token, NodeStatus.FAILED, failure="the change is empty")
@@ -133,14 +148,81 @@ def run_experiment(settings: Settings, job_id: int, token: str) -> str:
         return NodeStatus.EVALUATED
     except Superseded:
         raise
-    except (ImplementationError, GitError, OSError, ValueError) as exc:
-        _finish(settings, job_id, token, NodeStatus.FAILED, failure=f"{type(exc).__name__}: {exc}"[:2000])
+    except (ImplementationError, ModelError, BudgetExhausted, GitError, OSError, ValueError) as exc:
+        failure = f"{type(exc).__name__}: {exc}"[:2000]
+        _finish(
+            settings, job_id, token, NodeStatus.FAILED, failure=failure,
+            reflection=f"Attempt {job.attempt} failed: {failure}",
+        )  # fmt: skip
         return NodeStatus.FAILED
     finally:
         try:
             repo.remove_worktree(path)
         except GitError:
             traceback.print_exc()
+
+
+class SandboxRuntime:
+    """The executor's `run` and `evaluate_dev` tools, through the sandbox, inside one worktree."""
+
+    def __init__(self, settings: Settings, study: Study, worktree: Path, label: str) -> None:
+        self.settings, self.study, self.worktree = settings, study, worktree
+        self.spec = spec_of(study)
+        self.out = workspace.output_dir(settings, study, label) / "tools"
+        self.calls = 0
+
+    def run(self, command: str, timeout: float) -> tuple[int | None, str]:
+        """Run a command in the sandbox; return its exit code (None on timeout) and output tail."""
+        self.calls += 1
+        limits = replace(workspace.limits_of(self.spec), timeout=timeout)
+        res = sandbox.run(
+            command, cwd=self.worktree, output_dir=self.out, name=f"run{self.calls}", limits=limits
+        )
+        text = res.stdout_tail + ("\n[stderr]\n" + res.stderr_tail if res.stderr_tail.strip() else "")
+        return res.exit_code, text[-6000:]
+
+    def evaluate_dev(self) -> str:
+        """Run the dev evaluation once (seed 0) and describe the result."""
+        self.calls += 1
+        r = evaluation.evaluate(
+            kind="dev", command=self.spec.evaluate.dev, worktree=self.worktree, output_dir=self.out,
+            seed=0, metric=self.spec.objective.metric, commit="working tree", limits=workspace.limits_of(self.spec),
+            evaluator_fingerprint="",
+        )  # fmt: skip
+        if r.ok:
+            return f"dev evaluation ok: {json.dumps(r.metrics)}"
+        return f"dev evaluation failed: {r.reason}\n{r.stderr_tail[-2000:]}"
+
+
+def ancestor_insights(settings: Settings, node: Node) -> list[str]:
+    """Return the newest insight of each ancestor, root first."""
+    out: list[str] = []
+    with db.session(settings.db_url) as s:
+        parent = node.parent_id
+        while parent is not None:
+            anc = s.get(Node, parent)
+            if anc is None:
+                break
+            text = latest_insight(s, parent)
+            if text:
+                out.append(f"n{parent}: {text}")
+            parent = anc.parent_id
+    return list(reversed(out))
+
+
+def _save_trajectory(settings: Settings, job: Job, node: Node, trajectory: dict[str, object]) -> None:
+    if not trajectory:
+        return
+    with db.session(settings.db_url) as s:
+        if s.exec(select(Trajectory).where(Trajectory.job_id == job.id)).first() is None:
+            s.add(
+                Trajectory(
+                    study_id=job.study_id, node_id=node.id or 0, job_id=job.id or 0, attempt=job.attempt,
+                    messages=list(trajectory.get("messages", [])),  # type: ignore[call-overload]
+                    feedback=list(trajectory.get("feedback", [])),  # type: ignore[call-overload]
+                    report=str(trajectory.get("report", "")),
+                )
+            )  # fmt: skip
 
 
 def record_crash(settings: Settings, job_id: int, token: str, reason: str) -> None:

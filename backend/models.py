@@ -167,3 +167,31 @@ class ApiToken(SQLModel, table=True):
     token_hash: str = Field(index=True, unique=True)
     created_at: datetime = Field(default_factory=now)
     revoked: bool = False
+
+
+class LlmCall(SQLModel, table=True):
+    __tablename__ = "llm_call"
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(index=True, foreign_key="study.id")
+    node_id: int | None = Field(default=None, foreign_key="node.id")
+    role: str
+    model: str
+    messages: list[dict[str, Any]] = _json([])
+    response: dict[str, Any] = _json({})
+    tokens_in: int = 0
+    tokens_out: int = 0
+    usd: float = 0.0
+    created_at: datetime = Field(default_factory=now)
+
+
+class Trajectory(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(index=True, foreign_key="study.id")
+    node_id: int = Field(foreign_key="node.id")
+    job_id: int = Field(foreign_key="job.id", unique=True)
+    attempt: int = 1
+    outcome: str = ""
+    messages: list[dict[str, Any]] = _json([])
+    feedback: list[str] = _json([])
+    report: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
+    created_at: datetime = Field(default_factory=now)

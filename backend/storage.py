@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from agents.coordinator.ports import Integration, NodeRecord, StudyView
 from agents.policies.base import NodeEvidence, Proposal
@@ -13,7 +13,7 @@ from agents.spec import Spec, parse_spec
 from agents.tree.insights import InsightUpdate
 from agents.tree.status import ACTIVE, TERMINAL, NodeStatus, check_transition
 from backend import db
-from backend.models import Event, InsightVersion, Job, Node, ReceiptRow, Study, now
+from backend.models import Event, InsightVersion, Job, LlmCall, Node, ReceiptRow, Study, now
 
 
 def add_event(s: Session, study_id: int, type_: str, node_id: int | None = None, **payload: Any) -> Event:
@@ -152,6 +152,11 @@ class SqlStorage:
                 improvement_state=dict(st.improvement_state),
                 plateau_level=st.plateau_level,
                 seed=st.seed,
+                usd_spent=float(
+                    s.exec(
+                        select(func.coalesce(func.sum(LlmCall.usd), 0.0)).where(LlmCall.study_id == study_id)
+                    ).one()
+                ),
             )
 
     def nodes(self, study_id: int) -> list[NodeRecord]:
@@ -302,6 +307,16 @@ class SqlStorage:
         """Append an event."""
         with db.session(self.url) as s:
             add_event(s, study_id, type_, node_id, **payload)
+
+    def pause(self, study_id: int, reason: str) -> None:
+        """Pause a running study with a reason (e.g. its LLM budget is spent)."""
+        with db.session(self.url) as s:
+            st = s.get(Study, study_id)
+            assert st is not None
+            if st.status == "running":
+                st.status = "paused"
+                s.add(st)
+                add_event(s, study_id, "study.paused", None, reason=reason)
 
     def cancel_active(self, study_id: int) -> None:
         """Cancel proposed, queued and running nodes of a stopping study."""

@@ -16,6 +16,7 @@ from agents.coordinator.configuration import CoordinatorConfig
 from agents.coordinator.ports import Dispatcher, Gatekeeper, Integration, NodeRecord, Storage, StudyView
 from agents.coordinator.state import CoordinatorState
 from agents.policies.base import IdeationInput, NodeEvidence, Policy, RefineRequest
+from agents.policies.llm.model import BudgetExhausted, ModelError
 from agents.tree import plateau, pruning, selection
 from agents.tree.gate import eligible
 from agents.tree.insights import backpropagate
@@ -78,6 +79,10 @@ def build_graph(
             interrupt({"kind": "paused", "study_id": sid})
             return Command(goto="observe")
         budget = study.spec.budget
+        if study.spec.policy_kind == "llm" and study.usd_spent >= budget.usd:
+            storage.event(sid, "budget.exhausted", None, {"usd": study.usd_spent, "budget": budget.usd})
+            storage.pause(sid, f"LLM budget spent: ${study.usd_spent:.4f} of ${budget.usd:.4f}")
+            return Command(goto="observe")
         reason = ""
         if study.experiments_used >= budget.experiments:
             reason = f"experiment budget spent ({budget.experiments})"
@@ -105,7 +110,16 @@ def build_graph(
         if waiting + retry < slots:
             k = max(study.spec.policy.children, slots - waiting - retry)
             ctx = ideation_input(study, records, k=k, round_no=round_no)
-            storage.add_proposals(sid, round_no, policy.ideate(ctx))
+            try:
+                proposals = policy.ideate(ctx)
+            except BudgetExhausted as exc:
+                storage.event(sid, "budget.exhausted", None, {"reason": str(exc)})
+                storage.pause(sid, str(exc))
+                return Command(update={"round_no": round_no + 1}, goto="select")
+            except ModelError as exc:
+                storage.event(sid, "llm.error", None, {"role": "ideator", "error": str(exc)[:1000]})
+                proposals = []
+            storage.add_proposals(sid, round_no, proposals)
         return Command(update={"round_no": round_no + 1}, goto="select")
 
     def select_(state: CoordinatorState) -> Command[Literal["dispatch", "wait", "finish"]]:

@@ -26,6 +26,7 @@ class StudyView:
     improvement_state: dict[str, Any]
     plateau_level: int
     seed: int = 0
+    usd_spent: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ class Storage(Protocol):
     def event(self, study_id: int, type_: str, node_id: int | None, payload: dict[str, Any]) -> None: ...
 
     def cancel_active(self, study_id: int) -> None: ...
+
+    def pause(self, study_id: int, reason: str) -> None: ...
 
 
 class Dispatcher(Protocol):

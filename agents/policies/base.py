@@ -85,6 +85,9 @@ class ImplementInput:
     edits: dict[str, Any]
     reflection: str
     editable: list[str]
+    context: dict[str, Any] = field(default_factory=dict)  # goal, metric, direction, ancestor insights
+    runtime: Any = None  # agents.executor.tools.Runtime, provided by the host
+    trajectory: dict[str, Any] = field(default_factory=dict)  # filled by executors that keep one
 
 
 class ImplementationError(RuntimeError):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from agents.policies.base import Policy
 from agents.policies.search import SearchPolicy
 from agents.spec import Spec
@@ -11,10 +13,36 @@ class PolicyUnavailable(RuntimeError):
     """The spec asks for a policy this installation cannot provide."""
 
 
-def make_policy(spec: Spec) -> Policy:
-    """Return the policy for a spec."""
+def make_policy(spec: Spec, ledger: object | None = None) -> Policy:
+    """Return the policy for a spec; the `llm` policy charges its calls to `ledger`."""
     if spec.policy_kind == "search":
         return SearchPolicy()
-    raise PolicyUnavailable(
-        "policy.kind = 'llm' is not available yet; declare a [search] space and use kind = 'search'"
+    from agents.executor.loop import Limits
+    from agents.policies.llm.model import Ledger, LitellmModel, ModelConfig
+    from agents.policies.llm.policy import LlmPolicy
+
+    model = os.environ.get("GROVE_MODEL") or spec.policy.model
+    if not model:
+        raise PolicyUnavailable(
+            "policy.kind = 'llm' needs policy.model (or GROVE_MODEL), e.g. 'openai/gpt-4.1'"
+        )
+    if ledger is None:
+        raise PolicyUnavailable("the llm policy needs a ledger to charge its calls to")
+    prices = None
+    if spec.policy.input_usd_per_mtok is not None or spec.policy.output_usd_per_mtok is not None:
+        prices = {
+            "input_cost_per_token": (spec.policy.input_usd_per_mtok or 0.0) / 1e6,
+            "output_cost_per_token": (spec.policy.output_usd_per_mtok or 0.0) / 1e6,
+        }
+    config = ModelConfig(
+        model=model,
+        api_base=os.environ.get("GROVE_LLM_API_BASE") or spec.policy.api_base,
+        prices=prices,
+        retries=int(os.environ.get("GROVE_LLM_RETRIES", "3")),
+        backoff=float(os.environ.get("GROVE_LLM_BACKOFF", "1.0")),
     )
+    assert isinstance(ledger, Ledger) or hasattr(ledger, "record")
+    limits = Limits(
+        turns=spec.policy.max_turns, tokens=spec.policy.max_tokens, seconds=spec.policy.executor_minutes * 60
+    )
+    return LlmPolicy(LitellmModel(config, ledger), limits)  # type: ignore[arg-type]

@@ -109,6 +109,10 @@ class Memory:
             if n["status"] in ("queued", "running", "proposed"):
                 n["status"] = "cancelled"
 
+    def pause(self, study_id: int, reason: str) -> None:
+        self.status = "paused"
+        self.events.append(f"paused: {reason}")
+
     # Dispatcher
     def submit(self, job_id: int) -> None:
         self.submitted.append(job_id)

@@ -1,0 +1,178 @@
+"""The executor's tools, confined to one worktree.
+
+Every path is resolved inside the worktree (no absolute paths, no `..` out, no symlinks out);
+writes outside `files.editable` are refused with an observation the model can act on.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from agents import globs
+
+MAX_READ = 20_000
+MAX_LIST = 400
+
+
+class Submitted(Exception):
+    """The executor called finish(report)."""
+
+    def __init__(self, report: str) -> None:
+        super().__init__(report)
+        self.report = report
+
+
+class ToolRefused(Exception):
+    """A tool call that breaks the rules; the message goes back to the model."""
+
+
+class Runtime(Protocol):
+    """Commands and dev evaluations, run by the host in its sandbox."""
+
+    def run(self, command: str, timeout: float) -> tuple[int | None, str]: ...
+
+    def evaluate_dev(self) -> str: ...
+
+
+SCHEMAS: list[dict[str, Any]] = [
+    {"name": "list", "description": "List a directory of the worktree.",
+     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}},
+    {"name": "read", "description": "Read a file (with line numbers).",
+     "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "start": {"type": "integer"},
+                                                     "end": {"type": "integer"}}, "required": ["path"]}},
+    {"name": "write", "description": "Create or overwrite an editable file.",
+     "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                    "required": ["path", "content"]}},
+    {"name": "edit", "description": "Replace one exact occurrence of `search` with `replace` in an editable file.",
+     "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "search": {"type": "string"},
+                                                     "replace": {"type": "string"}},
+                    "required": ["path", "search", "replace"]}},
+    {"name": "grep", "description": "Search files for a regular expression.",
+     "parameters": {"type": "object", "properties": {"pattern": {"type": "string"}, "path": {"type": "string"}},
+                    "required": ["pattern"]}},
+    {"name": "run", "description": "Run a shell command in the worktree (sandboxed, no network secrets).",
+     "parameters": {"type": "object", "properties": {"command": {"type": "string"}, "timeout": {"type": "number"}},
+                    "required": ["command"]}},
+    {"name": "evaluate_dev", "description": "Run the development evaluation on the current files.",
+     "parameters": {"type": "object", "properties": {}}},
+    {"name": "finish", "description": "Stop and report what you changed and what you observed.",
+     "parameters": {"type": "object", "properties": {"report": {"type": "string"}}, "required": ["report"]}},
+]  # fmt: skip
+
+TOOLS = [{"type": "function", "function": s} for s in SCHEMAS]
+
+
+def resolve_inside(root: Path, rel: str) -> Path:
+    """Resolve a model-given path inside `root`, or raise ToolRefused."""
+    if not isinstance(rel, str) or not rel.strip():
+        raise ToolRefused("path must be a non-empty relative path")
+    if rel.startswith(("/", "~")):
+        raise ToolRefused(f"{rel}: absolute paths are not allowed; use a path relative to the worktree")
+    base = root.resolve()
+    target = (base / rel).resolve()
+    if not target.is_relative_to(base):
+        raise ToolRefused(f"{rel}: resolves outside the worktree")
+    if ".git" in target.relative_to(base).parts:
+        raise ToolRefused(f"{rel}: the git directory is off limits")
+    return target
+
+
+@dataclass
+class Toolbox:
+    root: Path
+    editable: list[str]
+    runtime: Runtime
+    run_timeout: float = 300.0
+
+    def call(self, name: str, args: dict[str, Any]) -> str:
+        """Run one tool and return its observation (refusals included)."""
+        fn = getattr(self, f"t_{name}", None)
+        if fn is None:
+            return f"error: unknown tool {name!r}; tools are " + ", ".join(s["name"] for s in SCHEMAS)
+        try:
+            return str(fn(**args))
+        except TypeError as exc:
+            return f"error: bad arguments for {name}: {exc}"
+        except ToolRefused as exc:
+            return f"refused: {exc}"
+        except (OSError, UnicodeDecodeError, re.error) as exc:
+            return f"error: {type(exc).__name__}: {exc}"
+
+    def _rel(self, path: Path) -> str:
+        return path.relative_to(self.root.resolve()).as_posix()
+
+    def _writable(self, rel: str) -> Path:
+        target = resolve_inside(self.root, rel)
+        if not globs.match_any(self.editable, self._rel(target)):
+            raise ToolRefused(
+                f"{rel} is not editable; you may change only files matching {', '.join(self.editable)}"
+            )
+        return target
+
+    def t_list(self, path: str = ".") -> str:
+        target = resolve_inside(self.root, path) if path not in ("", ".") else self.root.resolve()
+        if not target.is_dir():
+            raise ToolRefused(f"{path}: not a directory")
+        items = sorted(p for p in target.iterdir() if p.name != ".git")
+        out = [self._rel(p) + ("/" if p.is_dir() else "") for p in items[:MAX_LIST]]
+        return "\n".join(out) or "(empty)"
+
+    def t_read(self, path: str, start: int = 1, end: int | None = None) -> str:
+        target = resolve_inside(self.root, path)
+        if not target.is_file():
+            raise ToolRefused(f"{path}: no such file")
+        lines = target.read_text("utf-8").splitlines()
+        chunk = lines[max(start, 1) - 1 : end]
+        text = "\n".join(f"{i}\t{line}" for i, line in enumerate(chunk, start=max(start, 1)))
+        return text[:MAX_READ] + ("\n[truncated]" if len(text) > MAX_READ else "")
+
+    def t_write(self, path: str, content: str) -> str:
+        target = self._writable(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content, "utf-8")
+        return f"wrote {path} ({len(content)} characters)"
+
+    def t_edit(self, path: str, search: str, replace: str) -> str:
+        target = self._writable(path)
+        if not target.is_file():
+            raise ToolRefused(f"{path}: no such file")
+        text = target.read_text("utf-8")
+        count = text.count(search) if search else 0
+        if count != 1:
+            raise ToolRefused(f"{path}: `search` must match exactly once, it matches {count} times")
+        target.write_text(text.replace(search, replace, 1), "utf-8")
+        return f"edited {path}"
+
+    def t_grep(self, pattern: str, path: str = ".") -> str:
+        rx = re.compile(pattern)
+        base = resolve_inside(self.root, path) if path not in ("", ".") else self.root.resolve()
+        files = (
+            [base]
+            if base.is_file()
+            else sorted(p for p in base.rglob("*") if p.is_file() and ".git" not in p.parts)
+        )
+        hits = []
+        for f in files:
+            try:
+                for i, line in enumerate(f.read_text("utf-8").splitlines(), 1):
+                    if rx.search(line):
+                        hits.append(f"{self._rel(f)}:{i}: {line[:200]}")
+            except (UnicodeDecodeError, OSError):
+                continue
+            if len(hits) >= 200:
+                break
+        return "\n".join(hits[:200]) or "no matches"
+
+    def t_run(self, command: str, timeout: float | None = None) -> str:
+        code, output = self.runtime.run(command, min(float(timeout or self.run_timeout), self.run_timeout))
+        status = "timed out" if code is None else f"exit code {code}"
+        return f"{status}\n{output}"
+
+    def t_evaluate_dev(self) -> str:
+        return self.runtime.evaluate_dev()
+
+    def t_finish(self, report: str = "") -> str:
+        raise Submitted(report)

@@ -1,0 +1,182 @@
+"""The `llm` policy: ideation, execution and insight synthesis by any litellm model."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from agents.executor import loop
+from agents.executor.tools import Runtime, Toolbox
+from agents.policies.base import IdeationInput, ImplementationError, ImplementInput, NodeEvidence, Proposal
+from agents.policies.llm.model import Model, ModelError
+from agents.policies.search import SearchPolicy
+
+
+def prompt(name: str) -> str:
+    """Return a prompt file's text."""
+    return resources.files("agents.policies.llm").joinpath("prompts", f"{name}.md").read_text("utf-8")
+
+
+class Child(BaseModel):
+    parent_id: int
+    title: str = Field(min_length=1, max_length=200)
+    mechanism: str = ""
+    hypothesis: str = ""
+    observable: str = ""
+    risks: str = ""
+    expected_gain: float = 0.0
+
+
+class Children(BaseModel):
+    children: list[Child]
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def near_duplicate(title: str, others: list[str], threshold: float = 0.8) -> bool:
+    """Return whether a title's words overlap an existing title's by Jaccard ≥ threshold."""
+    w = _words(title)
+    for other in others:
+        o = _words(other)
+        if w and o and len(w & o) / len(w | o) >= threshold:
+            return True
+    return False
+
+
+def _json_object(text: str) -> Any:
+    match = re.search(r"\{.*\}", text, re.S)
+    if not match:
+        raise ValueError("no JSON object in the answer")
+    return json.loads(match.group(0))
+
+
+class LlmPolicy:
+    """Thinks with a model: the ideator, the executor and the insight synthesiser are prompts."""
+
+    name = "llm"
+    rebase_on_trunk = False
+
+    def __init__(self, model: Model, limits: loop.Limits = loop.Limits()) -> None:
+        self.model, self.limits = model, limits
+        self._stats = SearchPolicy()
+
+    def ideate(self, ctx: IdeationInput) -> list[Proposal]:
+        """Ask the ideator for `ctx.k` children; drop invalid parents and near-duplicates."""
+        data = asdict(ctx)
+        evidence = {
+            "goal": data["goal"],
+            "objective": {"metric": data["metric"], "maximize": data["maximize"]},
+            "constraints": data["constraints"],
+            "trunk_node_id": data["trunk_node_id"],
+            "trunk_dev_mean": data["trunk_dev_mean"],
+            "nodes": [
+                {k: n[k] for k in ("id", "parent_id", "depth", "status", "title", "dev_mean", "dev_n", "gain",
+                                   "gain_lcb", "constraints", "insight", "failure")}
+                for n in data["nodes"]
+            ],
+            "improvement_state": data["improvement_state"],
+            "validated_findings": data["validated_findings"],
+            "pruned_lessons": data["pruned_lessons"],
+            "refine_requests": data["refine"],
+            "plateau_level": data["plateau_level"],
+        }  # fmt: skip
+        messages = [
+            {"role": "system", "content": prompt("ideator").format(k=ctx.k)},
+            {"role": "user", "content": json.dumps(evidence, indent=1, default=str)},
+        ]
+        turn = self.model.complete("ideator", messages)
+        try:
+            children = Children.model_validate(_json_object(turn.content)).children
+        except (ValueError, ValidationError):
+            messages += [turn.message(), {"role": "user", "content": "Answer with the JSON object only."}]
+            turn = self.model.complete("ideator", messages)
+            try:
+                children = Children.model_validate(_json_object(turn.content)).children
+            except (ValueError, ValidationError) as exc:
+                raise ModelError(f"the ideator's answer is not the requested JSON: {exc}") from exc
+        valid = {n.id: n for n in ctx.nodes if n.status not in ("pruned", "cancelled")}
+        titles = [n.title for n in ctx.nodes]
+        refine = {r.node_id for r in ctx.refine}
+        out = []
+        for c in children[: ctx.k]:
+            if c.parent_id not in valid or near_duplicate(c.title, titles):
+                continue
+            titles.append(c.title)
+            hyp = {
+                "mechanism": c.mechanism,
+                "hypothesis": c.hypothesis,
+                "observable": c.observable,
+                "risks": c.risks,
+            }
+            origin = "refine" if c.parent_id in refine else "policy"
+            out.append(
+                Proposal(
+                    c.parent_id,
+                    c.title,
+                    hyp,
+                    c.expected_gain,
+                    {},
+                    origin,
+                    c.parent_id if origin == "refine" else None,
+                )
+            )
+        return out
+
+    def implement(self, worktree: Path, node: ImplementInput) -> str:
+        """Run the executor loop on the node's hypothesis; return its report."""
+        runtime: Runtime | None = node.runtime
+        if runtime is None:
+            raise ImplementationError("the llm executor needs a runtime for run and evaluate_dev")
+        toolbox = Toolbox(worktree, node.editable, runtime)
+        ctx = node.context
+        task = "\n".join(
+            [
+                f"Goal of the study: {ctx.get('goal', '')}",
+                f"Objective: {ctx.get('direction', '')} `{ctx.get('metric', '')}` (development evaluation: evaluate_dev).",
+                f"Your hypothesis (node n{node.node_id}): {node.title}",
+                *(f"{k.capitalize()}: {v}" for k, v in node.hypothesis.items() if v),
+                "Lessons from the ancestors, root first:",
+                *(f"- {x}" for x in ctx.get("insights", [])),
+                *([f"A previous attempt failed. Reflection: {node.reflection}"] if node.reflection else []),
+            ]
+        )
+        system = prompt("executor").format(editable=", ".join(node.editable))
+        transcript = loop.Transcript()
+        report = ""
+        try:
+            report = loop.run(self.model, toolbox, system, task, self.limits, transcript)
+        except loop.ExecutorError as exc:
+            raise ImplementationError(str(exc)) from exc
+        finally:
+            node.trajectory.update(messages=transcript.messages, feedback=transcript.feedback, report=report)
+        return report
+
+    def summarise(self, node: NodeEvidence, ctx_metric: str, parent: NodeEvidence | None) -> str:
+        """Return the node's evidence as a statistical summary (no model call)."""
+        return self._stats.summarise(node, ctx_metric, parent)
+
+    def synthesize(self, ancestor: NodeEvidence, children: list[NodeEvidence], metric: str) -> str:
+        """Ask the synthesiser for the ancestor's new insight; fall back to statistics on a model error."""
+        kids = [
+            {"id": c.id, "status": c.status, "title": c.title, "gain": c.gain, "gain_lcb": c.gain_lcb,
+             "n": c.dev_n, "insight": c.insight or c.summary}
+            for c in children
+        ]  # fmt: skip
+        messages = [
+            {"role": "system", "content": prompt("insight")},
+            {"role": "user", "content": json.dumps({"node": {"id": ancestor.id, "title": ancestor.title},
+                                                    "metric": metric, "children": kids}, default=str)},
+        ]  # fmt: skip
+        try:
+            text = self.model.complete("insight", messages).content.strip()
+        except ModelError:
+            text = ""
+        return text or self._stats.synthesize(ancestor, children, metric)
