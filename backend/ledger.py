@@ -37,7 +37,7 @@ class SqlLedger:
         """Refuse the call when the study's USD budget is spent."""
         used = spent(self.settings, self.study_id)
         if used >= self.budget:
-            raise BudgetExhausted(f"LLM budget spent: ${used:.4f} of ${self.budget:.4f}")
+            raise BudgetExhausted(f"LLM budget spent: ${used:.4g} of ${self.budget:.4g}")
 
     def record(self, role: str, model: str, messages: list[dict[str, Any]], turn: Turn) -> None:
         """Store the call with its prompt and charge it to the node and the study."""

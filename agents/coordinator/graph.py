@@ -81,7 +81,7 @@ def build_graph(
         budget = study.spec.budget
         if study.spec.policy_kind == "llm" and study.usd_spent >= budget.usd:
             storage.event(sid, "budget.exhausted", None, {"usd": study.usd_spent, "budget": budget.usd})
-            storage.pause(sid, f"LLM budget spent: ${study.usd_spent:.4f} of ${budget.usd:.4f}")
+            storage.pause(sid, f"LLM budget spent: ${study.usd_spent:.4g} of ${budget.usd:.4g}")
             return Command(goto="observe")
         reason = ""
         if study.experiments_used >= budget.experiments:
@@ -118,9 +118,12 @@ def build_graph(
                 return Command(update={"round_no": round_no + 1}, goto="select")
             except ModelError as exc:
                 storage.event(sid, "llm.error", None, {"role": "ideator", "error": str(exc)[:1000]})
-                proposals = []
+                storage.add_proposals(sid, round_no, [])
+                return Command(
+                    update={"round_no": round_no + 1, "ideation_error": str(exc)[:500]}, goto="select"
+                )
             storage.add_proposals(sid, round_no, proposals)
-        return Command(update={"round_no": round_no + 1}, goto="select")
+        return Command(update={"round_no": round_no + 1, "ideation_error": ""}, goto="select")
 
     def select_(state: CoordinatorState) -> Command[Literal["dispatch", "wait", "finish"]]:
         sid = state["study_id"]
@@ -140,6 +143,10 @@ def build_graph(
             return Command(update={"selected": chosen}, goto="dispatch")
         if pending:
             return Command(goto="wait")
+        if state.get("ideation_error"):
+            return Command(
+                update={"stop_reason": f"ideation failed: {state['ideation_error']}"}, goto="finish"
+            )
         return Command(update={"stop_reason": "frontier exhausted: nothing left to try"}, goto="finish")
 
     def dispatch(state: CoordinatorState) -> Command[Literal["wait"]]:

@@ -15,3 +15,4 @@ class CoordinatorState(TypedDict, total=False):
     gate_node: int | None
     approved_by: str  # who approved the gate node ("auto" in auto mode)
     stop_reason: str
+    ideation_error: str  # the last ideation failure, reported if nothing is left to run

@@ -18,7 +18,7 @@ def make_policy(spec: Spec, ledger: object | None = None) -> Policy:
     if spec.policy_kind == "search":
         return SearchPolicy()
     from agents.executor.loop import Limits
-    from agents.policies.llm.model import Ledger, LitellmModel, ModelConfig
+    from agents.policies.llm.model import LitellmModel, ModelConfig
     from agents.policies.llm.policy import LlmPolicy
 
     model = os.environ.get("GROVE_MODEL") or spec.policy.model
@@ -34,15 +34,23 @@ def make_policy(spec: Spec, ledger: object | None = None) -> Policy:
             "input_cost_per_token": (spec.policy.input_usd_per_mtok or 0.0) / 1e6,
             "output_cost_per_token": (spec.policy.output_usd_per_mtok or 0.0) / 1e6,
         }
+    api_base = os.environ.get("GROVE_LLM_API_BASE") or spec.policy.api_base
     config = ModelConfig(
         model=model,
-        api_base=os.environ.get("GROVE_LLM_API_BASE") or spec.policy.api_base,
+        api_base=api_base,
+        # Local OpenAI-compatible servers want some key; hosted providers read theirs from the environment.
+        api_key=os.environ.get("GROVE_LLM_API_KEY")
+        or ("local" if api_base and not _provider_key(model) else None),
         prices=prices,
         retries=int(os.environ.get("GROVE_LLM_RETRIES", "3")),
         backoff=float(os.environ.get("GROVE_LLM_BACKOFF", "1.0")),
     )
-    assert isinstance(ledger, Ledger) or hasattr(ledger, "record")
     limits = Limits(
         turns=spec.policy.max_turns, tokens=spec.policy.max_tokens, seconds=spec.policy.executor_minutes * 60
     )
     return LlmPolicy(LitellmModel(config, ledger), limits)  # type: ignore[arg-type]
+
+
+def _provider_key(model: str) -> str | None:
+    provider = model.split("/", 1)[0].upper().replace("-", "_")
+    return os.environ.get(f"{provider}_API_KEY")

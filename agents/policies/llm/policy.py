@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, ValidationError
 from agents.executor import loop
 from agents.executor.tools import Runtime, Toolbox
 from agents.policies.base import IdeationInput, ImplementationError, ImplementInput, NodeEvidence, Proposal
-from agents.policies.llm.model import Model, ModelError
+from agents.policies.llm.model import BudgetExhausted, Model, ModelError
 from agents.policies.search import SearchPolicy
 
 
@@ -177,6 +177,6 @@ class LlmPolicy:
         ]  # fmt: skip
         try:
             text = self.model.complete("insight", messages).content.strip()
-        except ModelError:
-            text = ""
+        except (ModelError, BudgetExhausted):
+            text = ""  # the statistical summary still records the lesson
         return text or self._stats.synthesize(ancestor, children, metric)

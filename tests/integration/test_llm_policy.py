@@ -1,0 +1,222 @@
+"""The `llm` policy end to end against a scripted OpenAI-compatible server on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from sqlmodel import col, select
+
+from backend import db
+from backend.core.config import PROJECT_ROOT, Settings
+from backend.models import Event, LlmCall, Node, ReceiptRow, Study, Trajectory
+from tests.conftest import git, make_repo, tiny_files
+from tests.fake_llm import FakeLLM
+
+LLM_POLICY = """\
+[policy]
+kind = "llm"
+model = "openai/fake-model"
+input_usd_per_mtok = 1.0
+output_usd_per_mtok = 2.0
+max_turns = 12
+"""
+
+
+def llm_repo(tmp_path: Path, usd: float = 1.0, experiments: int = 2, fail_at: int | None = None) -> Path:
+    files = tiny_files(name="llm-study", experiments=experiments)
+    spec = files["grove.toml"]
+    spec = spec[: spec.index("[search]")] + spec[spec.index("[budget]") :]
+    spec = spec.replace('[policy]\nkind = "search"\nseed = 0\nchildren = 2\n', LLM_POLICY)
+    spec = spec.replace("parallel = 2", f"parallel = 1\nusd = {usd}")
+    files["grove.toml"] = spec
+    files["eval.py"] = files["eval.py"].replace(
+        'print(json.dumps({"score": score, "size": x}))',
+        'print(json.dumps({"score": score, "size": x, "saw_key": int("OPENAI_API_KEY" in os.environ)}))',
+    )
+    if fail_at is not None:
+        files["eval.py"] = files["eval.py"].replace(
+            'if sys.argv[1] == "dev":',
+            f'if x == {fail_at}:\n    sys.exit("boom: x={fail_at} breaks the evaluator")\nif sys.argv[1] == "dev":',
+        )
+    return make_repo(tmp_path / "repo", files)
+
+
+def grove_run(
+    settings: Settings, repo: Path, api: str, *extra: str, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "GROVE_DATA_DIR": str(settings.data_dir),
+        "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
+        "GROVE_LLM_API_BASE": api,
+        "GROVE_LLM_BACKOFF": "0.05",
+        "OPENAI_API_KEY": "sk-test-secret-key",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "backend.cli", "run", str(repo), "--auto-approve", "--quiet", *extra],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def rows(settings: Settings, model: Any, *where: Any) -> list[Any]:
+    with db.session(settings.db_url) as s:
+        return list(s.exec(select(model).where(*where)))
+
+
+def tool(name: str, **args: Any) -> dict[str, Any]:
+    return {"tool": name, "args": args}
+
+
+IDEA = {
+    "content": json.dumps(
+        {
+            "children": [
+                {
+                    "parent_id": 1,
+                    "title": "Centre the knob",
+                    "mechanism": "set knob.x to 3",
+                    "hypothesis": "the score peaks at x = 3",
+                    "observable": "dev score near 10",
+                    "risks": "none",
+                    "expected_gain": 5.0,
+                }
+            ]
+        }
+    )
+}
+
+
+def test_scripted_executor_edits_evaluates_finishes_and_merges(settings: Settings, tmp_path: Path) -> None:
+    repo = llm_repo(tmp_path)
+    script = {
+        "ideator": [{"content": "Let me think..."}, IDEA],  # the first answer is not JSON: asked again
+        "executor": [
+            tool("list"),
+            tool("read", path="config.toml"),
+            tool("write", path="eval.py", content="print('{\"score\": 1e9}')"),
+            tool("read", path="../../outside.txt"),
+            {"tool": "edit", "raw": '{"path": "config.toml", "search": '},
+            {"status": 429},
+            tool("edit", path="config.toml", search="x = 0", replace="x = 3"),
+            tool("evaluate_dev"),
+            tool("finish", report="Set x = 3; dev score 10."),
+        ],
+        "insight": [{"content": "n2: centring the knob at x = 3 raises the score to 10."}],
+    }
+    with FakeLLM(script) as llm:
+        res = grove_run(settings, repo, llm.url)
+    assert res.returncode == 0, res.stderr + res.stdout
+    st = rows(settings, Study)[0]
+    node = rows(settings, Node, Node.id == 2)[0]
+    assert node.status == "merged" and node.title == "Centre the knob"
+    assert "x = 3" in git("show", f"{st.trunk_branch}:config.toml", cwd=Path(st.repo_path))
+    assert "1e9" not in git("show", f"{st.trunk_branch}:eval.py", cwd=Path(st.repo_path))
+
+    calls = rows(settings, LlmCall)
+    assert {c.role for c in calls} >= {"ideator", "executor", "insight"}
+    executor = [c for c in calls if c.role == "executor"]
+    last = json.dumps(executor[-1].messages)
+    assert "refused: eval.py is not editable" in last
+    assert "resolves outside the worktree" in last
+    assert "malformed arguments for edit" in last
+    assert "dev evaluation ok" in last
+    assert node.cost["calls"] == len(executor) and node.cost["usd"] > 0
+    assert all(c.usd > 0 and c.tokens_in > 0 for c in calls)
+
+    traj = rows(settings, Trajectory, Trajectory.node_id == 2)
+    assert len(traj) == 1 and traj[0].report == "Set x = 3; dev score 10."
+    assert any("dev evaluation ok" in f for f in traj[0].feedback)
+    assert any("refused" in f for f in traj[0].feedback)
+
+    # No held-out number and no sealed content ever reached a prompt.
+    heldout = st.trunk_heldout + st.baseline_heldout
+    assert heldout and min(heldout) > 700
+    for c in calls:
+        text = json.dumps(c.messages)
+        assert "777.1" not in text and "777" not in text
+        for value in heldout:
+            assert f"{value:g}" not in text and str(value) not in text
+    for r in llm.requests:
+        assert "777" not in json.dumps(r["body"])
+    # The evaluated code never saw the provider key.
+    metrics = [r.metrics for r in rows(settings, ReceiptRow, col(ReceiptRow.metrics).is_not(None))]
+    assert metrics and all(m.get("saw_key") == 0 for m in metrics)
+    assert "sk-test-secret-key" not in json.dumps([c.messages for c in calls])
+    report = Path(st.report_path).read_text()
+    assert f"LLM: {len(calls)} calls" in report
+
+
+def test_budget_spent_pauses_the_study(settings: Settings, tmp_path: Path) -> None:
+    repo = llm_repo(tmp_path, usd=0.000001)
+    with FakeLLM({"ideator": [IDEA]}) as llm:
+        env = {**os.environ, "GROVE_DATA_DIR": str(settings.data_dir), "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
+               "GROVE_LLM_API_BASE": llm.url}  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "backend.cli", "run", str(repo), "--auto-approve", "--quiet"],
+            cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            from tests.conftest import wait_for
+
+            wait_for(
+                lambda: (
+                    (settings.data_dir / "grove.db").exists()
+                    and rows(settings, Study)
+                    and rows(settings, Study)[0].status == "paused"
+                ),
+                timeout=120,
+            )
+            stop = subprocess.run(
+                [sys.executable, "-m", "backend.cli", "stop", "llm-study"],
+                cwd=PROJECT_ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            assert stop.returncode == 0
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    types = [e.type for e in rows(settings, Event)]
+    assert "budget.exhausted" in types and "study.paused" in types
+    paused = next(e for e in rows(settings, Event) if e.type == "study.paused")
+    assert "LLM budget spent" in paused.payload["reason"]
+    calls = rows(settings, LlmCall)
+    assert len(calls) == 1  # only the call that crossed the budget was made
+    node = rows(settings, Node, Node.id == 2)[0]
+    assert (
+        node.status in ("failed", "cancelled") and "budget" in (node.failure or "cancelled").lower()
+    ) or node.status == "cancelled"
+
+
+def test_failed_attempt_is_retried_with_a_reflection_only(settings: Settings, tmp_path: Path) -> None:
+    repo = llm_repo(tmp_path, experiments=2, fail_at=5)
+    script = {
+        "ideator": [IDEA],
+        "executor": [
+            tool("edit", path="config.toml", search="x = 0", replace="x = 5"),
+            tool("finish", report="Set x = 5."),
+            tool("read", path="config.toml"),
+            tool("edit", path="config.toml", search="x = 0", replace="x = 3"),
+            tool("finish", report="Set x = 3 this time."),
+        ],
+    }
+    with FakeLLM(script) as llm:
+        res = grove_run(settings, repo, llm.url)
+    assert res.returncode == 0, res.stderr
+    node = rows(settings, Node, Node.id == 2)[0]
+    assert node.attempts == 2 and node.status == "merged"
+    executor = [c for c in rows(settings, LlmCall) if c.role == "executor"]
+    second = [c for c in executor if "A previous attempt failed" in json.dumps(c.messages[:2])]
+    assert second, "the retry did not carry a reflection"
+    first_prompt = json.dumps(second[0].messages)
+    assert "boom: x=5 breaks the evaluator" in first_prompt  # the reflection names what went wrong
+    assert "Set x = 5." not in first_prompt and '"replace": "x = 5"' not in first_prompt  # no old transcript
+    trajectories = rows(settings, Trajectory, Trajectory.node_id == 2)
+    assert sorted(t.attempt for t in trajectories) == [1, 2]
