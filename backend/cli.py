@@ -440,6 +440,26 @@ def migrate_cmd() -> None:
     console.print(f"database at the newest schema: {get_engine(settings.db_url).url.render_as_string()}")
 
 
+@app.command("export-trajectories")
+def export_trajectories_cmd(
+    name: str,
+    out: Annotated[Path | None, typer.Option(help="JSONL file to write (default: standard output)")] = None,
+) -> None:
+    """Export a study's executor trajectories as JSONL (prompt, rollout, feedback) for distillation."""
+    import json
+
+    from backend.trajectories import export_records
+
+    st = _study_named(name)
+    lines = [json.dumps(r, default=str) for r in export_records(get_settings(), st.id or 0)]
+    text = "\n".join(lines) + ("\n" if lines else "")
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text, "utf-8")
+        console.print(f"wrote {len(lines)} trajectories to {out}")
+
+
 @app.command("janitor")
 def janitor_cmd(max_age_hours: float | None = None) -> None:
     """Remove stale worktrees."""

@@ -74,7 +74,11 @@ def _finish(settings: Settings, job_id: int, token: str, status: str, **fields: 
         if node.status != status:
             transition(s, node, status, job_id=job_id, reason=str(fields.get("failure", "")))
         job.status, job.finished_at = ("done" if status == NodeStatus.EVALUATED else "failed"), now()
-        job.outcome = {"status": status, "reason": str(fields.get("failure", ""))}
+        job.outcome = {
+            "status": status,
+            "reason": str(fields.get("failure", "")),
+            "detail": str(fields.get("reflection", "")),
+        }
         s.add_all([job, node])
 
 

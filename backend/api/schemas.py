@@ -41,6 +41,10 @@ class StudyPublic(BaseModel):
     baseline_heldout: float | None
     trunk_heldout: float | None
     test_queries: int
+    llm_calls: int
+    llm_tokens: int
+    llm_usd: float
+    budget_usd: float
     improvement_state: dict[str, Any]
     created_at: datetime
     started_at: datetime | None

@@ -7,7 +7,7 @@ import statistics
 from sqlmodel import Session, col, func, select
 
 from backend.api import schemas
-from backend.models import Approval, Event, Job, Node, Study
+from backend.models import Approval, Event, Job, LlmCall, Node, Study
 from backend.storage import spec_of
 
 
@@ -27,6 +27,13 @@ def study_public(s: Session, st: Study) -> schemas.StudyPublic:
     ).one()
     pick = func.max if spec.maximize else func.min
     best = s.exec(select(pick(Node.dev_mean)).where(Node.study_id == st.id)).one()
+    calls, tokens, usd = s.exec(
+        select(
+            func.count(LlmCall.id),
+            func.coalesce(func.sum(LlmCall.tokens_in + LlmCall.tokens_out), 0),
+            func.coalesce(func.sum(LlmCall.usd), 0.0),
+        ).where(LlmCall.study_id == st.id)
+    ).one()
     return schemas.StudyPublic(
         id=st.id or 0,
         name=st.name,
@@ -47,6 +54,10 @@ def study_public(s: Session, st: Study) -> schemas.StudyPublic:
         baseline_heldout=_mean(st.baseline_heldout),
         trunk_heldout=_mean(st.trunk_heldout),
         test_queries=st.test_queries,
+        llm_calls=calls,
+        llm_tokens=int(tokens),
+        llm_usd=float(usd),
+        budget_usd=spec.budget.usd,
         improvement_state=st.improvement_state,
         created_at=st.created_at,
         started_at=st.started_at,

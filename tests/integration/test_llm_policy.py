@@ -218,3 +218,18 @@ def test_failed_attempt_is_retried_with_a_reflection_only(settings: Settings, tm
     assert "Set x = 5." not in first_prompt and '"replace": "x = 5"' not in first_prompt  # no old transcript
     trajectories = rows(settings, Trajectory, Trajectory.node_id == 2)
     assert sorted(t.attempt for t in trajectories) == [1, 2]
+    env = {**os.environ, "GROVE_DATA_DIR": str(settings.data_dir)}
+    out = tmp_path / "traj.jsonl"
+    exported = subprocess.run(
+        [sys.executable, "-m", "backend.cli", "export-trajectories", "llm-study", "--out", str(out)],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["attempt"] for r in records] == [1, 2]
+    assert records[0]["outcome"] == "failed" and "boom: x=5" in records[0]["feedback"]
+    assert records[1]["outcome"] == "evaluated" and "dev mean 10" in records[1]["feedback"]
+    assert (
+        records[1]["prompt"][0]["role"] == "system" and "ROLE: executor" in records[1]["prompt"][0]["content"]
+    )
+    assert any(m.get("tool_calls") for m in records[1]["rollout"])
