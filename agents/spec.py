@@ -53,13 +53,21 @@ class Files(_Section):
 
 class Constraint(_Section):
     name: str
-    metric: str
+    metric: str = ""
     min: float | None = None
     max: float | None = None
     description: str = ""
+    judge: Literal["metric", "llm"] = "metric"  # llm: a soft constraint judged by the verifier
+    threshold: int = Field(default=70, ge=0, le=100)  # confidence a soft constraint needs to pass
 
     @model_validator(mode="after")
     def _bound(self) -> Constraint:
+        if self.judge == "llm":
+            if not self.description:
+                raise ValueError("a soft constraint (judge = 'llm') needs a description")
+            return self
+        if not self.metric:
+            raise ValueError("needs metric (or judge = 'llm' with a description)")
         if self.min is None and self.max is None:
             raise ValueError("needs min, max or both")
         if self.min is not None and self.max is not None and self.min > self.max:
@@ -198,6 +206,8 @@ class Spec(_Section):
     def _cross(self) -> Spec:
         if self.policy.kind == "search" and not self.search:
             raise ValueError("policy.kind = 'search' needs a [search] section")
+        if self.policy_kind == "search" and any(c.judge == "llm" for c in self.constraints):
+            raise ValueError("constraints with judge = 'llm' need policy.kind = 'llm'")
         return self
 
 

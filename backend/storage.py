@@ -13,7 +13,7 @@ from agents.spec import Spec, parse_spec
 from agents.tree.insights import InsightUpdate
 from agents.tree.status import ACTIVE, TERMINAL, NodeStatus, check_transition
 from backend import db
-from backend.models import Event, InsightVersion, Job, LlmCall, Node, ReceiptRow, Study, now
+from backend.models import Event, InsightVersion, Job, LlmCall, Node, ReceiptRow, Study, Trajectory, now
 
 
 def add_event(s: Session, study_id: int, type_: str, node_id: int | None = None, **payload: Any) -> Event:
@@ -107,6 +107,7 @@ def node_record(s: Session, node: Node, insight: str | None = None) -> NodeRecor
         summary=node.summary,
         insight=latest_insight(s, node.id) if insight is None else insight,
         failure=node.failure,
+        report=_latest_report(s, node.id, job.id if job else None),
     )
     return NodeRecord(
         evidence=evidence,
@@ -122,6 +123,13 @@ def node_record(s: Session, node: Node, insight: str | None = None) -> NodeRecor
         gated=node.gated
         and not (node.status == NodeStatus.EVALUATED and node.gate_reason.startswith("passed")),
     )
+
+
+def _latest_report(s: Session, node_id: int, job_id: int | None) -> str:
+    if job_id is None:
+        return ""
+    row = s.exec(select(Trajectory.report).where(Trajectory.job_id == job_id)).first()
+    return row or ""
 
 
 class SqlStorage:

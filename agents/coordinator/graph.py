@@ -24,7 +24,7 @@ from agents.tree.model import Tree, TreeNode
 from agents.tree.stats import gain_over
 from agents.tree.status import NodeStatus
 from agents.verify.arex import Decision, assess
-from agents.verify.constraints import ConstraintRule, all_satisfied, verify_all
+from agents.verify.constraints import ConstraintResult, ConstraintRule, Verdict, all_satisfied, verify_all
 from agents.verify.state import ImprovementState
 
 
@@ -48,7 +48,29 @@ def tree_of(records: list[NodeRecord]) -> Tree:
 
 
 def _rules(study: StudyView) -> list[ConstraintRule]:
-    return [ConstraintRule(c.name, c.metric, c.min, c.max) for c in study.spec.constraints]
+    return [
+        ConstraintRule(c.name, c.metric, c.min, c.max) for c in study.spec.constraints if c.judge == "metric"
+    ]
+
+
+def soft_results(study: StudyView, node: NodeEvidence, policy: Policy) -> list[ConstraintResult]:
+    """Judge the soft constraints with the policy's verifier: satisfied only above their threshold."""
+    soft = [c for c in study.spec.constraints if c.judge == "llm"]
+    if not soft:
+        return []
+    judged = policy.verify(node, [c.model_dump() for c in soft])
+    out = []
+    for c in soft:
+        if c.name not in judged:
+            out.append(
+                ConstraintResult(c.name, Verdict.UNKNOWN, None, None, "the verifier gave no judgement")
+            )
+            continue
+        confidence, reason = judged[c.name]
+        verdict = Verdict.SATISFIED if confidence >= c.threshold else Verdict.VIOLATED
+        detail = f"confidence {confidence}/100 (needs {c.threshold}): {reason}"[:500]
+        out.append(ConstraintResult(c.name, verdict, float(confidence), None, detail))
+    return out
 
 
 def _active_jobs(state: CoordinatorState) -> list[int]:
@@ -300,7 +322,7 @@ def integrate_one(
         verification = {"decision": str(a.decision), "reason": a.reason}
         return Integration(ev.id, str(status), None, None, [], verification, summary)
     g = gain_over(rec.dev_values, study.trunk_dev, maximize=spec.maximize)
-    results = verify_all(_rules(study), rec.dev_receipts)
+    results = verify_all(_rules(study), rec.dev_receipts) + soft_results(study, ev, policy)
     improves = g.lcb > spec.plateau.min_gain
     a = assess(succeeded=True, recoverable=True, improves=improves, results=results, mechanism=ev.title)
     for r in results:

@@ -32,6 +32,7 @@ class NodeEvidence:
     summary: str
     insight: str
     failure: str = ""
+    report: str = ""  # the executor's own account of what it did (llm policy)
 
 
 @dataclass(frozen=True)
@@ -107,3 +108,5 @@ class Policy(Protocol):
     def summarise(self, node: NodeEvidence, ctx_metric: str, parent: NodeEvidence | None) -> str: ...
 
     def synthesize(self, ancestor: NodeEvidence, children: list[NodeEvidence], metric: str) -> str: ...
+
+    def verify(self, node: NodeEvidence, soft: list[dict[str, Any]]) -> dict[str, tuple[int, str]]: ...

@@ -327,3 +327,9 @@ class SearchPolicy:
         elif done:
             lines.append("No child improved significantly on trunk here.")
         return "\n".join(lines)
+
+    # verification ------------------------------------------------------------------
+
+    def verify(self, node: NodeEvidence, soft: list[dict[str, Any]]) -> dict[str, tuple[int, str]]:
+        """Judge no soft constraint: without a model they stay unknown."""
+        return {}

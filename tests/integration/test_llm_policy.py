@@ -27,9 +27,22 @@ max_turns = 12
 """
 
 
-def llm_repo(tmp_path: Path, usd: float = 1.0, experiments: int = 2, fail_at: int | None = None) -> Path:
+SOFT = """
+[[constraints]]
+name = "readable"
+judge = "llm"
+description = "the change is small and easy to review"
+threshold = 70
+"""
+
+
+def llm_repo(
+    tmp_path: Path, usd: float = 1.0, experiments: int = 2, fail_at: int | None = None, soft: bool = False
+) -> Path:
     files = tiny_files(name="llm-study", experiments=experiments)
     spec = files["grove.toml"]
+    if soft:
+        spec = spec.replace("[search]", SOFT.lstrip() + "\n[search]")
     spec = spec[: spec.index("[search]")] + spec[spec.index("[budget]") :]
     spec = spec.replace('[policy]\nkind = "search"\nseed = 0\nchildren = 2\n', LLM_POLICY)
     spec = spec.replace("parallel = 2", f"parallel = 1\nusd = {usd}")
@@ -92,8 +105,11 @@ IDEA = {
 
 
 def test_scripted_executor_edits_evaluates_finishes_and_merges(settings: Settings, tmp_path: Path) -> None:
-    repo = llm_repo(tmp_path)
+    repo = llm_repo(tmp_path, soft=True)
     script = {
+        "verifier": [
+            {"content": '{"verdicts": [{"name": "readable", "confidence": 90, "reason": "a one-line edit"}]}'}
+        ],
         "ideator": [{"content": "Let me think..."}, IDEA],  # the first answer is not JSON: asked again
         "executor": [
             tool("list"),
@@ -114,11 +130,15 @@ def test_scripted_executor_edits_evaluates_finishes_and_merges(settings: Setting
     st = rows(settings, Study)[0]
     node = rows(settings, Node, Node.id == 2)[0]
     assert node.status == "merged" and node.title == "Centre the knob"
+    soft = next(c for c in node.constraints if c["name"] == "readable")
+    assert soft["verdict"] == "satisfied" and soft["value"] == 90 and "a one-line edit" in soft["detail"]
     assert "x = 3" in git("show", f"{st.trunk_branch}:config.toml", cwd=Path(st.repo_path))
     assert "1e9" not in git("show", f"{st.trunk_branch}:eval.py", cwd=Path(st.repo_path))
 
     calls = rows(settings, LlmCall)
-    assert {c.role for c in calls} >= {"ideator", "executor", "insight"}
+    assert {c.role for c in calls} >= {"ideator", "executor", "insight", "verifier"}
+    verifier = next(c for c in calls if c.role == "verifier")
+    assert "Set x = 3; dev score 10." in json.dumps(verifier.messages)  # it judged the executor's report
     executor = [c for c in calls if c.role == "executor"]
     last = json.dumps(executor[-1].messages)
     assert "refused: eval.py is not editable" in last

@@ -101,3 +101,12 @@ def test_globs_and_search_keys_checked_against_files() -> None:
 
 def test_clean_spec_has_no_tree_issues() -> None:
     assert check_against_tree(parse_spec(GOOD), FILES, read) == []
+
+
+def test_soft_constraints_need_a_description_and_the_llm_policy() -> None:
+    soft = '[[constraints]]\nname = "clear"\njudge = "llm"\n'
+    got = issues(GOOD.replace("[search]", soft + "\n[search]"))
+    assert "needs a description" in got["constraints[1]"]
+    described = soft + 'description = "the code stays readable"\n'
+    got = issues(GOOD.replace("[search]", described + "\n[search]"))
+    assert "need policy.kind = 'llm'" in got[""]

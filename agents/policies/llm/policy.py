@@ -37,6 +37,16 @@ class Children(BaseModel):
     children: list[Child]
 
 
+class Verdict(BaseModel):
+    name: str
+    confidence: int = Field(ge=0, le=100)
+    reason: str = ""
+
+
+class Verdicts(BaseModel):
+    verdicts: list[Verdict]
+
+
 def _words(text: str) -> set[str]:
     return set(re.findall(r"[a-z0-9]+", text.lower()))
 
@@ -180,3 +190,22 @@ class LlmPolicy:
         except (ModelError, BudgetExhausted):
             text = ""  # the statistical summary still records the lesson
         return text or self._stats.synthesize(ancestor, children, metric)
+
+    def verify(self, node: NodeEvidence, soft: list[dict[str, Any]]) -> dict[str, tuple[int, str]]:
+        """Ask the verifier for a 0-100 confidence that each soft constraint holds."""
+        if not soft:
+            return {}
+        evidence = {
+            "node": {"id": node.id, "title": node.title, "report": node.report, "dev_metrics": node.dev_metrics,
+                     "gain": node.gain, "gain_lcb": node.gain_lcb},
+            "constraints": [{"name": c["name"], "description": c["description"]} for c in soft],
+        }  # fmt: skip
+        messages = [
+            {"role": "system", "content": prompt("verifier")},
+            {"role": "user", "content": json.dumps(evidence, default=str)},
+        ]
+        try:
+            answer = Verdicts.model_validate(_json_object(self.model.complete("verifier", messages).content))
+        except (ModelError, BudgetExhausted, ValueError, ValidationError):
+            return {}
+        return {v.name: (v.confidence, v.reason) for v in answer.verdicts}
