@@ -122,7 +122,8 @@ def test_coordinator_killed_between_steps_continues_after_restart(
 ) -> None:
     svc, _ = faulty
     sid = start_study(svc, tmp_path, "kill-coord", experiments=4, sleep=2.0)
-    wait_for(lambda: rows(svc.settings, Job, Job.study_id == sid), timeout=120)
+    # Kill it once a dispatched job is on a worker: that job must finish without a coordinator.
+    wait_for(lambda: rows(svc.settings, Job, Job.study_id == sid, Job.status == "running"), timeout=120)
     svc.stop_worker("coord", sig=9)
     wait_for(
         lambda: len(rows(svc.settings, Job, Job.study_id == sid, Job.status == "done")) >= 1, timeout=120
