@@ -15,7 +15,7 @@ from langgraph.types import Command, interrupt
 from agents.coordinator.configuration import CoordinatorConfig
 from agents.coordinator.ports import Dispatcher, Gatekeeper, Integration, NodeRecord, Storage, StudyView
 from agents.coordinator.state import CoordinatorState
-from agents.policies.base import IdeationInput, NodeEvidence, Policy, RefineRequest
+from agents.policies.base import IdeationInput, Judgement, NodeEvidence, Policy, RefineRequest
 from agents.policies.llm.model import BudgetExhausted, ModelError
 from agents.tree import plateau, pruning, selection
 from agents.tree.gate import eligible
@@ -23,7 +23,7 @@ from agents.tree.insights import backpropagate
 from agents.tree.model import Tree, TreeNode
 from agents.tree.stats import gain_over
 from agents.tree.status import NodeStatus
-from agents.verify.arex import Decision, assess
+from agents.verify.arex import Assessment, Decision, assess
 from agents.verify.constraints import ConstraintResult, ConstraintRule, Verdict, all_satisfied, verify_all
 from agents.verify.state import ImprovementState
 
@@ -53,20 +53,18 @@ def _rules(study: StudyView) -> list[ConstraintRule]:
     ]
 
 
-def soft_results(study: StudyView, node: NodeEvidence, policy: Policy) -> list[ConstraintResult]:
-    """Judge the soft constraints with the policy's verifier: satisfied only above their threshold."""
-    soft = [c for c in study.spec.constraints if c.judge == "llm"]
-    if not soft:
-        return []
-    judged = policy.verify(node, [c.model_dump() for c in soft])
+def soft_results(study: StudyView, judgement: Judgement) -> list[ConstraintResult]:
+    """Turn the verifier's confidences into verdicts: satisfied only at or above each threshold."""
     out = []
-    for c in soft:
-        if c.name not in judged:
+    for c in study.spec.constraints:
+        if c.judge != "llm":
+            continue
+        if c.name not in judgement.verdicts:
             out.append(
                 ConstraintResult(c.name, Verdict.UNKNOWN, None, None, "the verifier gave no judgement")
             )
             continue
-        confidence, reason = judged[c.name]
+        confidence, reason = judgement.verdicts[c.name]
         verdict = Verdict.SATISFIED if confidence >= c.threshold else Verdict.VIOLATED
         detail = f"confidence {confidence}/100 (needs {c.threshold}): {reason}"[:500]
         out.append(ConstraintResult(c.name, verdict, float(confidence), None, detail))
@@ -237,7 +235,8 @@ def build_graph(
             storage.prune(sid, pr.node_id, pr.reason, pr.lesson)
             istate.concern(f"pruned n{pr.node_id}: {pr.reason}")
         istate.next_plan = next_plan(records_list, level)
-        storage.save_state(sid, istate.to_dict(), int(level))
+        recent = [r.evidence for r in records_list if r.evidence.id in node_ids]
+        storage.save_state(sid, policy.update_state(istate.to_dict(), recent), int(level))
         study = storage.study(sid)
         cands = gate_candidates(study, storage.nodes(sid))
         if cands:
@@ -322,9 +321,20 @@ def integrate_one(
         verification = {"decision": str(a.decision), "reason": a.reason}
         return Integration(ev.id, str(status), None, None, [], verification, summary)
     g = gain_over(rec.dev_values, study.trunk_dev, maximize=spec.maximize)
-    results = verify_all(_rules(study), rec.dev_receipts) + soft_results(study, ev, policy)
+    measured = verify_all(_rules(study), rec.dev_receipts)
+    soft = [c.model_dump() for c in spec.constraints if c.judge == "llm"]
     improves = g.lcb > spec.plateau.min_gain
+    first = assess(succeeded=True, recoverable=True, improves=improves, results=measured, mechanism=ev.title)
+    judged = Judgement()
+    if soft or first.decision == Decision.REFINE:
+        judged = policy.verify(
+            _with(ev, gain=g.mean, gain_lcb=g.lcb, constraints=[r.to_dict() for r in measured]), soft
+        )
+    results = measured + soft_results(study, judged)
     a = assess(succeeded=True, recoverable=True, improves=improves, results=results, mechanism=ev.title)
+    if a.decision == Decision.REFINE and judged.call == "restart":
+        a = Assessment(Decision.RESTART, f"verifier: {judged.why or 'unrecoverable'}", a.open_constraints)
+        istate.concern(f"n{ev.id} abandoned by the verifier: {judged.why[:160]}")
     for r in results:
         istate.set_constraint(r.name, str(r.verdict), r.detail, ev.id)
     status = NodeStatus.EVALUATED
@@ -332,9 +342,9 @@ def integrate_one(
         istate.add_finding(
             f"{ev.title}: {g.mean:+.4g} dev {spec.objective.metric} (LCB {g.lcb:+.4g}, n={g.n})", [ev.id]
         )
-    elif a.decision == Decision.REFINE:
+    elif a.decision in (Decision.REFINE, Decision.RESTART):
         status = NodeStatus.REJECTED
-        istate.reject(ev.id, f"partially verified: {', '.join(a.open_constraints)} open; refine")
+        istate.reject(ev.id, f"partially verified: {', '.join(a.open_constraints)} open; {a.decision}")
     elif not all_satisfied(results):
         status = NodeStatus.REJECTED
         istate.reject(ev.id, f"constraints open: {', '.join(a.open_constraints)}")
@@ -344,6 +354,7 @@ def integrate_one(
         "reason": a.reason,
         "open_constraints": list(a.open_constraints),
         "refine_goal": a.refine_goal,
+        "verifier": {"call": judged.call, "why": judged.why},
     }
     updated = _with(ev, status=status, gain=g.mean, gain_lcb=g.lcb, constraints=cons)
     summary = policy.summarise(updated, spec.objective.metric, records.get(ev.parent_id or -1, rec).evidence)

@@ -91,6 +91,15 @@ class ImplementInput:
     trajectory: dict[str, Any] = field(default_factory=dict)  # filled by executors that keep one
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """The verifier's answer: a 0-100 confidence per soft constraint, and AREX's call with its reason."""
+
+    verdicts: dict[str, tuple[int, str]] = field(default_factory=dict)
+    call: str = ""  # "", "accept", "refine" or "restart"
+    why: str = ""
+
+
 class ImplementationError(RuntimeError):
     """The implementer could not realise the hypothesis in the worktree."""
 
@@ -109,4 +118,6 @@ class Policy(Protocol):
 
     def synthesize(self, ancestor: NodeEvidence, children: list[NodeEvidence], metric: str) -> str: ...
 
-    def verify(self, node: NodeEvidence, soft: list[dict[str, Any]]) -> dict[str, tuple[int, str]]: ...
+    def verify(self, node: NodeEvidence, soft: list[dict[str, Any]]) -> Judgement: ...
+
+    def update_state(self, state: dict[str, Any], recent: list[NodeEvidence]) -> dict[str, Any]: ...

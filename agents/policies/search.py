@@ -23,6 +23,7 @@ from agents.policies.base import (
     IdeationInput,
     ImplementationError,
     ImplementInput,
+    Judgement,
     NodeEvidence,
     Proposal,
     RefineRequest,
@@ -330,6 +331,10 @@ class SearchPolicy:
 
     # verification ------------------------------------------------------------------
 
-    def verify(self, node: NodeEvidence, soft: list[dict[str, Any]]) -> dict[str, tuple[int, str]]:
-        """Judge no soft constraint: without a model they stay unknown."""
-        return {}
+    def verify(self, node: NodeEvidence, soft: list[dict[str, Any]]) -> Judgement:
+        """Judge nothing: without a model soft constraints stay unknown and AREX's call is the rule's."""
+        return Judgement()
+
+    def update_state(self, state: dict[str, Any], recent: list[NodeEvidence]) -> dict[str, Any]:
+        """Keep the rule-built improvement state as it is."""
+        return state

@@ -123,6 +123,19 @@ def test_scripted_executor_edits_evaluates_finishes_and_merges(settings: Setting
             tool("finish", report="Set x = 3; dev score 10."),
         ],
         "insight": [{"content": "n2: centring the knob at x = 3 raises the score to 10."}],
+        "state": [
+            {
+                "content": json.dumps(
+                    {
+                        "verified_findings": [{"text": "x = 3 is the optimum", "node_ids": [2]}],
+                        "open_constraints": [],
+                        "rejected_candidates": [],
+                        "concerns": ["scripted concern"],
+                        "next_plan": ["stop here"],
+                    }
+                )
+            },
+        ],
     }
     with FakeLLM(script) as llm:
         res = grove_run(settings, repo, llm.url)
@@ -136,7 +149,9 @@ def test_scripted_executor_edits_evaluates_finishes_and_merges(settings: Setting
     assert "1e9" not in git("show", f"{st.trunk_branch}:eval.py", cwd=Path(st.repo_path))
 
     calls = rows(settings, LlmCall)
-    assert {c.role for c in calls} >= {"ideator", "executor", "insight", "verifier"}
+    assert {c.role for c in calls} >= {"ideator", "executor", "insight", "verifier", "state"}
+    assert st.improvement_state["concerns"] == ["scripted concern"]  # the state updater's rewrite
+    assert st.improvement_state["verified_findings"][0]["node_ids"] == [2]
     verifier = next(c for c in calls if c.role == "verifier")
     assert "Set x = 3; dev score 10." in json.dumps(verifier.messages)  # it judged the executor's report
     executor = [c for c in calls if c.role == "executor"]

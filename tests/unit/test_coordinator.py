@@ -216,3 +216,70 @@ def test_replayed_ideation_round_does_not_duplicate_nodes() -> None:
     first = mem.add_proposals(1, 0, [Proposal(1, "a", {}, 0.0, {"config.toml:knob.x": 1})])
     again = mem.add_proposals(1, 0, [Proposal(1, "b", {}, 0.0, {"config.toml:knob.x": 2})])
     assert first == again and len(mem.rows) == 2
+
+
+class Judging(SearchPolicy):
+    """The search policy with a scripted verifier (a deterministic double at the policy seam)."""
+
+    def __init__(self, judgement: Any) -> None:
+        super().__init__()
+        self.judgement = judgement
+        self.asked: list[list[dict[str, Any]]] = []
+
+    def verify(self, node: NodeEvidence, soft: list[dict[str, Any]]) -> Any:
+        self.asked.append(soft)
+        return self.judgement
+
+
+def _record(x: int, dev: list[float]) -> NodeRecord:
+    ev = NodeEvidence(2, 1, 1, "evaluated", f"x={x}", {"config.toml:knob.x": x}, "policy", sum(dev) / len(dev),
+                      0.0, len(dev), None, None, {"size": x}, [], "", "")  # fmt: skip
+    receipts = [(i, {"score": v, "size": x}) for i, v in enumerate(dev)]
+    return NodeRecord(ev, 0, 0.0, "c0", dev, receipts, 1, 0)
+
+
+def test_verifier_can_turn_a_refine_into_a_restart() -> None:
+    from agents.coordinator.graph import integrate_one
+    from agents.policies.base import Judgement
+    from agents.verify.state import ImprovementState
+
+    mem = Memory()
+    rec = _record(5, [6.0, 6.01])  # improves on trunk (1.0) but size 5 > 4
+    istate = ImprovementState()
+    policy = Judging(Judgement(call="restart", why="the knob rail is broken"))
+    out = integrate_one(mem.study(1), rec, policy, istate, {2: rec})
+    assert out.status == "rejected" and out.verification["decision"] == "restart"
+    assert out.verification["verifier"] == {"call": "restart", "why": "the knob rail is broken"}
+    assert any("abandoned by the verifier" in c for c in istate.concerns)
+    refine = integrate_one(mem.study(1), rec, Judging(Judgement()), ImprovementState(), {2: rec})
+    assert refine.verification["decision"] == "refine" and "size" in refine.verification["refine_goal"]
+
+
+def test_soft_constraints_pass_only_above_their_threshold() -> None:
+    from agents.coordinator.graph import integrate_one
+    from agents.policies.base import Judgement
+    from agents.spec import parse_spec
+    from agents.verify.state import ImprovementState
+
+    text = (
+        tiny_files()["grove.toml"]
+        .replace(
+            "[search]",
+            '[[constraints]]\nname = "clear"\njudge = "llm"\ndescription = "readable"\nthreshold = 80\n\n[search]',
+        )
+        .replace('kind = "search"', 'kind = "llm"')
+    )
+    mem = Memory()
+    mem.spec = parse_spec(text)
+    rec = _record(3, [10.0, 10.01])
+    low = integrate_one(
+        mem.study(1), rec, Judging(Judgement({"clear": (79, "dense")})), ImprovementState(), {2: rec}
+    )
+    assert {c["name"]: c["verdict"] for c in low.constraints} == {"small": "satisfied", "clear": "violated"}
+    assert low.verification["decision"] == "refine"
+    high = integrate_one(
+        mem.study(1), rec, Judging(Judgement({"clear": (80, "fine")})), ImprovementState(), {2: rec}
+    )
+    assert high.verification["decision"] == "accept" and high.status == "evaluated"
+    silent = integrate_one(mem.study(1), rec, Judging(Judgement()), ImprovementState(), {2: rec})
+    assert {c["name"]: c["verdict"] for c in silent.constraints}["clear"] == "unknown"

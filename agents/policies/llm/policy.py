@@ -7,15 +7,23 @@ import re
 from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
 from agents.executor import loop
 from agents.executor.tools import Runtime, Toolbox
-from agents.policies.base import IdeationInput, ImplementationError, ImplementInput, NodeEvidence, Proposal
+from agents.policies.base import (
+    IdeationInput,
+    ImplementationError,
+    ImplementInput,
+    Judgement,
+    NodeEvidence,
+    Proposal,
+)
 from agents.policies.llm.model import BudgetExhausted, Model, ModelError
 from agents.policies.search import SearchPolicy
+from agents.verify.state import ImprovementState
 
 
 def prompt(name: str) -> str:
@@ -44,7 +52,9 @@ class Verdict(BaseModel):
 
 
 class Verdicts(BaseModel):
-    verdicts: list[Verdict]
+    verdicts: list[Verdict] = []
+    call: Literal["", "accept", "refine", "restart"] = ""
+    why: str = ""
 
 
 def _words(text: str) -> set[str]:
@@ -191,14 +201,13 @@ class LlmPolicy:
             text = ""  # the statistical summary still records the lesson
         return text or self._stats.synthesize(ancestor, children, metric)
 
-    def verify(self, node: NodeEvidence, soft: list[dict[str, Any]]) -> dict[str, tuple[int, str]]:
-        """Ask the verifier for a 0-100 confidence that each soft constraint holds."""
-        if not soft:
-            return {}
+    def verify(self, node: NodeEvidence, soft: list[dict[str, Any]]) -> Judgement:
+        """Ask the verifier for a 0-100 confidence per soft constraint and AREX's refine/restart call."""
         evidence = {
             "node": {"id": node.id, "title": node.title, "report": node.report, "dev_metrics": node.dev_metrics,
-                     "gain": node.gain, "gain_lcb": node.gain_lcb},
-            "constraints": [{"name": c["name"], "description": c["description"]} for c in soft],
+                     "gain": node.gain, "gain_lcb": node.gain_lcb, "constraints": node.constraints,
+                     "failure": node.failure},
+            "soft_constraints": [{"name": c["name"], "description": c["description"]} for c in soft],
         }  # fmt: skip
         messages = [
             {"role": "system", "content": prompt("verifier")},
@@ -207,5 +216,23 @@ class LlmPolicy:
         try:
             answer = Verdicts.model_validate(_json_object(self.model.complete("verifier", messages).content))
         except (ModelError, BudgetExhausted, ValueError, ValidationError):
-            return {}
-        return {v.name: (v.confidence, v.reason) for v in answer.verdicts}
+            return Judgement()
+        verdicts = {v.name: (v.confidence, v.reason) for v in answer.verdicts}
+        return Judgement(verdicts, answer.call, answer.why)
+
+    def update_state(self, state: dict[str, Any], recent: list[NodeEvidence]) -> dict[str, Any]:
+        """Ask the state updater to rewrite the improvement state; keep the old one if it fails."""
+        evidence = [
+            {"id": n.id, "title": n.title, "status": n.status, "gain": n.gain, "gain_lcb": n.gain_lcb,
+             "constraints": n.constraints, "failure": n.failure, "summary": n.summary}
+            for n in recent
+        ]  # fmt: skip
+        messages = [
+            {"role": "system", "content": prompt("state")},
+            {"role": "user", "content": json.dumps({"state": state, "new_evidence": evidence}, default=str)},
+        ]
+        try:
+            new = _json_object(self.model.complete("state", messages).content)
+            return ImprovementState.from_dict(new).to_dict()
+        except (ModelError, BudgetExhausted, ValueError, TypeError, KeyError):
+            return state
