@@ -230,6 +230,8 @@ class LocalGatekeeper:
                 study.status, study.stop_reason, study.finished_at = "finished", reason, now()
                 s.add(study)
                 add_event(s, study_id, "study.finished", None, reason=reason)
+        # A process killed between a job's last write and its cleanup can leave a worktree behind.
+        workspace.remove_study_worktrees(self.settings, self._load(study_id))
         path = report.write(self.settings, study_id)
         with db.session(self.settings.db_url) as s:
             study = s.get(Study, study_id)

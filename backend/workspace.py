@@ -129,6 +129,24 @@ def _row(r: evaluation.Receipt) -> dict[str, object]:
     return {k: d[k] for k in d if k in ReceiptRow.model_fields}
 
 
+def remove_study_worktrees(settings: Settings, study: Study) -> list[Path]:
+    """Remove every worktree of a study (when it has finished nothing may still use one)."""
+    repo = repo_of(study)
+    base = (settings.worktrees_dir / study.name).resolve()
+    removed = []
+    if (Path(study.repo_path) / ".git").exists():
+        for wt in repo.worktrees():
+            path = Path(wt["worktree"])
+            if path.is_relative_to(base):
+                repo.remove_worktree(path)
+                removed.append(path)
+    if base.exists():
+        for leftover in base.iterdir():
+            shutil.rmtree(leftover, ignore_errors=True)
+            removed.append(leftover)
+    return removed
+
+
 def janitor(settings: Settings, max_age_hours: float | None = None) -> list[Path]:
     """Remove worktrees whose job is not running, or that are older than the stale age."""
     max_age = (settings.stale_worktree_hours if max_age_hours is None else max_age_hours) * 3600
