@@ -323,8 +323,3 @@ def check_against_tree(spec: Spec, files: list[str], read: Callable[[str], str])
         if c.metric == spec.objective.metric and c.min is None and c.max is None:
             issues.append(SpecIssue(key=f"constraints[{i}]", message="empty constraint"))
     return issues
-
-
-def spec_to_dict(spec: Spec) -> dict[str, Any]:
-    """Return the spec as a JSON-friendly dict."""
-    return spec.model_dump(mode="json")

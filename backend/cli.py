@@ -249,18 +249,12 @@ def report_cmd(name: str) -> None:
 @app.command("promote")
 def promote_cmd(name: str) -> None:
     """Push a study's trunk to its origin repository as branch `grove/<study>`."""
+    from backend.studies import NotPromotable, promote
+
     st = _study_named(name)
-    repo = gitops.Repo(Path(st.repo_path))
-    if not repo.git("remote").strip():
-        err.print(
-            f"[red]error:[/] study {name!r} was imported from a folder that is not a git repository; "
-            f"fetch its trunk instead: git fetch {st.repo_path} {st.trunk_branch}"
-        )
-        raise typer.Exit(1)
-    target = f"grove/{st.name}"
     try:
-        repo.git("push", "--force", "origin", f"{st.trunk_commit}:refs/heads/{target}")
-    except gitops.GitError as exc:
+        target = promote(get_settings(), st, "cli")
+    except (NotPromotable, gitops.GitError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from None
     console.print(f"pushed trunk {st.trunk_commit[:12]} to {st.source} as {target}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ def base_values(spec: Spec, repo: gitops.Repo, base: str) -> dict[str, Any]:
 def validate(spec_text: str, source_repo: str, source: str = "grove.toml") -> Spec:
     """Parse a spec and check it against a repository without creating anything."""
     spec = parse_spec(spec_text, source)
-    tmp = Path(__import__("tempfile").mkdtemp(prefix="grove-validate-")) / "repo"
+    tmp = Path(tempfile.mkdtemp(prefix="grove-validate-")) / "repo"
     try:
         check_spec(spec, gitops.clone(source_repo, tmp), source)
     finally:
@@ -138,3 +139,22 @@ def get_by_name(settings: Settings, name: str) -> Study | None:
     """Return the study with this name, if any."""
     with db.session(settings.db_url) as s:
         return s.exec(select(Study).where(Study.name == name)).first()
+
+
+class NotPromotable(ValueError):
+    """The study came from a plain folder: there is no origin to push its trunk to."""
+
+
+def promote(settings: Settings, study: Study, by: str) -> str:
+    """Push trunk to the origin as branch `grove/<study>` (never a user branch); return that branch."""
+    repo = gitops.Repo(Path(study.repo_path))
+    if not repo.git("remote").strip():
+        raise NotPromotable(
+            f"study {study.name!r} was imported from a folder that is not a git repository; "
+            f"fetch its trunk instead: git fetch {study.repo_path} {study.trunk_branch}"
+        )
+    target = f"grove/{study.name}"
+    repo.git("push", "--force", "origin", f"{study.trunk_commit}:refs/heads/{target}")
+    with db.session(settings.db_url) as s:
+        add_event(s, study.id or 0, "study.promoted", None, branch=target, commit=study.trunk_commit, by=by)
+    return target

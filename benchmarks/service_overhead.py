@@ -28,7 +28,7 @@ from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.security import create_token
 from backend.models import Job, Node, Study
 from backend.studies import create_study
-from backend.up import Stack
+from backend.up import Stack, free_port
 
 EVAL = """\
 import json, os, sys, time, tomllib
@@ -159,8 +159,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="grove-bench-") as tmp:
         root = Path(tmp)
         settings = Settings(data_dir=root / "data", worktrees_dir=root / "wt")
-        stack = Stack(settings, port=0, cpu_slots=4)
-        stack.port = __import__("backend.up", fromlist=["free_port"]).free_port()
+        stack = Stack(settings, port=free_port(), cpu_slots=4)
         env = stack.start(None)
         settings = Settings(
             data_dir=root / "data", worktrees_dir=root / "wt", redis_url=env["GROVE_REDIS_URL"]

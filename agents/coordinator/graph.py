@@ -196,15 +196,13 @@ def build_graph(
         node_ids = set(storage.job_nodes(state.get("finished", [])).values())
         records = {r.evidence.id: r for r in storage.nodes(sid)}
         istate = ImprovementState.from_dict(study.improvement_state)
-        order = max((r.completed_order for r in records.values()), default=0)
         for node_id in sorted(node_ids):
             rec = records[node_id]
             if rec.completed_order:
                 continue  # already integrated (replayed step)
-            order += 1
             result = integrate_one(study, rec, policy, istate, records, config)
             storage.record(sid, result)
-            storage.event(sid, "node.integrated", node_id, {"order": order, "status": result.status})
+            storage.event(sid, "node.integrated", node_id, {"status": result.status})
             records = {r.evidence.id: r for r in storage.nodes(sid)}
         metric = study.spec.objective.metric
         for node_id in sorted(node_ids):

@@ -50,14 +50,3 @@ def exhausted(tree: Tree, window: int = 3, min_gain: float = 0.0) -> list[Prune]
             )
         )
     return out
-
-
-def prunable_descendants(tree: Tree, node_id: int) -> list[int]:
-    """Return the ids in a subtree that a prune may mark (not merged, not already final)."""
-    return [
-        n.id
-        for n in tree.subtree(node_id)
-        if n.status not in TERMINAL
-        and n.status not in (NodeStatus.QUEUED, NodeStatus.RUNNING)
-        and n.status != NodeStatus.AWAITING_APPROVAL
-    ]

@@ -5,11 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from sqlalchemy import text
 from sqlmodel import func, select
 
 from backend import db
-from backend.api import schemas
 from backend.api.deps import SettingsDep
 from backend.locks import client
 from backend.models import Approval, Job, Node, Study
@@ -43,6 +41,3 @@ def metrics(settings: SettingsDep) -> Response:
             for status_, count in s.exec(select(model.status, func.count()).group_by(model.status)):  # type: ignore[attr-defined]
                 g.labels(status=status_).set(count)
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-
-__all__ = ["router", "schemas", "text"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Form, HTTPException, Query, UploadFile, status
@@ -14,7 +13,8 @@ from backend.api import schemas, views
 from backend.api.deps import Approver, CeleryDep, Operator, Reader, SettingsDep, StudyId
 from backend.models import Job, Study
 from backend.storage import add_event
-from backend.studies import create_study
+from backend.studies import NotPromotable, create_study
+from backend.studies import promote as promote_trunk
 
 router = APIRouter(prefix="/studies", tags=["studies"])
 
@@ -139,18 +139,12 @@ def stop(study_id: StudyId, settings: SettingsDep, celery: CeleryDep, who: Opera
 def promote(study_id: StudyId, settings: SettingsDep, who: Approver) -> schemas.Message:
     """Push the study's trunk to its origin repository as branch `grove/<study>`."""
     st = get_study(settings, study_id)
-    repo = gitops.Repo(Path(st.repo_path))
-    if not repo.git("remote").strip():
-        raise HTTPException(
-            status.HTTP_409_CONFLICT, "the study was imported from a plain folder; nothing to push to"
-        )
-    target = f"grove/{st.name}"
     try:
-        repo.git("push", "--force", "origin", f"{st.trunk_commit}:refs/heads/{target}")
+        target = promote_trunk(settings, st, who.name)
+    except NotPromotable as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     except gitops.GitError as exc:
         raise HTTPException(status.HTTP_502_BAD_GATEWAY, f"push failed: {exc.stderr.strip()[:500]}") from None
-    with db.session(settings.db_url) as s:
-        add_event(s, study_id, "study.promoted", None, branch=target, commit=st.trunk_commit, by=who.name)
     return schemas.Message(message=f"pushed {st.trunk_commit[:12]} to {st.source} as {target}")
 
 
