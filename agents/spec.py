@@ -34,7 +34,7 @@ class StudySection(_Section):
 
 
 class Objective(_Section):
-    metric: str
+    metric: str = Field(min_length=1)
     direction: Literal["maximize", "minimize"]
 
 

@@ -62,6 +62,25 @@ def validate(spec_text: str, source_repo: str, source: str = "grove.toml") -> Sp
     return spec
 
 
+def _check_new(settings: Settings, spec: Spec, source_repo: str, allow_plain_folder: bool) -> None:
+    if not allow_plain_folder and not gitops.is_url(source_repo):
+        path = Path(source_repo).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"{source_repo!r} does not exist or is not a directory")
+        if gitops.toplevel(path.resolve()) != path.resolve():
+            raise FileNotFoundError(f"{source_repo!r} is not the top of a git repository")
+    with db.session(settings.db_url) as s:
+        if s.exec(select(Study).where(Study.name == spec.study.name)).first():
+            raise StudyExists(f"study {spec.study.name!r} already exists")
+
+
+def check_study(settings: Settings, spec_text: str, source_repo: str) -> Spec:
+    """Check everything `create_study` checks for a served study, creating nothing."""
+    spec = parse_spec(spec_text, "grove.toml")
+    _check_new(settings, spec, source_repo, allow_plain_folder=False)
+    return validate(spec_text, source_repo)
+
+
 def create_study(
     settings: Settings,
     spec_text: str,
@@ -73,16 +92,8 @@ def create_study(
     """Create a study: check the spec, clone the repository, create trunk and the root node."""
     settings.ensure_dirs()
     spec = parse_spec(spec_text, spec_source)
-    if not allow_plain_folder and not gitops.is_url(source_repo):
-        path = Path(source_repo).expanduser()
-        if not path.is_dir():
-            raise FileNotFoundError(f"{source_repo!r} does not exist or is not a directory")
-        if gitops.toplevel(path.resolve()) != path.resolve():
-            raise FileNotFoundError(f"{source_repo!r} is not the top of a git repository")
+    _check_new(settings, spec, source_repo, allow_plain_folder)
     name = spec.study.name
-    with db.session(settings.db_url) as s:
-        if s.exec(select(Study).where(Study.name == name)).first():
-            raise StudyExists(f"study {name!r} already exists")
     dest = (settings.data_dir / "repos" / name).resolve()
     shutil.rmtree(dest, ignore_errors=True)
     repo = gitops.clone(source_repo, dest)

@@ -45,6 +45,11 @@ class StudyPublic(BaseModel):
     llm_tokens: int
     llm_usd: float
     budget_usd: float
+    budget_hours: float
+    parallel: int
+    running_jobs: int
+    gate_mode: str
+    margin: float
     improvement_state: dict[str, Any]
     created_at: datetime
     started_at: datetime | None
@@ -166,6 +171,20 @@ class EventPublic(BaseModel):
 
 class Message(BaseModel):
     message: str
+
+
+class ProgressPoint(BaseModel):
+    experiment: int = Field(description="1-based count of evaluated nodes so far")
+    node_id: int
+    dev: float | None = Field(description="the node's mean dev score")
+    trunk_dev: float | None = Field(description="trunk's mean dev score after this experiment")
+    trunk_heldout: float | None = Field(description="trunk's mean held-out score after this experiment")
+
+
+class Progress(BaseModel):
+    baseline_dev: float | None
+    baseline_heldout: float | None
+    points: list[ProgressPoint]
 
 
 NodeDetail.model_rebuild()

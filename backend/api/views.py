@@ -25,6 +25,9 @@ def study_public(s: Session, st: Study) -> schemas.StudyPublic:
         .select_from(Approval)
         .where(Approval.study_id == st.id, Approval.status == "pending")
     ).one()
+    running = s.exec(
+        select(func.count()).select_from(Job).where(Job.study_id == st.id, Job.status == "running")
+    ).one()
     pick = func.max if spec.maximize else func.min
     best = s.exec(select(pick(Node.dev_mean)).where(Node.study_id == st.id)).one()
     calls, tokens, usd = s.exec(
@@ -58,6 +61,11 @@ def study_public(s: Session, st: Study) -> schemas.StudyPublic:
         llm_tokens=int(tokens),
         llm_usd=float(usd),
         budget_usd=spec.budget.usd,
+        budget_hours=spec.budget.hours,
+        parallel=spec.budget.parallel,
+        running_jobs=running,
+        gate_mode=spec.gate.mode,
+        margin=spec.gate.margin,
         improvement_state=st.improvement_state,
         created_at=st.created_at,
         started_at=st.started_at,
@@ -123,4 +131,37 @@ def events_after(s: Session, study_id: int, after: int, limit: int = 500) -> lis
             .order_by(col(Event.id))
             .limit(limit)
         )
+    )
+
+
+def progress(s: Session, st: Study) -> schemas.Progress:
+    """Return each evaluated node in order with trunk's scores after it (from the event log)."""
+    nodes = {n.id: n for n in s.exec(select(Node).where(Node.study_id == st.id))}
+    trunk_dev, trunk_heldout = _mean(st.baseline_dev), _mean(st.baseline_heldout)
+    points: list[schemas.ProgressPoint] = []
+    rows = s.exec(
+        select(Event)
+        .where(Event.study_id == st.id, col(Event.type).in_(["node.evaluated", "node.merged"]))
+        .order_by(col(Event.id))
+    )
+    for e in rows:
+        n = nodes.get(e.node_id)
+        if n is None or n.parent_id is None:
+            continue
+        if e.type == "node.merged":
+            trunk_dev, trunk_heldout = n.dev_mean, _mean(n.heldout_values)
+            if points:
+                points[-1].trunk_dev, points[-1].trunk_heldout = trunk_dev, trunk_heldout
+            continue
+        points.append(
+            schemas.ProgressPoint(
+                experiment=len(points) + 1,
+                node_id=n.id or 0,
+                dev=n.dev_mean,
+                trunk_dev=trunk_dev,
+                trunk_heldout=trunk_heldout,
+            )
+        )
+    return schemas.Progress(
+        baseline_dev=_mean(st.baseline_dev), baseline_heldout=_mean(st.baseline_heldout), points=points
     )

@@ -10,6 +10,7 @@ from typing import Annotated
 import redis.asyncio as aioredis
 from fastapi import APIRouter, Header, Query
 from fastapi.sse import EventSourceResponse, ServerSentEvent
+from sqlmodel import col, select
 
 from backend import db
 from backend import events as fanout
@@ -17,6 +18,7 @@ from backend.api import schemas, views
 from backend.api.deps import Cursor, Reader, SettingsDep, StudyId
 from backend.api.routes.studies import get_study
 from backend.core.config import Settings
+from backend.models import Event
 
 router = APIRouter(prefix="/studies/{study_id}", tags=["events"])
 
@@ -33,9 +35,19 @@ def event_log(
     who: Reader,
     after: Cursor = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    tail: Annotated[int | None, Query(ge=1, le=1000, description="return only the newest N events")] = None,
 ) -> list[schemas.EventPublic]:
-    """Return the study's events after an id, oldest first."""
+    """Return the study's events after an id (or the newest `tail` of them), oldest first."""
     get_study(settings, study_id)
+    if tail is not None:
+        with db.session(settings.db_url) as s:
+            rows = s.exec(
+                select(Event)
+                .where(Event.study_id == study_id, col(Event.id) > after)
+                .order_by(col(Event.id).desc())
+                .limit(tail)
+            ).all()
+            return [views.event_public(e) for e in reversed(rows)]
     return _page(settings, study_id, after, limit)
 
 

@@ -13,7 +13,7 @@ from backend.api import schemas, views
 from backend.api.deps import Approver, CeleryDep, Operator, Reader, SettingsDep, StudyId
 from backend.models import Job, Study
 from backend.storage import add_event
-from backend.studies import NotPromotable, create_study
+from backend.studies import NotPromotable, check_study, create_study
 from backend.studies import promote as promote_trunk
 
 router = APIRouter(prefix="/studies", tags=["studies"])
@@ -65,6 +65,13 @@ async def create_form(
     if not text:
         raise HTTPException(422, {"message": "spec: give the grove.toml text or upload it", "errors": []})
     return _create(settings, celery, text, repository)
+
+
+@router.post("/validate", response_model=schemas.Message)
+def validate(body: schemas.StudyCreate, settings: SettingsDep, who: Operator) -> schemas.Message:
+    """Check a grove.toml text against a repository without creating anything."""
+    spec = check_study(settings, body.spec, body.repository)
+    return schemas.Message(message=f"valid: study {spec.study.name!r} can be created")
 
 
 @router.get("", response_model=schemas.Page[schemas.StudyPublic])
@@ -146,6 +153,14 @@ def promote(study_id: StudyId, settings: SettingsDep, who: Approver) -> schemas.
     except gitops.GitError as exc:
         raise HTTPException(status.HTTP_502_BAD_GATEWAY, f"push failed: {exc.stderr.strip()[:500]}") from None
     return schemas.Message(message=f"pushed {st.trunk_commit[:12]} to {st.source} as {target}")
+
+
+@router.get("/{study_id}/progress", response_model=schemas.Progress)
+def read_progress(study_id: StudyId, settings: SettingsDep, who: Reader) -> schemas.Progress:
+    """Return the dev score of each experiment in order, and trunk's dev and held-out scores over time."""
+    st = get_study(settings, study_id)
+    with db.session(settings.db_url) as s:
+        return views.progress(s, st)
 
 
 @router.get("/{study_id}/report", response_class=PlainTextResponse)

@@ -1,0 +1,37 @@
+"""Grove's dashboard: `streamlit run frontend/app.py` (GROVE_API_URL and GROVE_TOKEN set the connection)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from frontend import ui
+from frontend.client import GroveError
+
+HERE = Path(__file__).parent
+
+st.set_page_config(page_title="Grove", page_icon="🌳", layout="wide")
+
+ui.PAGES.update(
+    studies=st.Page(HERE / "pages/studies.py", title="Studies", icon="🧪", url_path="studies", default=True),
+    study=st.Page(HERE / "pages/study.py", title="Study", icon="🌳", url_path="study"),
+    node=st.Page(HERE / "pages/node.py", title="Node", icon="🔎", url_path="node"),
+    approvals=st.Page(HERE / "pages/approvals.py", title="Approvals", icon="✅", url_path="approvals"),
+    connection=st.Page(HERE / "pages/connection.py", title="Connection", icon="🔌", url_path="connection"),
+)
+page = st.navigation(list(ui.PAGES.values()))
+
+with st.sidebar:
+    api, token = ui.connection()
+    st.caption(f"API: `{api}`")
+    try:
+        health = ui.client().health()
+        st.caption(
+            f"service: {health.get('status')} · database {health.get('database')} · redis {health.get('redis')}"
+        )
+    except GroveError as exc:
+        st.caption(f"service: unreachable ({type(exc).__name__})")
+    st.caption("signed in with a token" if token else "no token: read-only if the API allows public reads")
+
+page.run()

@@ -1,0 +1,192 @@
+"""A small typed client of Grove's REST API: the only way the dashboard reaches the service.
+
+Exceptions::
+
+    GroveError              anything this client raises
+    ├── Unreachable         the API did not answer: it is down, the URL is wrong, or it timed out
+    └── ApiError            the API answered with an error status; `.errors` names the fields
+        ├── Unauthorized    401: no token, or a wrong or revoked one
+        └── Forbidden       403: the token lacks the role the action needs
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+DEFAULT_API = "http://127.0.0.1:8000/api/v1"
+
+
+class GroveError(Exception):
+    """Something went wrong talking to Grove."""
+
+
+class Unreachable(GroveError):
+    """The API did not answer."""
+
+
+@dataclass
+class ApiError(GroveError):
+    """The API answered with an error status."""
+
+    status: int
+    message: str
+    errors: list[dict[str, str]] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return f"HTTP {self.status}: {self.message}"
+
+    def for_field(self, prefix: str) -> list[str]:
+        """Return the messages about field `prefix` and its sub-keys, each led by the sub-key."""
+        out = []
+        for e in self.errors:
+            key = e.get("key", "")
+            if key == prefix:
+                out.append(e["message"])
+            elif key.startswith(prefix + "."):
+                out.append(f"{key[len(prefix) + 1 :]}: {e['message']}")
+        return out
+
+
+class Unauthorized(ApiError):
+    """401: the token is missing, wrong or revoked."""
+
+
+class Forbidden(ApiError):
+    """403: the token lacks a role."""
+
+
+def from_env() -> tuple[str, str]:
+    """Return the API URL and token from GROVE_API_URL and GROVE_TOKEN (token may be empty)."""
+    return os.environ.get("GROVE_API_URL") or DEFAULT_API, os.environ.get("GROVE_TOKEN", "")
+
+
+def _error(resp: httpx.Response) -> ApiError:
+    try:
+        detail = resp.json().get("detail", resp.text)
+    except ValueError:
+        detail = resp.text
+    if isinstance(detail, dict):
+        message, errors = str(detail.get("message", "")), list(detail.get("errors") or [])
+    else:
+        message, errors = str(detail), []
+    if not errors and ":" in message and resp.status_code in (409, 422):
+        key, _, rest = message.partition(":")
+        if " " not in key.strip():
+            errors = [{"key": key.strip(), "message": rest.strip()}]
+    kind = {401: Unauthorized, 403: Forbidden}.get(resp.status_code, ApiError)
+    return kind(resp.status_code, message or resp.reason_phrase, errors)
+
+
+class Grove:
+    """Grove's REST API at `api` (the `/api/v1` URL), called with a bearer `token`."""
+
+    def __init__(self, api: str, token: str = "", timeout: float = 30.0) -> None:
+        self.api = api.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.api, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.http.close()
+
+    def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            resp = self.http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise Unreachable(
+                f"the Grove API at {self.api} did not answer ({type(exc).__name__}: {exc})"
+            ) from None
+        if resp.status_code >= 400:
+            raise _error(resp)
+        return resp
+
+    def _get(self, path: str, **params: Any) -> Any:
+        clean = {k: v for k, v in params.items() if v is not None}
+        return self._call("GET", path, params=clean).json()
+
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        return self._call("POST", path, json=body if body is not None else {}).json()
+
+    def health(self) -> dict[str, str]:
+        """Return the API's health (no token needed)."""
+        return dict(self._get("/health"))
+
+    def check(self) -> int:
+        """Check that the token may read; return the number of studies."""
+        return int(self._get("/studies", limit=1)["count"])
+
+    def studies(self, limit: int = 200) -> list[dict[str, Any]]:
+        """Return studies, newest first."""
+        return list(self._get("/studies", limit=limit)["data"])
+
+    def study(self, study_id: int) -> dict[str, Any]:
+        """Return one study."""
+        return dict(self._get(f"/studies/{study_id}"))
+
+    def validate(self, spec: str, repository: str) -> str:
+        """Check a spec against a repository; return the API's message or raise ApiError."""
+        return str(self._post("/studies/validate", {"spec": spec, "repository": repository})["message"])
+
+    def create(self, spec: str, repository: str) -> dict[str, Any]:
+        """Create and start a study."""
+        return dict(self._post("/studies", {"spec": spec, "repository": repository}))
+
+    def control(self, study_id: int, action: str) -> dict[str, Any]:
+        """Pause, resume or stop a study; return it."""
+        if action not in ("pause", "resume", "stop"):
+            raise ValueError(f"unknown action {action!r}")
+        return dict(self._post(f"/studies/{study_id}/{action}"))
+
+    def promote(self, study_id: int) -> str:
+        """Push trunk to the origin; return the API's message."""
+        return str(self._post(f"/studies/{study_id}/promote")["message"])
+
+    def report(self, study_id: int) -> str:
+        """Return REPORT.md."""
+        return self._call("GET", f"/studies/{study_id}/report").text
+
+    def progress(self, study_id: int) -> dict[str, Any]:
+        """Return the per-experiment dev scores and trunk's scores over time."""
+        return dict(self._get(f"/studies/{study_id}/progress"))
+
+    def tree(self, study_id: int) -> dict[str, Any]:
+        """Return the tree: every node's summary."""
+        return dict(self._get(f"/studies/{study_id}/tree"))
+
+    def node(self, study_id: int, node_id: int) -> dict[str, Any]:
+        """Return a node with its evidence."""
+        return dict(self._get(f"/studies/{study_id}/nodes/{node_id}"))
+
+    def receipt_output(self, study_id: int, receipt_id: int, stream: str = "stdout") -> str:
+        """Return a receipt's full stored output."""
+        return self._call(
+            "GET", f"/studies/{study_id}/receipts/{receipt_id}/output", params={"stream": stream}
+        ).text
+
+    def events(self, study_id: int, after: int = 0, tail: int | None = None) -> list[dict[str, Any]]:
+        """Return events after an id (or only the newest `tail`), oldest first."""
+        return list(self._get(f"/studies/{study_id}/events/log", after=after, limit=1000, tail=tail))
+
+    def add_hypothesis(self, study_id: int, node_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        """Add a human hypothesis under a node."""
+        return dict(self._post(f"/studies/{study_id}/nodes/{node_id}/hypotheses", body))
+
+    def prune(self, study_id: int, node_id: int, reason: str = "") -> str:
+        """Prune a node and its subtree."""
+        return str(self._post(f"/studies/{study_id}/nodes/{node_id}/prune", {"reason": reason})["message"])
+
+    def approvals(self, study_id: int | None = None, state: str = "pending") -> list[dict[str, Any]]:
+        """Return approvals (pending by default)."""
+        return list(self._get("/approvals", study_id=study_id, state=state, limit=200)["data"])
+
+    def approve(self, study_id: int, node_id: int) -> dict[str, Any]:
+        """Approve a gate-passed node."""
+        return dict(self._post(f"/studies/{study_id}/nodes/{node_id}/approve"))
+
+    def reject(self, study_id: int, node_id: int, reason: str) -> dict[str, Any]:
+        """Reject a gate-passed node with a reason."""
+        return dict(self._post(f"/studies/{study_id}/nodes/{node_id}/reject", {"reason": reason}))

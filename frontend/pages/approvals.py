@@ -1,0 +1,124 @@
+"""Approvals: one card per gate-passed node waiting for a human, with Approve and Reject."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from frontend import ui
+from frontend.client import ApiError, Grove, Unreachable
+
+
+def decide(api: Grove, a: dict[str, Any], approve: bool, reason: str = "") -> None:
+    key = f"decision:{a['node_id']}"
+    try:
+        out = (
+            api.approve(a["study_id"], a["node_id"])
+            if approve
+            else api.reject(a["study_id"], a["node_id"], reason)
+        )
+    except (ApiError, Unreachable) as exc:
+        ui.remember(key, "error", f"n{a['node_id']}: {exc}")
+    else:
+        ui.remember(
+            "decisions",
+            "success",
+            f"n{a['node_id']} {out['status']} by {out['decided_by']}"
+            + (
+                " — the coordinator merges it into trunk next."
+                if approve
+                else f" ({out['reason'] or 'no reason'})."
+            ),
+        )
+    st.rerun()
+
+
+def card(api: Grove, a: dict[str, Any], study_name: str) -> None:
+    n = api.node(a["study_id"], a["node_id"])
+    with st.container(border=True):
+        st.subheader(f"n{a['node_id']} · {a['title']}")
+        ui.page_link(
+            "node", f"{study_name} / n{a['node_id']} — open the node", study=a["study_id"], node=a["node_id"]
+        )
+        h = n["hypothesis"]
+        if h.get("hypothesis") or h.get("mechanism"):
+            st.markdown(
+                f"**Hypothesis.** {h.get('hypothesis') or ''}  \n**Mechanism.** {h.get('mechanism') or ''}"
+            )
+        c = st.columns(4)
+        c[0].metric("dev (mean ± std, n)", ui.mean_std(n["dev_values"]))
+        c[1].metric(
+            "dev gain (95% LCB)", f"{ui.fmt(a['dev_gain'], True)} ({ui.fmt(a['dev_gain_lcb'], True)})"
+        )
+        c[2].metric("held-out gain vs margin", f"{ui.fmt(a['heldout_gain'], True)} ≥ {a['margin']:g}")
+        cost = n["cost"] or {}
+        seconds = sum(r["duration"] for r in n["receipts"])
+        c[3].metric("cost", f"${cost.get('usd', 0.0):.3f} · {seconds:.0f} s of runs")
+        if a["constraints"]:
+            st.dataframe(
+                [
+                    {
+                        "constraint": v["name"],
+                        "verdict": v["verdict"],
+                        "value": v["value"],
+                        "detail": v["detail"],
+                    }
+                    for v in a["constraints"]
+                ],
+                hide_index=True,
+                width="stretch",
+            )
+        with st.expander("Diff"):
+            st.code(n["diff"] or "(empty)", language="diff")
+        left, mid, right = st.columns([1, 3, 1])
+        if left.button("Approve", key=f"approve-{a['node_id']}", type="primary"):
+            decide(api, a, True)
+        reason = mid.text_input(
+            "Reason (for a rejection)",
+            key=f"reason-{a['node_id']}",
+            label_visibility="collapsed",
+            placeholder="reason for rejecting",
+        )
+        if right.button("Reject", key=f"reject-{a['node_id']}"):
+            decide(api, a, False, reason)
+        ui.recall(f"decision:{a['node_id']}")
+
+
+def page() -> None:
+    st.title("Approvals")
+    api = ui.client()
+    ui.recall("decisions")
+    names = {s["id"]: s["name"] for s in api.studies()}
+    only = ui.query_int("study")
+    choices = ["all studies", *[f"{name} (id {sid})" for sid, name in names.items()]]
+    default = next((i for i, c in enumerate(choices) if only is not None and c.endswith(f"(id {only})")), 0)
+    chosen = st.selectbox("Study", choices, index=default, key="approvals_study")
+    study_id = None if chosen == "all studies" else int(chosen.rsplit("id ", 1)[1].rstrip(")"))
+    pending = api.approvals(study_id)
+    if not pending:
+        st.info("Nothing is waiting for approval.")
+    for a in pending:
+        card(api, a, names.get(a["study_id"], str(a["study_id"])))
+    decided = [a for a in api.approvals(study_id, state="all") if a["status"] != "pending"]
+    if decided:
+        st.subheader("Decided")
+        st.dataframe(
+            [
+                {
+                    "node": f"n{a['node_id']}",
+                    "study": names.get(a["study_id"]),
+                    "title": a["title"],
+                    "status": a["status"],
+                    "by": a["decided_by"],
+                    "reason": a["reason"],
+                    "at": (a["decided_at"] or "")[:19],
+                }
+                for a in reversed(decided)
+            ],
+            hide_index=True,
+            width="stretch",
+        )
+
+
+ui.guarded(page)

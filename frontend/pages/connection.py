@@ -1,0 +1,33 @@
+"""Connection: the API URL and the token this browser session uses."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from frontend import ui
+from frontend.client import ApiError, Grove, Unreachable
+
+st.title("Connection")
+api, token = ui.connection()
+st.write("The dashboard talks only to Grove's REST API. `grove up` prints the URL and a token.")
+new_api = st.text_input("API URL", value=api, key="conn_api")
+new_token = st.text_input(
+    "Token", value=token, type="password", key="conn_token", help="from `grove token create`"
+)
+if st.button("Connect", key="connect", type="primary"):
+    probe = Grove(new_api, new_token.strip())
+    try:
+        probe.health()
+        n = probe.check()
+    except Unreachable as exc:
+        st.error(f"{exc}. Check the URL, and that the service is running.")
+    except ApiError as exc:
+        if exc.status == 401:
+            st.error(f"The API refused this token: {exc.message}.")
+        else:
+            st.error(str(exc))
+    else:
+        st.session_state.api_url, st.session_state.token = new_api.rstrip("/"), new_token.strip()
+        st.success(f"Connected to {new_api}: {n} studies visible.")
+    finally:
+        probe.close()

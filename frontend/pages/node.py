@@ -1,0 +1,159 @@
+"""Node: one hypothesis with its evidence, verification, diff, receipts, insights and cost."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import streamlit as st
+
+from frontend import ui
+from frontend.client import Grove
+
+
+def header(n: dict[str, Any], sid: int) -> None:
+    st.title(f"n{n['id']} · {n['title']}")
+    st.caption(
+        f"status **{n['status']}** · origin {n['origin']} · depth {n['depth']} · attempts {n['attempts']}"
+    )
+    links = st.columns(4)
+    with links[0]:
+        ui.page_link("study", "← study", study=sid)
+    if n["parent_id"] is not None:
+        with links[1]:
+            ui.page_link("node", f"parent n{n['parent_id']}", study=sid, node=n["parent_id"])
+    if n["children"]:
+        st.write("children:")
+        cols = st.columns(min(6, len(n["children"])))
+        for i, c in enumerate(n["children"]):
+            with cols[i % len(cols)]:
+                ui.page_link("node", f"n{c}", study=sid, node=c)
+
+
+def evidence(n: dict[str, Any]) -> None:
+    c = st.columns(4)
+    c[0].metric("dev", ui.mean_std(n["dev_values"]))
+    c[1].metric("dev gain vs trunk", ui.fmt(n["gain"], signed=True))
+    c[2].metric("gain 95% LCB", ui.fmt(n["gain_lcb"], signed=True))
+    c[3].metric("held-out gain", ui.fmt(n["heldout_gain"], signed=True))
+    if n["gate_reason"]:
+        st.info(f"gate: {n['gate_reason']}")
+    if n["failure"]:
+        st.error(f"failure: {n['failure']}")
+    if n["summary"]:
+        st.write(n["summary"])
+
+
+def hypothesis(n: dict[str, Any]) -> None:
+    h = n["hypothesis"]
+    for key in ("mechanism", "hypothesis", "observable", "risks"):
+        if h.get(key):
+            st.markdown(f"**{key.capitalize()}.** {h[key]}")
+    if n["edits"]:
+        st.markdown("**Edits**")
+        st.json(n["edits"], expanded=False)
+    if n["reflection"]:
+        st.markdown(f"**Reflection after a failed attempt.** {n['reflection']}")
+
+
+def verdict_rows(constraints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return the AREX verdict table: one row per constraint."""
+    return [
+        {
+            "constraint": c.get("name"),
+            "verdict": c.get("verdict"),
+            "value": c.get("value"),
+            "receipt": c.get("receipt_id"),
+            "detail": c.get("detail", ""),
+        }
+        for c in constraints
+    ]
+
+
+def verification(n: dict[str, Any]) -> None:
+    if n["constraints"]:
+        st.dataframe(verdict_rows(n["constraints"]), hide_index=True, width="stretch")
+    else:
+        st.caption("No constraint verdicts yet.")
+    if n["verification"]:
+        st.json(n["verification"], expanded=False)
+
+
+def receipts(api: Grove, n: dict[str, Any], sid: int) -> None:
+    if not n["receipts"]:
+        st.caption("No evaluation runs yet.")
+        return
+    st.dataframe(
+        [
+            {
+                "id": r["id"],
+                "kind": r["kind"],
+                "seed": r["seed"],
+                "ok": r["ok"],
+                "exit": r["exit_code"],
+                "seconds": round(r["duration"], 2),
+                "metrics": json.dumps(r["metrics"]) if r["metrics"] else "",
+                "reason": r["reason"],
+                "commit": r["commit"][:10],
+            }
+            for r in n["receipts"]
+        ],
+        hide_index=True,
+        width="stretch",
+    )
+    for r in n["receipts"]:
+        with st.expander(f"receipt {r['id']}: {r['kind']} seed {r['seed']} — `{r['command']}`"):
+            st.caption(f"evaluator fingerprint {r['fingerprint'][:16]}")
+            st.code(r["stdout_tail"] or "(no output)", language="text")
+            if r["stderr_tail"]:
+                st.code(r["stderr_tail"], language="text")
+            if st.button("Load the full output", key=f"full-{r['id']}"):
+                st.code(api.receipt_output(sid, r["id"]), language="text")
+
+
+def page() -> None:
+    sid, nid = ui.query_int("study"), ui.query_int("node")
+    if sid is None or nid is None:
+        st.info("Open a node from a study's page.")
+        ui.page_link("studies", "Studies")
+        return
+    api = ui.client()
+    n = api.node(sid, nid)
+    header(n, sid)
+    evidence(n)
+    tabs = st.tabs(["Hypothesis", "Verification", "Diff", "Receipts", "Insights", "History", "Cost"])
+    with tabs[0]:
+        hypothesis(n)
+    with tabs[1]:
+        verification(n)
+    with tabs[2]:
+        if n["diff"]:
+            st.caption(f"{n['base_commit'][:10]} → {n['commit'][:10]} on {n['branch']}")
+            st.code(n["diff"], language="diff")
+        else:
+            st.caption("No diff (the node has no commit yet, or changed nothing).")
+    with tabs[3]:
+        receipts(api, n, sid)
+    with tabs[4]:
+        if n["insights"]:
+            for i in reversed(n["insights"]):
+                cites = ", ".join(f"n{c}" for c in i["cites"])
+                st.markdown(
+                    f"**v{i['version']}** ({i['created_at'][:19]}, cites {cites or '—'}): {i['text']}"
+                )
+        else:
+            st.caption("No insight yet.")
+    with tabs[5]:
+        st.dataframe(
+            [
+                {"time": e["time"][:19], "event": e["type"], "details": json.dumps(e["payload"])}
+                for e in n["history"]
+            ],
+            hide_index=True,
+            width="stretch",
+        )
+    with tabs[6]:
+        st.json(n["cost"] or {})
+
+
+ui.guarded(page)

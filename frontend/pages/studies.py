@@ -1,0 +1,113 @@
+"""Studies: the list, and the form that creates a study."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from frontend import ui
+from frontend.client import ApiError, Unreachable
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def templates() -> dict[str, str]:
+    """Return the spec templates the form offers."""
+    out = {"minimal": (ROOT / "frontend/templates/minimal.toml").read_text()}
+    example = ROOT / "examples/digits/grove.toml"
+    if example.is_file():
+        out["digits example"] = example.read_text()
+    return out
+
+
+def study_list() -> None:
+    studies = ui.client().studies()
+    st.subheader(f"Studies ({len(studies)})")
+    if not studies:
+        st.info("No studies yet: create one below, or `grove submit path/to/repo`.")
+        return
+    rows = [
+        {
+            "id": s["id"],
+            "name": s["name"],
+            "status": s["status"],
+            "best dev": s["best_dev"],
+            "trunk dev": s["trunk_dev"],
+            "trunk held-out": s["trunk_heldout"],
+            "baseline held-out": s["baseline_heldout"],
+            "experiments": f"{s['experiments_used']}/{s['experiments_budget']}",
+            "USD": f"{s['llm_usd']:.2f}/{s['budget_usd']:.2f}",
+            "pending approvals": s["pending_approvals"],
+        }
+        for s in studies
+    ]
+    st.dataframe(rows, hide_index=True, width="stretch")
+    cols = st.columns(4)
+    for i, s in enumerate(studies[:40]):
+        with cols[i % 4]:
+            flag = f" · {s['pending_approvals']} to approve" if s["pending_approvals"] else ""
+            ui.page_link("study", f"{s['name']} ({s['status']}){flag}", study=s["id"])
+
+
+def new_study_form() -> None:
+    st.subheader("New study")
+    options = templates()
+    template = st.selectbox("Start from a template", list(options), key="template")
+    upload = st.file_uploader("…or upload a grove.toml", type=["toml"], key="upload")
+    source = ("upload", upload.file_id) if upload is not None else ("template", template)
+    if st.session_state.get("spec_source") != source:
+        st.session_state.spec_source = source
+        st.session_state.spec_text = (
+            upload.getvalue().decode("utf-8", "replace") if upload is not None else options[template]
+        )
+    repository = st.text_input(
+        "Repository", key="repository", placeholder="/path/on/the/server or https://host/repo.git"
+    )
+    repo_msg = st.empty()
+    spec = st.text_area("grove.toml", key="spec_text", height=440)
+    spec_msg = st.empty()
+    left, right, _ = st.columns([1, 1, 4])
+    check = left.button("Validate", key="validate")
+    create = right.button("Create study", key="create", type="primary")
+    if not (check or create):
+        ui.recall("create")
+        return
+    st.session_state.pop("msg:create", None)
+    missing = False
+    if not repository.strip():
+        repo_msg.error("repository: give a path on the server or a git URL")
+        missing = True
+    if not spec.strip():
+        spec_msg.error("spec: the grove.toml is empty")
+        missing = True
+    if missing:
+        return
+    api = ui.client()
+    try:
+        if check:
+            spec_msg.success(api.validate(spec, repository.strip()))
+            return
+        made = api.create(spec, repository.strip())
+    except ApiError as exc:
+        repo_errors, spec_errors = exc.for_field("repository"), exc.for_field("spec")
+        if repo_errors:
+            repo_msg.error("\n\n".join(repo_errors))
+        if spec_errors:
+            spec_msg.error("\n\n".join(spec_errors))
+        if not (repo_errors or spec_errors):
+            ui.show_error(exc)
+        return
+    except Unreachable as exc:
+        ui.show_error(exc)
+        return
+    ui.remember("create", "success", f"Created study {made['name']!r} (id {made['id']}); it is starting.")
+    st.session_state.created_study = made["id"]
+    st.rerun()
+
+
+st.title("Grove studies")
+ui.guarded(study_list)
+if st.session_state.get("created_study"):
+    ui.page_link("study", "Open the new study →", study=st.session_state.created_study)
+ui.guarded(new_study_form)

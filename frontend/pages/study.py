@@ -1,0 +1,282 @@
+"""Study: the tree growing live, scores over time, budget, improvement state, events, controls."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import streamlit as st
+
+from frontend import tree_view, ui
+from frontend.client import ApiError, Grove, Unreachable
+
+REFRESH = "3s"
+
+
+def pick_study(api: Grove) -> int | None:
+    sid = ui.query_int("study")
+    if sid is not None:
+        return sid
+    studies = api.studies()
+    if not studies:
+        st.info("No studies yet.")
+        ui.page_link("studies", "Create one on the Studies page")
+        return None
+    names = {f"{s['name']} (id {s['id']}, {s['status']})": s["id"] for s in studies}
+    chosen = st.selectbox("Study", list(names), key="pick_study")
+    return names[chosen] if chosen else None
+
+
+def act(key: str, action: Any) -> None:
+    """Call the API and keep its answer for the rerun."""
+    try:
+        ui.remember("controls", "success", action())
+    except (ApiError, Unreachable) as exc:
+        ui.remember("controls", "error", str(exc))
+    st.rerun()
+
+
+def controls(api: Grove, s: dict[str, Any]) -> None:
+    sid, status = s["id"], s["status"]
+    cols = st.columns(6)
+    if cols[0].button("Pause", key="pause", disabled=status not in ("created", "running")):
+        act("pause", lambda: f"paused: status is now {api.control(sid, 'pause')['status']}")
+    if cols[1].button("Resume", key="resume", disabled=status != "paused"):
+        act("resume", lambda: f"resumed: status is now {api.control(sid, 'resume')['status']}")
+    if cols[2].button("Stop", key="stop", disabled=status in (*ui.FINISHED, "stopping")):
+        act("stop", lambda: f"stopping: status is now {api.control(sid, 'stop')['status']}")
+    if cols[3].button("Promote", key="promote", disabled=not s["trunk_commit"]):
+        act("promote", lambda: api.promote(sid))
+    cols[4].download_button(
+        "REPORT.md",
+        data=lambda: api.report(sid),
+        file_name=f"{s['name']}-REPORT.md",
+        mime="text/markdown",
+        key="report",
+    )
+    ui.recall("controls")
+
+
+def budget(s: dict[str, Any]) -> None:
+    used, total = s["experiments_used"], max(1, s["experiments_budget"])
+    st.progress(min(1.0, used / total), text=f"experiments {used} / {s['experiments_budget']}")
+    if s["started_at"]:
+        start = datetime.fromisoformat(s["started_at"]).replace(tzinfo=UTC)
+        end = (
+            datetime.fromisoformat(s["finished_at"]).replace(tzinfo=UTC)
+            if s["finished_at"]
+            else datetime.now(UTC)
+        )
+        hours = (end - start).total_seconds() / 3600
+    else:
+        hours = 0.0
+    st.progress(min(1.0, hours / s["budget_hours"]), text=f"hours {hours:.2f} / {s['budget_hours']:g}")
+    usd_frac = s["llm_usd"] / s["budget_usd"] if s["budget_usd"] else 0.0
+    st.progress(
+        min(1.0, usd_frac),
+        text=f"USD {s['llm_usd']:.3f} / {s['budget_usd']:.2f} ({s['llm_calls']} LLM calls)",
+    )
+    st.progress(
+        min(1.0, s["running_jobs"] / max(1, s["parallel"])),
+        text=f"running executors {s['running_jobs']} / {s['parallel']}",
+    )
+
+
+def scores(s: dict[str, Any]) -> None:
+    c = st.columns(5)
+    c[0].metric("baseline dev", ui.fmt(s["baseline_dev"]))
+    c[1].metric("trunk dev", ui.fmt(s["trunk_dev"]))
+    c[2].metric("best dev", ui.fmt(s["best_dev"]))
+    gain = (
+        s["trunk_heldout"] - s["baseline_heldout"]
+        if s["trunk_heldout"] is not None and s["baseline_heldout"] is not None
+        else None
+    )
+    c[3].metric(
+        "trunk held-out", ui.fmt(s["trunk_heldout"]), delta=ui.fmt(gain, signed=True) if gain else None
+    )
+    c[4].metric("pending approvals", s["pending_approvals"])
+
+
+def plots(progress: dict[str, Any]) -> None:
+    points = progress["points"]
+    if not points:
+        st.caption("No experiment has finished yet.")
+        return
+    left, right = st.columns(2)
+    with left:
+        st.caption("trunk score after each experiment")
+        st.line_chart(
+            [
+                {
+                    "experiment": p["experiment"],
+                    "trunk dev": p["trunk_dev"],
+                    "trunk held-out": p["trunk_heldout"],
+                }
+                for p in points
+            ],
+            x="experiment",
+            y=["trunk dev", "trunk held-out"],
+            height=260,
+        )
+    with right:
+        st.caption("each node's dev score")
+        st.scatter_chart(
+            [
+                {"experiment": p["experiment"], "dev": p["dev"], "node": f"n{p['node_id']}"}
+                for p in points
+                if p["dev"] is not None
+            ],
+            x="experiment",
+            y="dev",
+            height=260,
+        )
+
+
+def improvement_state(state: dict[str, Any]) -> None:
+    if not state:
+        st.caption("No improvement state yet.")
+        return
+    sections = [
+        (
+            "Verified findings",
+            [
+                f"{f['text']} (n{', n'.join(map(str, f['node_ids']))})"
+                for f in state.get("verified_findings", [])
+            ],
+        ),
+        (
+            "Open constraints",
+            [f"{c['name']}: {c['status']} — {c['detail']}" for c in state.get("open_constraints", [])],
+        ),
+        (
+            "Rejected candidates",
+            [f"n{r['node_id']}: {r['reason']}" for r in state.get("rejected_candidates", [])],
+        ),
+        ("Concerns", list(state.get("concerns", []))),
+        ("Next plan", list(state.get("next_plan", []))),
+    ]
+    cols = st.columns(len(sections))
+    for col, (title, items) in zip(cols, sections, strict=True):
+        col.markdown(f"**{title}**")
+        col.markdown("\n".join(f"- {i}" for i in items[-8:]) if items else "_none_")
+
+
+def events(api: Grove, sid: int) -> None:
+    recent = list(reversed(api.events(sid, tail=30)))
+    st.dataframe(
+        [
+            {
+                "id": e["id"],
+                "time": e["time"][11:19],
+                "type": e["type"],
+                "node": f"n{e['node_id']}" if e["node_id"] else "",
+                "payload": json.dumps(e["payload"])[:160],
+            }
+            for e in recent
+        ],
+        hide_index=True,
+        width="stretch",
+        height=300,
+    )
+
+
+def tree(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
+    nodes = t["nodes"]
+    collapse = st.toggle("Collapse pruned subtrees and dead ends", value=True, key="collapse")
+    dot, stats = tree_view.to_dot(nodes, t["trunk_node_id"], collapse=collapse)
+    st.caption(
+        f"{len(nodes)} nodes · showing {stats.shown}" + (f", {stats.hidden} folded" if stats.hidden else "")
+    )
+    st.graphviz_chart(dot, width="stretch")
+    labels = {f"n{n['id']} · {n['status']} · {n['title'][:60]}": n["id"] for n in reversed(nodes)}
+    chosen = st.selectbox("Open a node", list(labels), key="open_node")
+    if chosen:
+        ui.page_link("node", f"Open n{labels[chosen]} →", study=s["id"], node=labels[chosen])
+
+
+def steer(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
+    open_nodes = [n for n in nodes if n["status"] not in ("pruned", "cancelled")]
+    labels = {f"n{n['id']} · {n['status']} · {n['title'][:50]}": n["id"] for n in open_nodes}
+    with st.expander("Add a hypothesis under a node"):
+        with st.form("hypothesis", clear_on_submit=False):
+            parent = st.selectbox("Parent node", list(labels), key="hyp_parent")
+            title = st.text_input("Title", key="hyp_title")
+            mechanism = st.text_input("Mechanism", key="hyp_mechanism")
+            hypothesis = st.text_area("Hypothesis", key="hyp_text", height=80)
+            edits = st.text_area("Edits (JSON: search key → value)", key="hyp_edits", value="{}", height=80)
+            submitted = st.form_submit_button("Add hypothesis")
+        if submitted:
+            try:
+                body = {
+                    "title": title,
+                    "mechanism": mechanism,
+                    "hypothesis": hypothesis,
+                    "edits": json.loads(edits or "{}"),
+                }
+            except json.JSONDecodeError as exc:
+                st.error(f"edits: not JSON ({exc.msg} at line {exc.lineno})")
+            else:
+                if parent is None:
+                    st.error("parent: choose a node")
+                else:
+                    act(
+                        "hypothesis",
+                        lambda: f"added n{api.add_hypothesis(s['id'], labels[parent], body)['id']}",
+                    )
+    with st.expander("Prune a node"):
+        prunable = {k: v for k, v in labels.items() if v != t_root(nodes)}
+        target = st.selectbox("Node", list(prunable), key="prune_node")
+        reason = st.text_input("Reason", key="prune_reason")
+        if st.button("Prune", key="prune") and target is not None:
+            act("prune", lambda: api.prune(s["id"], prunable[target], reason))
+
+
+def t_root(nodes: list[dict[str, Any]]) -> int | None:
+    return next((n["id"] for n in nodes if n["parent_id"] is None), None)
+
+
+def page() -> None:
+    api = ui.client()
+    sid = pick_study(api)
+    if sid is None:
+        return
+    s = api.study(sid)
+    st.title(f"🌳 {s['name']}")
+    st.caption(
+        f"{s['status']}{' — ' + s['stop_reason'] if s['stop_reason'] else ''} · {s['policy']} policy · gate {s['gate_mode']} (margin {s['margin']:g}) · {s['goal']}"
+    )
+    controls(api, s)
+    finished = s["status"] in ui.FINISHED
+
+    @st.fragment(run_every=None if finished else REFRESH)
+    def live() -> None:
+        try:
+            fresh = api.study(sid)
+            t = api.tree(sid)
+            progress = api.progress(sid)
+        except (ApiError, Unreachable) as exc:
+            ui.show_error(exc)
+            return
+        if (fresh["status"] in ui.FINISHED) != finished:
+            st.rerun()
+        scores(fresh)
+        left, right = st.columns([3, 1])
+        with left:
+            tree(api, fresh, t)
+        with right:
+            budget(fresh)
+        plots(progress)
+        st.subheader("Improvement state")
+        improvement_state(fresh["improvement_state"])
+        st.subheader("Recent events")
+        events(api, sid)
+        st.session_state.tree_nodes = t["nodes"]
+
+    live()
+    st.subheader("Steer")
+    steer(api, s, st.session_state.get("tree_nodes") or api.tree(sid)["nodes"])
+
+
+ui.guarded(page)

@@ -1,0 +1,98 @@
+"""Shared dashboard pieces: the connection, error display, links between pages, formatting."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import streamlit as st
+
+from frontend.client import ApiError, Forbidden, Grove, Unauthorized, Unreachable, from_env
+
+FINISHED = ("finished", "failed")
+PAGES: dict[str, Any] = {}
+
+
+def connection() -> tuple[str, str]:
+    """Return the API URL and token this browser session uses."""
+    if "api_url" not in st.session_state:
+        st.session_state.api_url, st.session_state.token = from_env()
+    return st.session_state.api_url, st.session_state.token
+
+
+@st.cache_resource(max_entries=32)
+def _client(api: str, token: str) -> Grove:
+    return Grove(api, token)
+
+
+def client() -> Grove:
+    """Return the API client for this session's connection."""
+    return _client(*connection())
+
+
+def show_error(exc: Exception) -> None:
+    """Explain an API failure in words a user can act on."""
+    if isinstance(exc, Unreachable):
+        st.error(f"{exc}. Is the service running (`grove up`)? Check the API URL on the Connection page.")
+    elif isinstance(exc, Unauthorized):
+        st.error(
+            f"The API refused the token ({exc.message}). Sign in with a valid token on the Connection page."
+        )
+    elif isinstance(exc, Forbidden):
+        st.error(f"Not allowed: {exc.message}.")
+    elif isinstance(exc, ApiError):
+        st.error(str(exc))
+    else:
+        raise exc
+
+
+def guarded(body: Callable[[], None]) -> None:
+    """Run a page body, turning API failures into messages instead of tracebacks."""
+    try:
+        body()
+    except (Unreachable, ApiError) as exc:
+        show_error(exc)
+
+
+def page_link(page: str, label: str, **params: int | str) -> None:
+    """Link to another page of the app with query parameters."""
+    st.page_link(PAGES[page], label=label, query_params={k: str(v) for k, v in params.items()})
+
+
+def query_int(name: str) -> int | None:
+    """Return an integer query parameter, or None."""
+    raw = st.query_params.get(name)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def fmt(x: float | None, signed: bool = False) -> str:
+    """Format a score for display."""
+    if x is None:
+        return "—"
+    return f"{x:+.4f}" if signed else f"{x:.4f}"
+
+
+def mean_std(values: list[float]) -> str:
+    """Return 'mean ± std (n=k)' of values."""
+    if not values:
+        return "—"
+    m = sum(values) / len(values)
+    sd = (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+    return f"{m:.4f} ± {sd:.4f} (n={len(values)})"
+
+
+def remember(key: str, kind: str, text: str) -> None:
+    """Keep a message for the next run (the answer to an action that reruns the page)."""
+    st.session_state[f"msg:{key}"] = (kind, text)
+
+
+def recall(key: str) -> None:
+    """Show the message kept under `key`, if any."""
+    kind, text = st.session_state.get(f"msg:{key}", (None, ""))
+    if kind == "success":
+        st.success(text)
+    elif kind == "error":
+        st.error(text)
