@@ -21,15 +21,16 @@ def decide(api: Grove, a: dict[str, Any], approve: bool, reason: str = "") -> No
     except (ApiError, Unreachable) as exc:
         ui.remember(key, "error", f"n{a['node_id']}: {exc}")
     else:
+        verb = "approval" if approve else "rejection"
+        then = (
+            "the coordinator merges it into trunk next"
+            if approve
+            else f"reason: {out['reason'] or 'none given'}"
+        )
         ui.remember(
             "decisions",
             "success",
-            f"n{a['node_id']} {out['status']} by {out['decided_by']}"
-            + (
-                " — the coordinator merges it into trunk next."
-                if approve
-                else f" ({out['reason'] or 'no reason'})."
-            ),
+            f"n{a['node_id']}: {verb} recorded by {out['decided_by']} (status {out['status']}) — {then}.",
         )
     st.rerun()
 

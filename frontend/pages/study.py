@@ -197,6 +197,9 @@ def tree(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
 
 
 def steer(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
+    if s["status"] in ui.FINISHED:
+        st.caption(f"The study is {s['status']}: nothing more can be added or pruned.")
+        return
     open_nodes = [n for n in nodes if n["status"] not in ("pruned", "cancelled")]
     labels = {f"n{n['id']} · {n['status']} · {n['title'][:50]}": n["id"] for n in open_nodes}
     with st.expander("Add a hypothesis under a node"):

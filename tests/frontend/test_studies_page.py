@@ -11,7 +11,9 @@ from tests.frontend.conftest import Api, app_test, right_after, texts
 
 
 def count(api: Api) -> int:
-    return int(httpx.get(f"{api.url}/studies", headers={"Authorization": f"Bearer {api.approver}"}).json()["count"])
+    return int(
+        httpx.get(f"{api.url}/studies", headers={"Authorization": f"Bearer {api.approver}"}).json()["count"]
+    )
 
 
 def test_api_down_and_wrong_token_are_explained(api: Api) -> None:
@@ -54,7 +56,9 @@ def test_form_shows_errors_next_to_the_field_and_creates_nothing(api: Api, tmp_p
     assert "TOML" in right_after(at, "spec_text").value  # type: ignore[attr-defined]
     assert count(api) == before
 
-    at.text_area(key="spec_text").input((repo / "grove.toml").read_text().replace('metric = "score"', 'metric = ""'))
+    at.text_area(key="spec_text").input(
+        (repo / "grove.toml").read_text().replace('metric = "score"', 'metric = ""')
+    )
     at.button(key="validate").click().run()
     assert right_after(at, "spec_text").value.startswith("objective.metric:")  # type: ignore[attr-defined]
     assert count(api) == before

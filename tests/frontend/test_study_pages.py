@@ -1,0 +1,145 @@
+"""Study, Node and Approvals pages over a real study that waits for a human at the gate."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import make_repo, tiny_files, wait_for
+from tests.frontend.conftest import Api, app_test, texts
+
+
+class Study:
+    def __init__(self, api: Api, study_id: int) -> None:
+        self.api, self.id = api, study_id
+        self.http = httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {api.approver}"})
+
+    def get(self, path: str = "") -> Any:
+        resp = self.http.get(f"/studies/{self.id}{path}")
+        resp.raise_for_status()
+        return resp.json()
+
+    def pending(self) -> list[dict[str, Any]]:
+        return list(self.http.get("/approvals", params={"study_id": self.id}).json()["data"])
+
+    def node(self, node_id: int) -> dict[str, Any]:
+        return dict(self.get(f"/nodes/{node_id}"))
+
+
+@pytest.fixture(scope="module")
+def study(api: Api, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Study]:
+    """A tiny study in approve mode, run by the real workers until a node awaits approval."""
+    repo = make_repo(
+        tmp_path_factory.mktemp("pages") / "r", tiny_files(name="pages", mode="approve", experiments=4)
+    )
+    resp = httpx.post(
+        f"{api.url}/studies",
+        json={"spec": (repo / "grove.toml").read_text(), "repository": str(repo)},
+        headers={"Authorization": f"Bearer {api.approver}"},
+    )
+    assert resp.status_code == 201, resp.text
+    st = Study(api, resp.json()["id"])
+    wait_for(lambda: st.pending(), timeout=180)
+    yield st
+    st.http.close()
+
+
+def dot_of(at: Any) -> str:
+    return str(at.get("graphviz_chart")[0].proto.spec)
+
+
+def test_study_page_shows_tree_scores_budget_state_and_events(api: Api, study: Study) -> None:
+    at = app_test(api.url, api.approver, page="pages/study.py", study=study.id)
+    assert not at.exception, at.exception
+    assert "pages" in at.title[0].value
+    dot = dot_of(at)
+    tree = study.get("/tree")
+    assert len(tree["nodes"]) >= 3
+    for n in tree["nodes"]:
+        assert f"n{n['id']} [" in dot and f"n{n['id']} · {n['status']}" in dot
+    root = tree["nodes"][0]["id"]
+    assert f'n{root} [label="n{root} · merged' in dot and "penwidth=2.5" in dot
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["baseline dev"] == f"{study.get()['baseline_dev']:.4f}"
+    assert metrics["pending approvals"] == "1"
+    bars = [p.proto.text for p in at.get("progress")]
+    assert any(b.startswith("experiments ") for b in bars) and any(
+        b.startswith("running executors") for b in bars
+    )
+    events = at.dataframe[-1].value.to_dict("records")
+    assert {"node.awaiting_approval", "node.evaluated"} <= {e["type"] for e in events}
+    assert "Verified findings" in texts(at) and "Next plan" in texts(at)
+    charts = [c.proto.spec for c in at.get("vega_lite_chart")]
+    assert len(charts) == 2 and all('"experiment"' in c for c in charts)
+
+
+def test_node_page_shows_evidence_diff_receipts_and_verdicts(api: Api, study: Study) -> None:
+    node_id = study.pending()[0]["node_id"]
+    detail = study.node(node_id)
+    at = app_test(api.url, api.viewer, page="pages/node.py", study=study.id, node=node_id)
+    assert not at.exception, at.exception
+    assert at.title[0].value.startswith(f"n{node_id} · ")
+    diff = next(c.value for c in at.code if c.language == "diff")
+    assert "config.toml" in diff and "+x = " in diff
+    receipts = at.dataframe[1].value.to_dict("records")
+    assert len(receipts) == len(detail["receipts"]) and all(r["ok"] for r in receipts)
+    verdicts = at.dataframe[0].value.to_dict("records")
+    assert verdicts[0]["constraint"] == "small" and verdicts[0]["verdict"] == "satisfied"
+    history = at.dataframe[-1].value.to_dict("records")
+    assert [h["event"] for h in history][:1] == ["node.proposed"]
+    assert "node.awaiting_approval" in {h["event"] for h in history}
+
+
+def test_pause_and_resume_from_the_study_page(api: Api, study: Study) -> None:
+    at = app_test(api.url, api.approver, page="pages/study.py", study=study.id)
+    at.button(key="pause").click().run()
+    assert any("paused" in s.value for s in at.success), texts(at)
+    assert study.get()["status"] == "paused"
+    at.button(key="resume").click().run()
+    assert any("resumed" in s.value for s in at.success), texts(at)
+    assert study.get()["status"] == "running"
+
+
+def test_steer_adds_a_hypothesis_and_prunes_it(api: Api, study: Study) -> None:
+    at = app_test(api.url, api.approver, page="pages/study.py", study=study.id)
+    at.text_input(key="hyp_title").input("try x=2 from the dashboard")
+    at.text_area(key="hyp_edits").input('{"config.toml:knob.x": 2}')
+    next(b for b in at.button if b.label == "Add hypothesis").click().run()
+    added = next(s.value for s in at.success if s.value.startswith("added n"))
+    new_id = int(added.removeprefix("added n"))
+    assert study.node(new_id)["origin"] == "human"
+
+    bad = app_test(api.url, api.approver, page="pages/study.py", study=study.id)
+    bad.text_input(key="hyp_title").input("broken")
+    bad.text_area(key="hyp_edits").input('{"config.toml:knob.nope": 2}')
+    next(b for b in bad.button if b.label == "Add hypothesis").click().run()
+    assert any("edits.config.toml:knob.nope" in e.value for e in bad.error), texts(bad)
+
+    pruning = app_test(api.url, api.approver, page="pages/study.py", study=study.id)
+    label = next(o for o in pruning.selectbox(key="prune_node").options if o.startswith(f"n{new_id} ·"))
+    pruning.selectbox(key="prune_node").set_value(label)
+    pruning.text_input(key="prune_reason").input("not needed")
+    pruning.button(key="prune").click().run()
+    assert any(s.value == f"pruned n{new_id}" for s in pruning.success), texts(pruning)
+    assert study.node(new_id)["status"] == "pruned"
+
+
+def test_approvals_need_the_approver_role_and_merge_the_node(api: Api, study: Study) -> None:
+    node_id = study.pending()[0]["node_id"]
+    viewer = app_test(api.url, api.viewer, page="pages/approvals.py")
+    assert f"n{node_id} · " in texts(viewer)
+    viewer.button(key=f"approve-{node_id}").click().run()
+    assert any("approver" in e.value for e in viewer.error), texts(viewer)
+    assert study.node(node_id)["status"] == "awaiting_approval"
+
+    at = app_test(api.url, api.approver, page="pages/approvals.py")
+    held = next(m.value for m in at.metric if m.label == "held-out gain vs margin")
+    assert held.endswith("≥ 0.5")
+    at.button(key=f"approve-{node_id}").click().run()
+    assert any(f"n{node_id}: approval recorded by dashboard-test" in s.value for s in at.success), texts(at)
+    wait_for(lambda: study.node(node_id)["status"] == "merged", timeout=60)
+    page = app_test(api.url, api.viewer, page="pages/study.py", study=study.id)
+    assert f'n{node_id} [label="n{node_id} · merged' in dot_of(page)
