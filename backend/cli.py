@@ -282,8 +282,10 @@ def up_cmd(
     host: Annotated[str, typer.Option(help="address the API listens on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port of the API")] = 8000,
     cpu_slots: Annotated[int, typer.Option(help="experiments that may run at once")] = 2,
+    dashboard_port: Annotated[int, typer.Option(help="port of the Streamlit dashboard")] = 8501,
+    dashboard: Annotated[bool, typer.Option(help="start the dashboard")] = True,
 ) -> None:
-    """Start Redis, the API, a coordinator worker and a cpu worker; stop them all on Ctrl-C."""
+    """Start Redis, the API, workers and the dashboard; stop them all on Ctrl-C."""
     import json
     import os
     import signal
@@ -306,8 +308,13 @@ def up_cmd(
         env = stack.start(os.environ.get("GROVE_REDIS_URL"))
         token = create_token(settings, ["operator", "approver"], "grove-up")
         api = f"http://{host}:{port}/api/v1"
-        (settings.data_dir / "up.json").write_text(json.dumps({"api": api, "token": token}))
+        board = stack.start_dashboard(env, dashboard_port, token) if dashboard else None
+        (settings.data_dir / "up.json").write_text(
+            json.dumps({"api": api, "token": token, "dashboard": board})
+        )
         console.print(f"Grove is up.\n  API      {api}\n  docs     http://{host}:{port}/docs")
+        if board:
+            console.print(f"  dashboard {board}")
         console.print(f"  redis    {env['GROVE_REDIS_URL']}\n  data     {settings.data_dir.resolve()}")
         console.print(f"  token    {token}   (operator + approver)", markup=False, highlight=False)
         console.print("Press Ctrl-C to stop.")

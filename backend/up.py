@@ -1,4 +1,4 @@
-"""`grove up`: Redis, the API, a coordinator worker and a cpu worker on one machine, no Docker."""
+"""`grove up`: Redis, the API, a coordinator worker, a cpu worker and the dashboard on one machine, no Docker."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,14 @@ def _listening(host: str, port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex((host, port)) == 0
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
 
 
 def redis_binary() -> str:
@@ -138,6 +147,25 @@ class Stack:
             log = self.settings.data_dir / "logs" / f"{name}.log"
             self._wait(name, lambda log=log: log.exists() and b"ready." in log.read_bytes())
         return env
+
+    def start_dashboard(self, env: dict[str, str], port: int, token: str) -> str:
+        """Start the Streamlit dashboard against this stack's API; return its URL."""
+        api_host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        env = {**env, "GROVE_API_URL": f"http://{api_host}:{self.port}/api/v1"}
+        # Pre-sign the dashboard in only where nobody else can reach it.
+        if self.host in ("127.0.0.1", "localhost", "::1"):
+            env["GROVE_TOKEN"] = token
+        self._spawn(
+            "dashboard",
+            [sys.executable, "-m", "streamlit", "run", str(PROJECT_ROOT / "frontend" / "app.py"),
+             "--server.headless", "true", "--server.address", self.host, "--server.port", str(port),
+             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+             "--client.toolbarMode", "viewer"],
+            env,
+        )  # fmt: skip
+        url = f"http://{api_host}:{port}"
+        self._wait("the dashboard", lambda: _healthy(f"{url}/_stcore/health"))
+        return url
 
     def stop(self) -> None:
         """Stop every part, newest first."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,8 @@ def _esc(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
 
 
-def _short(text: str, n: int = 28) -> str:
+def _short(text: str, n: int = 34) -> str:
+    text = re.sub(r"[\w./-]+\.(?:toml|ya?ml|json):", "", text)
     return text if len(text) <= n else text[: n - 1] + "…"
 
 

@@ -11,7 +11,7 @@ if [ "${1:-}" = "--cli" ]; then
   exec grove run examples/digits --auto-approve --fresh --quiet
 fi
 rm -f "$GROVE_DATA_DIR/up.json"
-grove up --port "${GROVE_PORT:-8000}" &
+grove up --port "${GROVE_PORT:-8000}" --dashboard-port "${GROVE_DASHBOARD_PORT:-8501}" &
 up=$!
 trap 'kill -INT $up 2>/dev/null; wait $up' EXIT
 for _ in $(seq 1 120); do

@@ -5,6 +5,8 @@ set -euo pipefail
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+# The dashboard's end-to-end test drives Debian's Chromium (Playwright never downloads a browser).
+command -v chromium >/dev/null || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
 fi

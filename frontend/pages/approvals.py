@@ -9,6 +9,8 @@ import streamlit as st
 from frontend import ui
 from frontend.client import ApiError, Grove, Unreachable
 
+REFRESH = "5s"
+
 
 def decide(api: Grove, a: dict[str, Any], approve: bool, reason: str = "") -> None:
     key = f"decision:{a['node_id']}"
@@ -47,15 +49,15 @@ def card(api: Grove, a: dict[str, Any], study_name: str) -> None:
             st.markdown(
                 f"**Hypothesis.** {h.get('hypothesis') or ''}  \n**Mechanism.** {h.get('mechanism') or ''}"
             )
-        c = st.columns(4)
-        c[0].metric("dev (mean ± std, n)", ui.mean_std(n["dev_values"]))
-        c[1].metric(
-            "dev gain (95% LCB)", f"{ui.fmt(a['dev_gain'], True)} ({ui.fmt(a['dev_gain_lcb'], True)})"
-        )
-        c[2].metric("held-out gain vs margin", f"{ui.fmt(a['heldout_gain'], True)} ≥ {a['margin']:g}")
         cost = n["cost"] or {}
         seconds = sum(r["duration"] for r in n["receipts"])
-        c[3].metric("cost", f"${cost.get('usd', 0.0):.3f} · {seconds:.0f} s of runs")
+        held = f"{ui.fmt(a['heldout_gain'], True)} (margin {a['margin']:g})"
+        st.markdown(
+            "| dev (mean ± std, n) | dev gain vs trunk (95% LCB) | held-out gain vs margin | cost |\n"
+            "|---|---|---|---|\n"
+            f"| {ui.mean_std(n['dev_values'])} | {ui.fmt(a['dev_gain'], True)} ({ui.fmt(a['dev_gain_lcb'], True)}) "
+            f"| {held} | ${cost.get('usd', 0.0):.3f} LLM · {seconds:.0f} s of runs |"
+        )
         if a["constraints"]:
             st.dataframe(
                 [
@@ -96,11 +98,20 @@ def page() -> None:
     default = next((i for i, c in enumerate(choices) if only is not None and c.endswith(f"(id {only})")), 0)
     chosen = st.selectbox("Study", choices, index=default, key="approvals_study")
     study_id = None if chosen == "all studies" else int(chosen.rsplit("id ", 1)[1].rstrip(")"))
-    pending = api.approvals(study_id)
-    if not pending:
-        st.info("Nothing is waiting for approval.")
-    for a in pending:
-        card(api, a, names.get(a["study_id"], str(a["study_id"])))
+
+    @st.fragment(run_every=REFRESH)
+    def waiting() -> None:
+        try:
+            pending = api.approvals(study_id)
+        except (ApiError, Unreachable) as exc:
+            ui.show_error(exc)
+            return
+        if not pending:
+            st.info("Nothing is waiting for approval.")
+        for a in pending:
+            card(api, a, names.get(a["study_id"], str(a["study_id"])))
+
+    waiting()
     decided = [a for a in api.approvals(study_id, state="all") if a["status"] != "pending"]
     if decided:
         st.subheader("Decided")

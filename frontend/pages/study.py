@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,9 +24,9 @@ def pick_study(api: Grove) -> int | None:
         st.info("No studies yet.")
         ui.page_link("studies", "Create one on the Studies page")
         return None
-    names = {f"{s['name']} (id {s['id']}, {s['status']})": s["id"] for s in studies}
-    chosen = st.selectbox("Study", list(names), key="pick_study")
-    return names[chosen] if chosen else None
+    names = {s["id"]: f"{s['name']} (id {s['id']}, {s['status']})" for s in studies}
+    chosen: int | None = st.selectbox("Study", list(names), format_func=names.__getitem__, key="pick_study")
+    return chosen
 
 
 def act(key: str, action: Any) -> None:
@@ -190,10 +191,11 @@ def tree(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
         f"{len(nodes)} nodes · showing {stats.shown}" + (f", {stats.hidden} folded" if stats.hidden else "")
     )
     st.graphviz_chart(dot, width="stretch")
-    labels = {f"n{n['id']} · {n['status']} · {n['title'][:60]}": n["id"] for n in reversed(nodes)}
-    chosen = st.selectbox("Open a node", list(labels), key="open_node")
-    if chosen:
-        ui.page_link("node", f"Open n{labels[chosen]} →", study=s["id"], node=labels[chosen])
+    # Options are ids, not labels: a label changes with the node's status at every refresh.
+    labels = node_labels(reversed(nodes))
+    chosen = st.selectbox("Open a node", list(labels), format_func=labels.__getitem__, key="open_node")
+    if chosen is not None:
+        ui.page_link("node", f"Open n{chosen} →", study=s["id"], node=chosen)
 
 
 def steer(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
@@ -201,10 +203,12 @@ def steer(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
         st.caption(f"The study is {s['status']}: nothing more can be added or pruned.")
         return
     open_nodes = [n for n in nodes if n["status"] not in ("pruned", "cancelled")]
-    labels = {f"n{n['id']} · {n['status']} · {n['title'][:50]}": n["id"] for n in open_nodes}
+    labels = node_labels(open_nodes)
     with st.expander("Add a hypothesis under a node"):
         with st.form("hypothesis", clear_on_submit=False):
-            parent = st.selectbox("Parent node", list(labels), key="hyp_parent")
+            parent = st.selectbox(
+                "Parent node", list(labels), format_func=labels.__getitem__, key="hyp_parent"
+            )
             title = st.text_input("Title", key="hyp_title")
             mechanism = st.text_input("Mechanism", key="hyp_mechanism")
             hypothesis = st.text_area("Hypothesis", key="hyp_text", height=80)
@@ -226,14 +230,19 @@ def steer(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
                 else:
                     act(
                         "hypothesis",
-                        lambda: f"added n{api.add_hypothesis(s['id'], labels[parent], body)['id']}",
+                        lambda: f"added n{api.add_hypothesis(s['id'], parent, body)['id']}",
                     )
     with st.expander("Prune a node"):
-        prunable = {k: v for k, v in labels.items() if v != t_root(nodes)}
-        target = st.selectbox("Node", list(prunable), key="prune_node")
+        prunable = [i for i in labels if i != t_root(nodes)]
+        target = st.selectbox("Node", prunable, format_func=labels.__getitem__, key="prune_node")
         reason = st.text_input("Reason", key="prune_reason")
         if st.button("Prune", key="prune") and target is not None:
-            act("prune", lambda: api.prune(s["id"], prunable[target], reason))
+            act("prune", lambda: api.prune(s["id"], target, reason))
+
+
+def node_labels(nodes: Iterable[dict[str, Any]]) -> dict[int, str]:
+    """Return a selectbox label for each node id."""
+    return {n["id"]: f"n{n['id']} · {n['status']} · {n['title'][:60]}" for n in nodes}
 
 
 def t_root(nodes: list[dict[str, Any]]) -> int | None:
@@ -246,7 +255,7 @@ def page() -> None:
     if sid is None:
         return
     s = api.study(sid)
-    st.title(f"🌳 {s['name']}")
+    st.title(s["name"])
     st.caption(
         f"{s['status']}{' — ' + s['stop_reason'] if s['stop_reason'] else ''} · {s['policy']} policy · gate {s['gate_mode']} (margin {s['margin']:g}) · {s['goal']}"
     )

@@ -119,8 +119,8 @@ def test_steer_adds_a_hypothesis_and_prunes_it(api: Api, study: Study) -> None:
     assert any("edits.config.toml:knob.nope" in e.value for e in bad.error), texts(bad)
 
     pruning = app_test(api.url, api.approver, page="pages/study.py", study=study.id)
-    label = next(o for o in pruning.selectbox(key="prune_node").options if o.startswith(f"n{new_id} ·"))
-    pruning.selectbox(key="prune_node").set_value(label)
+    assert any(o.startswith(f"n{new_id} · ") for o in pruning.selectbox(key="prune_node").options)
+    pruning.selectbox(key="prune_node").set_value(new_id)
     pruning.text_input(key="prune_reason").input("not needed")
     pruning.button(key="prune").click().run()
     assert any(s.value == f"pruned n{new_id}" for s in pruning.success), texts(pruning)
@@ -136,8 +136,9 @@ def test_approvals_need_the_approver_role_and_merge_the_node(api: Api, study: St
     assert study.node(node_id)["status"] == "awaiting_approval"
 
     at = app_test(api.url, api.approver, page="pages/approvals.py")
-    held = next(m.value for m in at.metric if m.label == "held-out gain vs margin")
-    assert held.endswith("≥ 0.5")
+    card = next(m.value for m in at.markdown if "held-out gain vs margin" in m.value)
+    gain = study.node(node_id)["heldout_gain"]
+    assert f"| {gain:+.4f} (margin 0.5) |" in card
     at.button(key=f"approve-{node_id}").click().run()
     assert any(f"n{node_id}: approval recorded by dashboard-test" in s.value for s in at.success), texts(at)
     wait_for(lambda: study.node(node_id)["status"] == "merged", timeout=60)

@@ -1,0 +1,156 @@
+"""End to end in a real browser: Debian's headless Chromium, driven by Playwright, against `grove up`.
+
+Submit the digits example in the form, watch the tree grow, open a node, approve a merge on the
+Approvals page and see the node become merged. Screenshots go to $GROVE_TEST_ARTIFACTS
+(default: test-artifacts/ in the project).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from backend.core.config import PROJECT_ROOT
+from tests.conftest import free_port, git, wait_for
+
+ARTIFACTS = Path(os.environ.get("GROVE_TEST_ARTIFACTS", PROJECT_ROOT / "test-artifacts"))
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+]  # fmt: skip
+
+
+def chromium() -> str:
+    """Return Debian's chromium; the test fails (not skips) without it: `apt-get install chromium`."""
+    path = shutil.which("chromium")
+    assert path, "Debian's chromium is required: apt-get install -y chromium"
+    return path
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Run `grove up` (API, workers, Redis, dashboard) in a fresh data directory."""
+    tmp = tmp_path_factory.mktemp("e2e")
+    port, board = free_port(), free_port()
+    env = {**os.environ, "GROVE_DATA_DIR": str(tmp / "data"), "GROVE_WORKTREES_DIR": str(tmp / "wt")}
+    env.pop("GROVE_REDIS_URL", None)
+    env.pop("GROVE_DATABASE_URL", None)
+    out = tmp / "up.log"
+    with open(out, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "backend.cli", "up", "--port", str(port), "--dashboard-port", str(board)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: b"Press Ctrl-C" in out.read_bytes() or proc.poll() is not None, timeout=120)
+        text = out.read_text()
+        assert "Press Ctrl-C" in text, text
+        token = re.search(r"token\s+(grove_\S+)", text).group(1)  # type: ignore[union-attr]
+        dashboard = re.search(r"dashboard\s+(http://\S+)", text).group(1)  # type: ignore[union-attr]
+        yield {"api": f"http://127.0.0.1:{port}/api/v1", "token": token, "dashboard": dashboard}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def example_repository(dest: Path) -> Path:
+    """Copy the digits example into a fresh git repository (what a researcher would submit)."""
+    shutil.copytree(PROJECT_ROOT / "examples" / "digits", dest)
+    git("init", "-q", "-b", "main", cwd=dest)
+    git("add", "-A", cwd=dest)
+    git("commit", "-q", "-m", "digits", cwd=dest)
+    return dest
+
+
+def shot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def test_submit_watch_open_node_and_approve_in_a_real_browser(
+    stack: dict[str, str], browser: Browser, tmp_path: Path
+) -> None:
+    repo = example_repository(tmp_path / "digits")
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    page.set_default_timeout(30_000)
+    page.goto(stack["dashboard"])
+    expect(page.get_by_text("New study")).to_be_visible()
+
+    page.get_by_label("Start from a template").click()
+    page.get_by_role("option", name="digits example").click()
+    expect(page.get_by_role("textbox", name="grove.toml")).to_have_value(re.compile(r'name = "digits"'))
+    page.get_by_label("Repository").fill(str(repo))
+    page.get_by_role("button", name="Create study").click()
+    expect(page.get_by_text("Created study 'digits'")).to_be_visible()
+    shot(page, "01-studies")
+
+    page.get_by_role("link", name="Open the new study").click()
+    expect(page.get_by_role("heading", name="digits")).to_be_visible()
+    nodes = page.get_by_text(re.compile(r"^\d+ nodes · showing"))
+
+    def grown() -> bool:
+        m = re.match(r"(\d+) nodes", nodes.first.inner_text(timeout=5_000)) if nodes.count() else None
+        return bool(m and int(m.group(1)) >= 3)
+
+    wait_for(grown, timeout=240, every=1.0)
+    expect(page.locator("svg text", has_text=re.compile(r"^n1 · merged$"))).to_be_visible()
+    shot(page, "02-study-growing")
+
+    headers = {"Authorization": f"Bearer {stack['token']}"}
+    wait_for(
+        lambda: httpx.get(f"{stack['api']}/approvals", headers=headers).json()["count"] >= 1,
+        timeout=300,
+        every=1.0,
+    )
+    pending = httpx.get(f"{stack['api']}/approvals", headers=headers).json()["data"][0]
+    node_id = pending["node_id"]
+
+    page.get_by_label("Open a node").click()
+    page.get_by_role("option", name=re.compile(rf"^n{node_id} · ")).click()
+    page.get_by_role("link", name=f"Open n{node_id} →").click()
+    expect(page.get_by_role("heading", name=re.compile(rf"^n{node_id} · "))).to_be_visible()
+    page.get_by_role("tab", name="Diff").click()
+    expect(page.get_by_text("config.toml").first).to_be_visible()
+    shot(page, "03-node")
+
+    page.get_by_role("link", name="Approvals").click()
+    card_title = page.get_by_role("heading", name=re.compile(rf"^n{node_id} · "))
+    expect(card_title).to_be_visible()
+    expect(page.get_by_text("held-out gain vs margin").first).to_be_visible()
+    shot(page, "04-approvals")
+    page.get_by_role("button", name="Approve").first.click()
+    expect(page.get_by_text(re.compile(rf"n{node_id}: approval recorded by grove-up"))).to_be_visible()
+    shot(page, "05-approved")
+
+    wait_for(
+        lambda: (
+            httpx.get(
+                f"{stack['api']}/studies/{pending['study_id']}/nodes/{node_id}", headers=headers
+            ).json()["status"]
+            == "merged"
+        ),
+        timeout=120,
+    )
+    page.goto(f"{stack['dashboard']}/study?study={pending['study_id']}")
+    expect(page.locator("svg text", has_text=re.compile(rf"^n{node_id} · merged$"))).to_be_visible(
+        timeout=30_000
+    )
+    shot(page, "06-study-merged")
