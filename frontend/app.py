@@ -15,19 +15,19 @@ st.set_page_config(page_title="Grove", page_icon=":material/park:", layout="wide
 
 ui.PAGES.update(
     studies=st.Page(
-        HERE / "pages/studies.py",
+        HERE / "views/studies.py",
         title="Studies",
         icon=":material/science:",
         url_path="studies",
         default=True,
     ),
-    study=st.Page(HERE / "pages/study.py", title="Study", icon=":material/account_tree:", url_path="study"),
-    node=st.Page(HERE / "pages/node.py", title="Node", icon=":material/search:", url_path="node"),
+    study=st.Page(HERE / "views/study.py", title="Study", icon=":material/account_tree:", url_path="study"),
+    node=st.Page(HERE / "views/node.py", title="Node", icon=":material/search:", url_path="node"),
     approvals=st.Page(
-        HERE / "pages/approvals.py", title="Approvals", icon=":material/task_alt:", url_path="approvals"
+        HERE / "views/approvals.py", title="Approvals", icon=":material/task_alt:", url_path="approvals"
     ),
     connection=st.Page(
-        HERE / "pages/connection.py", title="Connection", icon=":material/link:", url_path="connection"
+        HERE / "views/connection.py", title="Connection", icon=":material/link:", url_path="connection"
     ),
 )
 page = st.navigation(list(ui.PAGES.values()))

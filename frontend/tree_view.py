@@ -20,6 +20,7 @@ COLOURS = {
     "cancelled": "#d6d6d6",
 }
 DEAD_ENDS = ("rejected", "failed", "cancelled")
+FOCUS = ("queued", "running", "awaiting_approval", "merged")
 
 
 @dataclass
@@ -62,12 +63,15 @@ def to_dot(
     *,
     collapse: bool = True,
     group_dead_ends: int = 3,
+    max_nodes: int = 80,
     selected: int | None = None,
 ) -> tuple[str, TreeStats]:
-    """Return DOT for the tree and how many nodes it shows and hides.
+    """Return DOT for the tree and how many nodes it shows and folds away.
 
-    With `collapse`, a pruned node stands for its whole subtree, and a parent's failed, rejected
-    and cancelled leaves become one box once there are more than `group_dead_ends` of them.
+    With `collapse`: a pruned node stands for its whole subtree; a parent's failed, rejected and
+    cancelled leaves become one box once there are more than `group_dead_ends` of them; and a tree
+    larger than `max_nodes` shows only the trunk path, active and waiting nodes, the best third by
+    gain and their ancestors, each parent's other children folded into one box.
     """
     by_id = {n["id"]: n for n in nodes}
     kids: dict[int, list[int]] = defaultdict(list)
@@ -76,13 +80,30 @@ def to_dot(
             kids[n["parent_id"]].append(n["id"])
     trunk = merged_path(nodes, trunk_node_id)
 
-    def subtree_size(nid: int) -> int:
-        stack, count = [nid], 0
+    def subtree(nid: int) -> list[int]:
+        out, stack = [], [nid]
         while stack:
             cur = stack.pop()
-            count += 1
+            out.append(cur)
             stack.extend(kids.get(cur, []))
-        return count
+        return out
+
+    allowed: set[int] | None = None
+    if collapse and len(nodes) > max_nodes:
+        ranked = sorted((n for n in nodes if n.get("gain") is not None), key=lambda n: -n["gain"])
+        focus = (
+            trunk
+            | {n["id"] for n in nodes if n["status"] in FOCUS}
+            | {n["id"] for n in ranked[: max_nodes // 3]}
+        )
+        if selected is not None:
+            focus.add(selected)
+        allowed = set()
+        for nid in focus:
+            cur: int | None = nid
+            while cur is not None and cur in by_id and cur not in allowed:
+                allowed.add(cur)
+                cur = by_id[cur]["parent_id"]
 
     lines = [
         "digraph tree {",
@@ -91,25 +112,22 @@ def to_dot(
         '  edge [color="#9e9e9e", arrowsize=0.5];',
     ]
     shown = hidden = 0
-    roots = [n["id"] for n in nodes if n["parent_id"] is None or n["parent_id"] not in by_id]
-    stack = list(reversed(roots))
+    stack = [n["id"] for n in reversed(nodes) if n["parent_id"] is None or n["parent_id"] not in by_id]
     while stack:
         nid = stack.pop()
         n = by_id[nid]
         shown += 1
         status = n["status"]
-        extra = ""
         below = kids.get(nid, [])
-        if collapse and status == "pruned" and below:
-            size = subtree_size(nid) - 1
-            hidden += size
-            extra = f"\\n+{size} pruned below"
-            below = []
         label = f"n{nid} · {status}\\n{_esc(_short(n.get('title') or ''))}"
-        score = _score(n)
-        if score:
-            label += f"\\n{score}"
-        attrs = [f'label="{label}{extra}"', f'fillcolor="{COLOURS.get(status, "#ffffff")}"', f'id="n{nid}"']
+        if _score(n):
+            label += f"\\n{_score(n)}"
+        if collapse and status == "pruned" and below:
+            size = len(subtree(nid)) - 1
+            hidden += size
+            label += f"\\n+{size} pruned below"
+            below = []
+        attrs = [f'label="{label}"', f'fillcolor="{COLOURS.get(status, "#ffffff")}"']
         if nid in trunk:
             attrs.append('penwidth=2.5, color="#1b7f4b"')
         if nid == selected:
@@ -118,18 +136,23 @@ def to_dot(
         if n["parent_id"] in by_id:
             style = ' [color="#1b7f4b", penwidth=2.5]' if nid in trunk else ""
             lines.append(f"  n{n['parent_id']} -> n{nid}{style};")
+        folded = [k for k in below if allowed is not None and k not in allowed]
+        below = [k for k in below if k not in folded]
         dead = [k for k in below if by_id[k]["status"] in DEAD_ENDS and not kids.get(k) and k != selected]
         if collapse and len(dead) > group_dead_ends:
+            folded += dead
             below = [k for k in below if k not in dead]
+        if folded:
             counts: dict[str, int] = defaultdict(int)
-            for k in dead:
-                counts[by_id[k]["status"]] += 1
+            for k in folded:
+                for d in subtree(k):
+                    counts[by_id[d]["status"]] += 1
+                    hidden += 1
             text = ", ".join(f"{c} {s}" for s, c in sorted(counts.items()))
             lines.append(
-                f'  g{nid} [label="{text}\\n(n{min(dead)}…n{max(dead)})", fillcolor="#f1f1f1", style="rounded,filled,dashed"];'
+                f'  g{nid} [label="{text}\\n(under n{nid})", fillcolor="#f1f1f1", style="rounded,filled,dashed"];'
             )
             lines.append(f"  n{nid} -> g{nid} [style=dashed];")
-            hidden += len(dead)
         stack.extend(reversed(below))
     lines.append("}")
     return "\n".join(lines), TreeStats(shown=shown, hidden=hidden)

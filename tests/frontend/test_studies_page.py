@@ -25,7 +25,7 @@ def test_api_down_and_wrong_token_are_explained(api: Api) -> None:
     assert not wrong.exception
     assert "refused the token" in texts(wrong)
 
-    conn = app_test(api.url, "", page="pages/connection.py")
+    conn = app_test(api.url, "", page="views/connection.py")
     conn.text_input(key="conn_token").input("grove_wrong")
     conn.button(key="connect").click().run()
     assert "refused this token" in texts(conn)

@@ -52,7 +52,7 @@ def dot_of(at: Any) -> str:
 
 
 def test_study_page_shows_tree_scores_budget_state_and_events(api: Api, study: Study) -> None:
-    at = app_test(api.url, api.approver, page="pages/study.py", study=study.id)
+    at = app_test(api.url, api.approver, page="views/study.py", study=study.id)
     assert not at.exception, at.exception
     assert "pages" in at.title[0].value
     dot = dot_of(at)
@@ -79,7 +79,7 @@ def test_study_page_shows_tree_scores_budget_state_and_events(api: Api, study: S
 def test_node_page_shows_evidence_diff_receipts_and_verdicts(api: Api, study: Study) -> None:
     node_id = study.pending()[0]["node_id"]
     detail = study.node(node_id)
-    at = app_test(api.url, api.viewer, page="pages/node.py", study=study.id, node=node_id)
+    at = app_test(api.url, api.viewer, page="views/node.py", study=study.id, node=node_id)
     assert not at.exception, at.exception
     assert at.title[0].value.startswith(f"n{node_id} · ")
     diff = next(c.value for c in at.code if c.language == "diff")
@@ -94,7 +94,7 @@ def test_node_page_shows_evidence_diff_receipts_and_verdicts(api: Api, study: St
 
 
 def test_pause_and_resume_from_the_study_page(api: Api, study: Study) -> None:
-    at = app_test(api.url, api.approver, page="pages/study.py", study=study.id)
+    at = app_test(api.url, api.approver, page="views/study.py", study=study.id)
     at.button(key="pause").click().run()
     assert any("paused" in s.value for s in at.success), texts(at)
     assert study.get()["status"] == "paused"
@@ -104,7 +104,7 @@ def test_pause_and_resume_from_the_study_page(api: Api, study: Study) -> None:
 
 
 def test_steer_adds_a_hypothesis_and_prunes_it(api: Api, study: Study) -> None:
-    at = app_test(api.url, api.approver, page="pages/study.py", study=study.id)
+    at = app_test(api.url, api.approver, page="views/study.py", study=study.id)
     at.text_input(key="hyp_title").input("try x=2 from the dashboard")
     at.text_area(key="hyp_edits").input('{"config.toml:knob.x": 2}')
     next(b for b in at.button if b.label == "Add hypothesis").click().run()
@@ -112,13 +112,13 @@ def test_steer_adds_a_hypothesis_and_prunes_it(api: Api, study: Study) -> None:
     new_id = int(added.removeprefix("added n"))
     assert study.node(new_id)["origin"] == "human"
 
-    bad = app_test(api.url, api.approver, page="pages/study.py", study=study.id)
+    bad = app_test(api.url, api.approver, page="views/study.py", study=study.id)
     bad.text_input(key="hyp_title").input("broken")
     bad.text_area(key="hyp_edits").input('{"config.toml:knob.nope": 2}')
     next(b for b in bad.button if b.label == "Add hypothesis").click().run()
     assert any("edits.config.toml:knob.nope" in e.value for e in bad.error), texts(bad)
 
-    pruning = app_test(api.url, api.approver, page="pages/study.py", study=study.id)
+    pruning = app_test(api.url, api.approver, page="views/study.py", study=study.id)
     assert any(o.startswith(f"n{new_id} · ") for o in pruning.selectbox(key="prune_node").options)
     pruning.selectbox(key="prune_node").set_value(new_id)
     pruning.text_input(key="prune_reason").input("not needed")
@@ -129,18 +129,18 @@ def test_steer_adds_a_hypothesis_and_prunes_it(api: Api, study: Study) -> None:
 
 def test_approvals_need_the_approver_role_and_merge_the_node(api: Api, study: Study) -> None:
     node_id = study.pending()[0]["node_id"]
-    viewer = app_test(api.url, api.viewer, page="pages/approvals.py")
+    viewer = app_test(api.url, api.viewer, page="views/approvals.py")
     assert f"n{node_id} · " in texts(viewer)
     viewer.button(key=f"approve-{node_id}").click().run()
     assert any("approver" in e.value for e in viewer.error), texts(viewer)
     assert study.node(node_id)["status"] == "awaiting_approval"
 
-    at = app_test(api.url, api.approver, page="pages/approvals.py")
+    at = app_test(api.url, api.approver, page="views/approvals.py")
     card = next(m.value for m in at.markdown if "held-out gain vs margin" in m.value)
     gain = study.node(node_id)["heldout_gain"]
     assert f"| {gain:+.4f} (margin 0.5) |" in card
     at.button(key=f"approve-{node_id}").click().run()
     assert any(f"n{node_id}: approval recorded by dashboard-test" in s.value for s in at.success), texts(at)
     wait_for(lambda: study.node(node_id)["status"] == "merged", timeout=60)
-    page = app_test(api.url, api.viewer, page="pages/study.py", study=study.id)
+    page = app_test(api.url, api.viewer, page="views/study.py", study=study.id)
     assert f'n{node_id} [label="n{node_id} · merged' in dot_of(page)

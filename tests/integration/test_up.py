@@ -36,7 +36,7 @@ def processes_using(marker: str) -> list[int]:
 
 
 def test_grove_up_serves_a_study_and_stops_on_ctrl_c(tmp_path: Path) -> None:
-    port = free_port()
+    port, board = free_port(), free_port()
     env = {
         **os.environ,
         "GROVE_DATA_DIR": str(tmp_path / "data"),
@@ -46,7 +46,7 @@ def test_grove_up_serves_a_study_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     out = tmp_path / "up.log"
     with open(out, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "backend.cli", "up", "--port", str(port)],
+            [sys.executable, "-m", "backend.cli", "up", "--port", str(port), "--dashboard-port", str(board)],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
         )  # fmt: skip
     try:
@@ -56,6 +56,8 @@ def test_grove_up_serves_a_study_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         redis_port = int(re.search(r"redis\s+redis://127.0.0.1:(\d+)", text).group(1))  # type: ignore[union-attr]
         api = f"http://127.0.0.1:{port}/api/v1"
         assert httpx.get(f"{api}/health").json() == {"status": "ok", "database": "ok", "redis": "ok"}
+        assert f"dashboard http://127.0.0.1:{board}" in text
+        assert httpx.get(f"http://127.0.0.1:{board}/_stcore/health").text == "ok"
         repo = make_repo(tmp_path / "r", tiny_files(name="up-study", experiments=3))
         headers = {"Authorization": f"Bearer {token}"}
         resp = httpx.post(
@@ -75,5 +77,5 @@ def test_grove_up_serves_a_study_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         code = proc.wait(timeout=90)
     assert code == 0
     assert "Grove stopped." in out.read_text()
-    assert not listening(port) and not listening(redis_port)
+    assert not listening(port) and not listening(redis_port) and not listening(board)
     assert processes_using(str(tmp_path / "data")) == []

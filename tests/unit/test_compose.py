@@ -21,8 +21,15 @@ SERVICES = COMPOSE["services"]
 def test_compose_file_follows_the_compose_spec() -> None:
     parsed = PyCompose.from_json(json.dumps(COMPOSE))
     assert set(parsed.service_names()) == {
-        "redis", "postgres", "migrate", "api", "coordinator", "worker-cpu", "worker-gpu",
+        "redis", "postgres", "migrate", "api", "coordinator", "worker-cpu", "worker-gpu", "dashboard",
     }  # fmt: skip
+
+
+def test_dashboard_reaches_only_the_api() -> None:
+    board = SERVICES["dashboard"]
+    assert board["environment"] == {"GROVE_API_URL": "http://api:8000/api/v1"}
+    assert "env_file" not in board and "volumes" not in board
+    assert board["depends_on"]["api"]["condition"] == "service_healthy"
 
 
 def test_every_long_running_service_has_a_healthcheck() -> None:
@@ -59,6 +66,8 @@ def test_every_command_names_something_in_the_project() -> None:
         argv = _command(svc)
         if argv[0] == "grove":
             _grove_command_exists(argv)
+        elif argv[0] == "streamlit":
+            assert argv[1] == "run" and (PROJECT_ROOT / argv[2]).is_file(), name
         elif argv[0] == "uvicorn":
             module, attr = argv[1].split(":")
             assert hasattr(importlib.import_module(module), attr), name

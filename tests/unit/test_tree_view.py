@@ -47,9 +47,9 @@ def test_pruned_subtrees_and_dead_ends_fold_at_hundreds_of_nodes() -> None:
     for k in range(1, 40):
         nodes.append(node(pruned_root + k, pruned_root, "evaluated"))
     assert len(nodes) >= 250
-    dot, stats = to_dot(nodes, trunk_node_id=1)
+    dot, stats = to_dot(nodes, trunk_node_id=1, max_nodes=1000)
     assert stats.shown == 12 and stats.hidden == 10 * 20 + 39
-    assert "+39 pruned below" in dot and "20 failed" in dot
+    assert "+39 pruned below" in dot and '"20 failed\\n(under n2)"' in dot
     assert f"n{pruned_root + 1} [" not in dot
     full, everything = to_dot(nodes, trunk_node_id=1, collapse=False)
     assert everything.shown == len(nodes) and everything.hidden == 0
@@ -69,3 +69,21 @@ def test_titles_are_escaped_for_dot() -> None:
     ]
     dot, _ = to_dot(nodes, 1)
     assert 'say \\"hi\\" \\\\ bye' in dot and "1.5" in dot
+
+
+def test_a_thousand_node_tree_keeps_trunk_active_and_best_nodes_in_view() -> None:
+    nodes = [node(1, None, "merged")]
+    for i in range(2, 1001):
+        parent = 1 if i < 40 else (i % 38) + 2
+        nodes.append(node(i, parent, "evaluated" if i % 3 else "rejected", gain=(i % 97) / 1000))
+    nodes[500] = node(501, nodes[500]["parent_id"], "running")
+    nodes[700] = node(701, nodes[700]["parent_id"], "awaiting_approval", gain=0.001)
+    nodes[10] = node(11, 1, "merged", 0.2)
+    dot, stats = to_dot(nodes, trunk_node_id=11, max_nodes=150)
+    assert stats.shown + stats.hidden == 1000
+    assert 60 <= stats.shown <= 160
+    for must in (1, 11, 501, 701):
+        assert f"  n{must} [" in dot
+    best = max((n for n in nodes if n["gain"] is not None), key=lambda n: n["gain"])
+    assert f"  n{best['id']} [" in dot
+    assert dot.count("(under n") >= 10

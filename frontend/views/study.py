@@ -190,7 +190,7 @@ def tree(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
     st.caption(
         f"{len(nodes)} nodes · showing {stats.shown}" + (f", {stats.hidden} folded" if stats.hidden else "")
     )
-    st.graphviz_chart(dot, width="stretch")
+    st.graphviz_chart(dot, width="content")
     # Options are ids, not labels: a label changes with the node's status at every refresh.
     labels = node_labels(reversed(nodes))
     chosen = st.selectbox("Open a node", list(labels), format_func=labels.__getitem__, key="open_node")
