@@ -337,7 +337,9 @@ def up_cmd(
 @app.command("worker")
 def worker_cmd(
     queues: Annotated[str, typer.Option(help="cpu, gpu or coordinator (comma separated)")] = "cpu",
-    concurrency: Annotated[int, typer.Option(help="tasks at once (1 per GPU on gpu)")] = 2,
+    concurrency: Annotated[
+        int | None, typer.Option(help="tasks at once (default 2; on gpu, one per visible GPU)")
+    ] = None,
     beat: Annotated[
         bool, typer.Option(help="also run the reconciler's schedule (one per deployment)")
     ] = False,
@@ -345,7 +347,7 @@ def worker_cmd(
     """Run a Celery worker for more machines (uses GROVE_REDIS_URL and GROVE_DATABASE_URL)."""
     import os
 
-    from backend.up import worker_command
+    from backend.up import gpu_devices, worker_command
 
     allowed = {"cpu", "gpu", "coordinator"}
     bad = [q for q in queues.split(",") if q not in allowed]
@@ -355,7 +357,13 @@ def worker_cmd(
     settings = get_settings()
     schedule = settings.data_dir / "beat" if beat else None
     name = queues.replace(",", "-")
-    os.execv(sys.executable, worker_command(queues, concurrency, name, schedule))
+    if "gpu" in queues.split(","):
+        devices = gpu_devices()
+        if devices:
+            # Each pool process pins one device after the fork (backend.tasks.pin_gpu).
+            os.environ["GROVE_GPU_DEVICES"] = ",".join(devices)
+        concurrency = concurrency or max(1, len(devices))
+    os.execv(sys.executable, worker_command(queues, concurrency or 2, name, schedule))
 
 
 @app.command("submit")
@@ -408,6 +416,60 @@ def submit_cmd(
     console.print(client.report(study["id"]), markup=False, highlight=False)
     if study["status"] == "failed":
         raise typer.Exit(1)
+
+
+def _params(pairs: list[str]) -> dict[str, object]:
+    import json
+
+    out: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--set")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
+
+
+@app.command("learn")
+def learn_cmd(
+    kind: Annotated[str, typer.Argument(help="distill or sparse_eval")],
+    settings_: Annotated[
+        list[str],
+        typer.Option("--set", help="a job parameter, KEY=VALUE (repeatable), e.g. model=/models/qwen"),
+    ] = [],  # noqa: B006
+    study: Annotated[str | None, typer.Option(help="the study whose trajectories to distil")] = None,
+    api: Annotated[str | None, typer.Option(help="API URL")] = None,
+    token: Annotated[str | None, typer.Option(help="bearer token")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="follow the job until it ends")] = False,
+) -> None:
+    """Queue a learning job (self-distillation or a sparse-attention evaluation) on the gpu queue."""
+    import time
+
+    from backend.client import ApiError, Client, connection
+
+    try:
+        url, tok = connection(get_settings(), api, token)
+        client = Client(url, tok)
+        job = client.learn(kind, _params(settings_), client.study_id(study) if study else None)
+        console.print(f"queued learning job {job['id']} ({kind})")
+        seen = 0
+        while wait and job["status"] not in ("done", "failed"):
+            time.sleep(1.0)
+            job = client.learning_job(job["id"])
+            for e in job["events"][seen:]:
+                console.print(f"  {e['type']} {e['payload']}", markup=False, highlight=False)
+            seen = len(job["events"])
+    except ApiError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    if job["status"] == "failed":
+        err.print(f"[red]failed:[/] {job['error']}")
+        raise typer.Exit(1)
+    if job["status"] == "done":
+        console.print(f"artifact: {job['artifact']}")
 
 
 token_app = typer.Typer(help="Manage API tokens.", no_args_is_help=True)

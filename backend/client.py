@@ -77,3 +77,19 @@ class Client:
     def report(self, study_id: int) -> str:
         """Return REPORT.md."""
         return str(self._check(self.http.get(f"/studies/{study_id}/report")))
+
+    def learn(self, kind: str, params: dict[str, Any], study_id: int | None = None) -> dict[str, Any]:
+        """Queue a learning job on the gpu queue."""
+        body = {"kind": kind, "params": params, "study_id": study_id}
+        return dict(self._check(self.http.post("/learning/jobs", json=body)))
+
+    def learning_job(self, job_id: int) -> dict[str, Any]:
+        """Return a learning job with its events."""
+        return dict(self._check(self.http.get(f"/learning/jobs/{job_id}")))
+
+    def study_id(self, name: str) -> int:
+        """Return the id of the study with this name."""
+        for st in self._check(self.http.get("/studies", params={"limit": 200}))["data"]:
+            if st["name"] == name:
+                return int(st["id"])
+        raise ApiError(f"no study named {name!r}")

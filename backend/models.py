@@ -195,3 +195,33 @@ class Trajectory(SQLModel, table=True):
     feedback: list[str] = _json([])
     report: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
     created_at: datetime = Field(default_factory=now)
+
+
+class LearningJob(SQLModel, table=True):
+    """A learning-module job on the `gpu` queue: self-distillation or a sparse-attention evaluation."""
+
+    __tablename__ = "learning_job"
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int | None = Field(default=None, index=True, foreign_key="study.id")
+    kind: str  # distill | sparse_eval
+    params: dict[str, Any] = _json({})
+    status: str = "queued"  # queued|running|done|failed
+    progress: float = 0.0
+    device: str = ""
+    artifact: str = ""
+    result: dict[str, Any] = _json({})
+    error: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
+    created_at: datetime = Field(default_factory=now)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class LearningEvent(SQLModel, table=True):
+    """Append-only progress of a learning job."""
+
+    __tablename__ = "learning_event"
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(index=True, foreign_key="learning_job.id")
+    type: str  # learning.queued|started|progress|finished|failed
+    payload: dict[str, Any] = _json({})
+    time: datetime = Field(default_factory=now)

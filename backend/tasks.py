@@ -5,12 +5,14 @@ Executor tasks never wait on other tasks: they end by enqueueing `coordinator.ad
 
 from __future__ import annotations
 
+import os
+
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 from sqlmodel import col, select
 
-from backend import db, events, jobs
+from backend import db, events, jobs, learning
 from backend.celery_app import app
 from backend.core.config import get_settings
 from backend.dispatch import CeleryDispatcher
@@ -22,6 +24,22 @@ from backend.models import Job, Study, now
 @worker_process_init.connect
 def _init_process(**_: object) -> None:
     events.enable(get_settings().redis_url)
+    pin_gpu()
+
+
+def pin_gpu() -> None:
+    """In a `gpu` worker's pool process, see exactly one device: the process index picks it.
+
+    Runs after the fork and before anything imports torch, so CUDA is first initialised in the child.
+    """
+    devices = os.environ.get("GROVE_GPU_DEVICES", "")
+    if not devices:
+        return
+    from billiard.process import current_process
+
+    choices = [d for d in devices.split(",") if d]
+    index = getattr(current_process(), "index", 0) or 0
+    os.environ["CUDA_VISIBLE_DEVICES"] = choices[index % len(choices)]
 
 
 def enqueue_advance(study_id: int, countdown: float | None = None) -> None:
@@ -73,6 +91,17 @@ def experiment_cpu(job_id: int, token: str) -> str:
 def experiment_gpu(job_id: int, token: str) -> str:
     """Run one node attempt on the gpu queue."""
     return _experiment(job_id, token)
+
+
+@app.task(name="gpu.learn")
+def learn(job_id: int) -> str:
+    """Run a learning-module job (self-distillation or a sparse-attention evaluation)."""
+    settings = get_settings()
+    try:
+        with lease(settings.redis_url, f"grove:learning:{job_id}", settings.lease_seconds):
+            return learning.run(settings, job_id)
+    except Busy:
+        return "running elsewhere"
 
 
 @app.task(name="coordinator.reconcile")

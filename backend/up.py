@@ -57,6 +57,22 @@ def redis_binary() -> str:
         ) from None
 
 
+def gpu_devices() -> list[str]:
+    """Return the GPUs this machine offers (CUDA_VISIBLE_DEVICES, else nvidia-smi), without touching CUDA."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+    if not shutil.which("nvidia-smi"):
+        return []
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return [line.strip() for line in out.stdout.splitlines() if line.strip().isdigit()]
+
+
 def worker_command(queues: str, concurrency: int, name: str, beat_schedule: Path | None = None) -> list[str]:
     """Return the command line of a Celery worker for the given queues."""
     cmd = [

@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 
 from agents.spec import SpecError
 from backend import events as fanout
-from backend.api.routes import approvals, events, health, studies, tree
+from backend.api.routes import approvals, events, health, learning, studies, tree
 from backend.celery_app import make_app
 from backend.core.config import Settings, get_settings
 from backend.gitops import GitError
@@ -32,7 +32,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.celery = make_app(settings)
     fanout.enable(settings.redis_url)
     api = APIRouter(prefix=API_PREFIX)
-    for module in (studies, tree, approvals, events, health):
+    for module in (studies, tree, approvals, events, learning, health):
         api.include_router(module.router)
     app.include_router(api)
 

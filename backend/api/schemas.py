@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -185,6 +185,36 @@ class Progress(BaseModel):
     baseline_dev: float | None
     baseline_heldout: float | None
     points: list[ProgressPoint]
+
+
+class LearningJobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["distill", "sparse_eval"]
+    params: dict[str, Any] = Field(default_factory=dict, description="overrides of the job's defaults")
+    study_id: int | None = Field(default=None, ge=1, le=2**31 - 1, description="the study it belongs to")
+
+
+class LearningEventPublic(BaseModel):
+    type: str
+    payload: dict[str, Any]
+    time: datetime
+
+
+class LearningJobPublic(BaseModel):
+    id: int
+    study_id: int | None
+    kind: str
+    params: dict[str, Any]
+    status: str
+    progress: float
+    device: str
+    artifact: str
+    result: dict[str, Any]
+    error: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    events: list[LearningEventPublic]
 
 
 NodeDetail.model_rebuild()

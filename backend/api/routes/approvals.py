@@ -24,7 +24,7 @@ def pending(
     study_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     state: Annotated[str, Query(pattern="^(pending|approved|rejected|all)$")] = "pending",
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> schemas.Page[schemas.ApprovalPublic]:
     """List approvals (pending by default), oldest first."""
     with db.session(settings.db_url) as s:

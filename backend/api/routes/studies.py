@@ -10,7 +10,7 @@ from sqlmodel import col, func, select
 
 from backend import db, gitops, report
 from backend.api import schemas, views
-from backend.api.deps import Approver, CeleryDep, Operator, Reader, SettingsDep, StudyId
+from backend.api.deps import MAX_ID, Approver, CeleryDep, Operator, Reader, SettingsDep, StudyId
 from backend.models import Job, Study
 from backend.storage import add_event
 from backend.studies import NotPromotable, check_study, create_study
@@ -79,7 +79,7 @@ def list_studies(
     settings: SettingsDep,
     who: Reader,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> schemas.Page[schemas.StudyPublic]:
     """List studies, newest first."""
     with db.session(settings.db_url) as s:

@@ -1,0 +1,73 @@
+"""Learning-module jobs on the `gpu` queue: submit, list, inspect."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Path, Query, status
+from sqlmodel import col, func, select
+
+from backend import db, learning
+from backend.api import schemas
+from backend.api.deps import MAX_ID, CeleryDep, Operator, Reader, SettingsDep
+from backend.models import LearningJob, Study
+
+router = APIRouter(prefix="/learning/jobs", tags=["learning"])
+JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="a learning job id")]
+
+
+def _public(job: LearningJob, events: list[Any] | None = None) -> schemas.LearningJobPublic:
+    return schemas.LearningJobPublic(
+        id=job.id or 0, study_id=job.study_id, kind=job.kind, params=job.params, status=job.status,
+        progress=job.progress, device=job.device, artifact=job.artifact, result=job.result, error=job.error,
+        created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at,
+        events=[schemas.LearningEventPublic(type=e.type, payload=e.payload, time=e.time) for e in events or []],
+    )  # fmt: skip
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=schemas.LearningJobPublic)
+def create(
+    body: schemas.LearningJobCreate, settings: SettingsDep, celery: CeleryDep, who: Operator
+) -> schemas.LearningJobPublic:
+    """Queue a distillation job or a sparse-attention evaluation on the gpu queue."""
+    if body.study_id is not None:
+        with db.session(settings.db_url) as s:
+            if s.get(Study, body.study_id) is None:
+                raise HTTPException(
+                    422, {"message": f"study_id: no study with id {body.study_id}", "errors": []}
+                )
+    try:
+        job = learning.submit(settings, body.kind, body.params, body.study_id)
+    except learning.LearningJobError as exc:
+        key = str(exc).split(":", 1)[0]
+        raise HTTPException(
+            422, {"message": str(exc), "errors": [{"key": key, "message": str(exc)}]}
+        ) from None
+    celery.send_task("gpu.learn", args=[job.id], task_id=f"learning-{job.id}")
+    return _public(job)
+
+
+@router.get("", response_model=schemas.Page[schemas.LearningJobPublic])
+def list_jobs(
+    settings: SettingsDep,
+    who: Reader,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+) -> schemas.Page[schemas.LearningJobPublic]:
+    """List learning jobs, newest first."""
+    with db.session(settings.db_url) as s:
+        count = s.exec(select(func.count()).select_from(LearningJob)).one()
+        rows = s.exec(
+            select(LearningJob).order_by(col(LearningJob.id).desc()).offset(offset).limit(limit)
+        ).all()
+        return schemas.Page(data=[_public(j) for j in rows], count=count)
+
+
+@router.get("/{job_id}", response_model=schemas.LearningJobPublic)
+def read(job_id: JobId, settings: SettingsDep, who: Reader) -> schemas.LearningJobPublic:
+    """Return a learning job with its events and result."""
+    with db.session(settings.db_url) as s:
+        job = s.get(LearningJob, job_id)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no learning job with id {job_id}")
+    return _public(job, learning.events(settings, job_id))
