@@ -94,6 +94,10 @@ def test_sparse_attention_evaluation_job_reports_recall(gpu_queue: Service) -> N
     headers = {"Authorization": f"Bearer {create_token(settings, ['operator'], 'learn')}"}
     params = {"docs": 16, "doc_len": 64, "pool": 16, "top_k": 4, "trials": 16, "noise": 0.3}
     with TestClient(create_app(settings)) as client:
+        wrong = client.post(
+            "/api/v1/learning/jobs", headers=headers, json={"kind": "sparse_eval", "params": {"docs": "8"}}
+        )
+        assert wrong.status_code == 422 and "params.docs: expected int" in wrong.json()["detail"]["message"]
         made = client.post(
             "/api/v1/learning/jobs", headers=headers, json={"kind": "sparse_eval", "params": params}
         )
