@@ -43,6 +43,7 @@ SPARSE_DEFAULTS: dict[str, Any] = {
     "top_k": 4,
     "pool": 64,
     "noise": 0.5,
+    "topic": 0.0,
     "trials": 32,
     "ssmax": False,
     "seed": 0,
@@ -187,49 +188,11 @@ def _distill(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:
     return result
 
 
-def needle_recall(params: dict[str, Any], device: str, on_trial: Any = None) -> dict[str, Any]:
-    """Plant a needle document, query with its tokens plus noise, and measure top-k routing recall."""
-    import torch
-
-    from agents.learning.sparse_attention import DocRoutedSparseAttention
-
-    g, n_docs, pool = int(params["doc_len"]), int(params["docs"]), int(params["pool"])
-    heads, head_dim, m = 4, 16, 8
-    gen = torch.Generator().manual_seed(int(params["seed"]))
-    torch.manual_seed(int(params["seed"]))
-    model = DocRoutedSparseAttention(heads * head_dim, heads, heads, head_dim, top_k=int(params["top_k"]),
-                                     pool=pool, ssmax=bool(params["ssmax"])).to(device)  # fmt: skip
-    with torch.no_grad():
-        model.router_q.weight.copy_(model.router_k.weight)  # query and key routers agree on a token
-    hits, seconds = 0, 0.0
-    for trial in range(int(params["trials"])):
-        docs = torch.randn(n_docs * g, heads * head_dim, generator=gen).to(device)
-        needle = int(torch.randint(n_docs, (1,), generator=gen))
-        picks = needle * g + torch.randint(g, (m,), generator=gen)
-        noise = float(params["noise"]) * torch.randn(1, m, heads * head_dim, generator=gen).to(device)
-        query = docs[picks.to(device)][None] + noise
-        t = time.perf_counter()
-        with torch.no_grad():
-            bank = model.encode_docs(docs, [g] * n_docs)
-            _, aux = model(query, bank)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        seconds += time.perf_counter() - t
-        hits += int(needle in aux["doc_idx"][0].tolist())
-        if on_trial is not None:
-            on_trial(trial + 1)
-    chunks_per_doc = -(-g // pool)
-    return {
-        "recall": hits / int(params["trials"]),
-        "kv_tokens": min(int(params["top_k"]), n_docs) * chunks_per_doc + m,
-        "context_tokens": n_docs * g,
-        "ms_per_query": 1000 * seconds / int(params["trials"]),
-    }
-
-
 def _sparse_eval(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:
     device = _device(job.params["device"])
     trials = int(job.params["trials"])
+    from agents.learning.sparse_attention.needle import needle_recall
+
     result = needle_recall(
         job.params,
         device,

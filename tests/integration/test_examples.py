@@ -1,0 +1,46 @@
+"""The bundled examples: each spec checks out against its own folder, and each dev evaluation runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from backend import gitops
+from backend.core.config import PROJECT_ROOT
+from backend.studies import check_spec, parse_spec
+from tests.conftest import git
+
+EXAMPLES = PROJECT_ROOT / "examples"
+
+
+@pytest.mark.parametrize("name", ["digits", "needle"])
+def test_example_spec_holds_against_its_repository(name: str, tmp_path: Path) -> None:
+    repo = tmp_path / name
+    shutil.copytree(EXAMPLES / name, repo)
+    git("init", "-q", "-b", "main", cwd=repo)
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "-m", "example", cwd=repo)
+    spec = parse_spec((repo / "grove.toml").read_text(), f"examples/{name}/grove.toml")
+    assert check_spec(spec, gitops.Repo(repo))
+
+
+def test_needle_example_measures_recall_with_the_sparse_attention_module(tmp_path: Path) -> None:
+    work = tmp_path / "needle"
+    shutil.copytree(EXAMPLES / "needle", work)
+    out = subprocess.run(
+        [sys.executable, "eval.py", "--split", "dev"], cwd=work, env={**os.environ, "GROVE_SEED": "1"},
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    metrics = json.loads(out.stdout.strip().splitlines()[-1])
+    assert 0.0 <= metrics["recall"] <= 1.0 and metrics["kv_tokens"] == 2 * 16 + 8
+    shutil.rmtree(work / "data" / "test")  # sealed: a worktree has no test seeds
+    gone = subprocess.run(
+        [sys.executable, "eval.py", "--split", "test"], cwd=work, capture_output=True, check=False
+    )
+    assert gone.returncode != 0
