@@ -120,6 +120,40 @@ def distill_vs_ce(args: argparse.Namespace) -> None:
     )
 
 
+def raw_routing_flex(args: argparse.Namespace) -> None:
+    """Raw-token routing: FlexAttention block mask (compiled) vs dense SDPA with the same boolean mask."""
+    from agents.learning.sparse_attention.flex import flex_doc_sparse_attention
+    from agents.learning.sparse_attention.raw import document_mask
+
+    dev, dtype = args.device, torch.bfloat16
+    hq, hkv, d, g, m, k = args.heads, args.kv_heads, args.head_dim, args.doc_len, args.query_len, args.top_k
+    print(
+        f"\nraw-token routing, FlexAttention block mask vs masked dense SDPA: Hq={hq} Hkv={hkv} D={d} G={g} M={m} k={k}"
+    )
+    print("| L | masked SDPA ms | flex ms | speed-up |\n|---|---|---|---|")
+    for length in args.lengths:
+        n_docs = (length - m) // g
+        doc_of_key = torch.cat(
+            [torch.arange(n_docs).repeat_interleave(g), torch.full((length - n_docs * g,), -1)]
+        )
+        doc_of_key = doc_of_key[None].to(dev)
+        selected = torch.randperm(n_docs)[:k].sort().values[None].to(dev)
+        q = torch.randn(1, hq, m, d, device=dev, dtype=dtype)
+        kk = torch.randn(1, hkv, length, d, device=dev, dtype=dtype)
+        vv = torch.randn(1, hkv, length, d, device=dev, dtype=dtype)
+        mask = document_mask(doc_of_key, selected, m)
+        with torch.no_grad():
+            dense = timed(
+                partial(F.scaled_dot_product_attention, q, kk, vv, attn_mask=mask, enable_gqa=True),
+                dev,
+                args.repeats,
+            )
+            flex = timed(
+                partial(flex_doc_sparse_attention, q, kk, vv, doc_of_key, selected), dev, args.repeats
+            )
+        print(f"| {length:,} | {dense * 1e3:.2f} | {flex * 1e3:.2f} | {dense / flex:.2f}x |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -132,6 +166,8 @@ def main() -> None:
     args.doc_len, args.query_len, args.top_k = (2048, 128, 16) if gpu else (512, 64, 4)
     torch.manual_seed(0)
     sparse_vs_dense(args)
+    if gpu:  # eager FlexAttention on the CPU is an unfused reference, not worth timing
+        raw_routing_flex(args)
     distill_vs_ce(args)
 
 

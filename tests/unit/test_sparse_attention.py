@@ -227,3 +227,27 @@ def test_raw_token_routing_equals_document_masked_dense_attention() -> None:
     sub = doc_of_key[:, keep].clone()
     alone = doc_sparse_attention(q, k[:, :, keep], v[:, :, keep], sub, torch.tensor([[2]]))
     torch.testing.assert_close(part, alone, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("ssmax", [None, 0.6])
+@pytest.mark.parametrize("causal", [True, False])
+def test_flex_attention_block_mask_equals_the_dense_reference(ssmax: float | None, causal: bool) -> None:
+    import warnings
+
+    from agents.learning.sparse_attention.flex import flex_doc_sparse_attention
+
+    g = torch.Generator().manual_seed(5)
+    b, hq, hkv, m, d = 2, 4, 2, 8, 16
+    doc_of_key = torch.tensor([[0] * 40 + [1] * 24 + [2] * 50 + [3] * 30 + [-1] * 16,
+                               [0] * 10 + [1] * 70 + [2] * 30 + [3] * 34 + [-1] * 16])  # fmt: skip
+    length = doc_of_key.shape[1]
+    q = torch.randn(b, hq, m, d, generator=g)
+    k = torch.randn(b, hkv, length, d, generator=g)
+    v = torch.randn(b, hkv, length, d, generator=g)
+    per_head = torch.tensor([[[0, 2], [1, 3], [2, 2], [3, 0]], [[1, 1], [0, 3], [2, 1], [3, 2]]])
+    for selected in (torch.tensor([[1, 3], [0, 2]]), per_head):
+        ref = doc_sparse_attention(q, k, v, doc_of_key, selected, causal=causal, ssmax_scale=ssmax)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # eager flex on CPU warns that it is unfused
+            out = flex_doc_sparse_attention(q, k, v, doc_of_key, selected, causal, ssmax, block_size=32)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

@@ -7,6 +7,7 @@ from agents.learning.sparse_attention.msa import (
     rope,
     routing_aux_loss,
 )
+from agents.learning.sparse_attention.flex import flex_doc_sparse_attention
 from agents.learning.sparse_attention.raw import doc_sparse_attention, document_mask
 from agents.learning.sparse_attention.ssmax import ssmax_softmax
 
@@ -15,6 +16,7 @@ __all__ = [
     "MemoryBank",
     "chunk_mean",
     "doc_sparse_attention",
+    "flex_doc_sparse_attention",
     "document_mask",
     "rope",
     "routing_aux_loss",
