@@ -147,10 +147,13 @@ class Driver:
                 snap = graph.get_state(cfg)
                 if not snap.values:
                     inp: Any = {"study_id": self.study_id}
-                elif not snap.next:
+                elif not snap.next and not snap.tasks:
                     return Waiting(True, [], None, False)
                 elif not snap.interrupts:
-                    inp = None  # a step was cut short (crash): run it again
+                    # A step was cut short by a crash: either a node did not finish (run it again), or
+                    # every node's writes were saved but the step's checkpoint was not (next is empty
+                    # then, yet the graph is not at its end): invoking applies them and goes on.
+                    inp = None
                 else:
                     ready = {}
                     for intr in snap.interrupts:

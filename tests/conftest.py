@@ -220,6 +220,24 @@ class Service:
             self.stop_worker(name)
 
 
+def sqlite_service(root: Path, redis_url: str, db_number: int) -> Service:
+    """Return a Service over a fresh SQLite data folder and a Redis database of its own.
+
+    Its own Redis database keeps other tests' workers from taking its tasks.
+    """
+    broker = redis_url.rsplit("/", 1)[0] + f"/{db_number}"
+    settings = Settings(data_dir=root / "data", worktrees_dir=root / "worktrees", redis_url=broker)
+    settings.ensure_dirs()
+    env = {
+        **os.environ,
+        "GROVE_DATA_DIR": str(settings.data_dir),
+        "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
+        "GROVE_REDIS_URL": broker,
+    }
+    env.pop("GROVE_DATABASE_URL", None)
+    return Service(settings, env)
+
+
 PG_ADMIN = os.environ.get("GROVE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 

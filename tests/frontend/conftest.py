@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 from backend.api.main import create_app
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.security import create_token
-from tests.conftest import Service, free_port, wait_for
+from tests.conftest import Service, free_port, sqlite_service, wait_for
 
 APP = str(PROJECT_ROOT / "frontend" / "app.py")
 
@@ -45,19 +44,8 @@ def serve(app: object, port: int) -> tuple[ThreadServer, threading.Thread]:
 @pytest.fixture(scope="session")
 def api(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Api]:
     """Start the API and a coordinator and cpu worker over one SQLite database."""
-    root = tmp_path_factory.mktemp("dashboard")
-    # A Redis database of its own: other sessions' workers must not take this API's tasks.
-    broker = redis_url.rsplit("/", 1)[0] + "/7"
-    settings = Settings(data_dir=root / "data", worktrees_dir=root / "worktrees", redis_url=broker)
-    settings.ensure_dirs()
-    env = {
-        **os.environ,
-        "GROVE_DATA_DIR": str(settings.data_dir),
-        "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
-        "GROVE_REDIS_URL": broker,
-    }
-    env.pop("GROVE_DATABASE_URL", None)
-    svc = Service(settings, env)
+    svc = sqlite_service(tmp_path_factory.mktemp("dashboard"), redis_url, db_number=7)
+    settings = svc.settings
     svc.start_worker("dash-coord", "coordinator", 2)
     svc.start_worker("dash-cpu", "cpu", 2)
     port = free_port()

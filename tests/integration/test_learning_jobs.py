@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,23 +14,16 @@ import torch
 from fastapi.testclient import TestClient
 
 from backend.api.main import create_app
-from backend.core.config import PROJECT_ROOT, Settings
+from backend.core.config import PROJECT_ROOT
 from backend.core.security import create_token
-from tests.conftest import Service, wait_for
+from tests.conftest import Service, sqlite_service, wait_for
 from tests.learning_fixtures import records, tiny_model, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
 def gpu_queue(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Service]:
     """A worker on the `gpu` queue only (there is no GPU here: the jobs run on the CPU)."""
-    root = tmp_path_factory.mktemp("learning")
-    broker = redis_url.rsplit("/", 1)[0] + "/9"
-    settings = Settings(data_dir=root / "data", worktrees_dir=root / "wt", redis_url=broker)
-    settings.ensure_dirs()
-    env = {**os.environ, "GROVE_DATA_DIR": str(settings.data_dir), "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
-           "GROVE_REDIS_URL": broker}  # fmt: skip
-    env.pop("GROVE_DATABASE_URL", None)
-    svc = Service(settings, env)
+    svc = sqlite_service(tmp_path_factory.mktemp("learning"), redis_url, db_number=9)
     svc.start_worker("learn-gpu", "gpu", 1)
     yield svc
     svc.stop()
