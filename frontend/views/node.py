@@ -12,7 +12,10 @@ from frontend.client import Grove
 
 
 def header(n: dict[str, Any], sid: int) -> None:
-    st.title(f"n{n['id']} · {n['title']}")
+    title = n["title"] if len(n["title"]) <= 60 else n["title"][:59] + "…"
+    st.title(f"n{n['id']} · {title}")
+    if title != n["title"]:
+        st.markdown(f"**{n['title']}**")
     st.caption(
         f"status **{n['status']}** · origin {n['origin']} · depth {n['depth']} · attempts {n['attempts']}"
     )
@@ -32,7 +35,9 @@ def header(n: dict[str, Any], sid: int) -> None:
 
 def evidence(n: dict[str, Any]) -> None:
     c = st.columns(4)
-    c[0].metric("dev", ui.mean_std(n["dev_values"]))
+    values = n["dev_values"]
+    spread = ui.mean_std(values).split(" ", 1)[1] if values else ""
+    c[0].metric(f"dev mean {spread}".strip(), ui.fmt(n["dev_mean"]))
     c[1].metric("dev gain vs trunk", ui.fmt(n["gain"], signed=True))
     c[2].metric("gain 95% LCB", ui.fmt(n["gain_lcb"], signed=True))
     c[3].metric("held-out gain", ui.fmt(n["heldout_gain"], signed=True))
