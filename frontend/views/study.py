@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,7 +29,7 @@ def pick_study(api: Grove) -> int | None:
     return chosen
 
 
-def act(key: str, action: Any) -> None:
+def act(action: Callable[[], str]) -> None:
     """Call the API and keep its answer for the rerun."""
     try:
         ui.remember("controls", "success", action())
@@ -42,13 +42,13 @@ def controls(api: Grove, s: dict[str, Any]) -> None:
     sid, status = s["id"], s["status"]
     cols = st.columns(6)
     if cols[0].button("Pause", key="pause", disabled=status not in ("created", "running")):
-        act("pause", lambda: f"paused: status is now {api.control(sid, 'pause')['status']}")
+        act(lambda: f"paused: status is now {api.control(sid, 'pause')['status']}")
     if cols[1].button("Resume", key="resume", disabled=status != "paused"):
-        act("resume", lambda: f"resumed: status is now {api.control(sid, 'resume')['status']}")
+        act(lambda: f"resumed: status is now {api.control(sid, 'resume')['status']}")
     if cols[2].button("Stop", key="stop", disabled=status in (*ui.FINISHED, "stopping")):
-        act("stop", lambda: f"stopping: status is now {api.control(sid, 'stop')['status']}")
+        act(lambda: f"stopping: status is now {api.control(sid, 'stop')['status']}")
     if cols[3].button("Promote", key="promote", disabled=not s["trunk_commit"]):
-        act("promote", lambda: api.promote(sid))
+        act(lambda: api.promote(sid))
     cols[4].download_button(
         "REPORT.md",
         data=lambda: api.report(sid),
@@ -229,15 +229,14 @@ def steer(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
                     st.error("parent: choose a node")
                 else:
                     act(
-                        "hypothesis",
                         lambda: f"added n{api.add_hypothesis(s['id'], parent, body)['id']}",
                     )
     with st.expander("Prune a node"):
-        prunable = [i for i in labels if i != t_root(nodes)]
+        prunable = [i for i in labels if i != root_id(nodes)]
         target = st.selectbox("Node", prunable, format_func=labels.__getitem__, key="prune_node")
         reason = st.text_input("Reason", key="prune_reason")
         if st.button("Prune", key="prune") and target is not None:
-            act("prune", lambda: api.prune(s["id"], target, reason))
+            act(lambda: api.prune(s["id"], target, reason))
 
 
 def node_labels(nodes: Iterable[dict[str, Any]]) -> dict[int, str]:
@@ -245,7 +244,7 @@ def node_labels(nodes: Iterable[dict[str, Any]]) -> dict[int, str]:
     return {n["id"]: f"n{n['id']} · {n['status']} · {n['title'][:60]}" for n in nodes}
 
 
-def t_root(nodes: list[dict[str, Any]]) -> int | None:
+def root_id(nodes: list[dict[str, Any]]) -> int | None:
     return next((n["id"] for n in nodes if n["parent_id"] is None), None)
 
 
