@@ -41,7 +41,7 @@ def serve(app: object, port: int) -> tuple[ThreadServer, threading.Thread]:
     return server, thread
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def api(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Api]:
     """Start the API and a coordinator and cpu worker over one SQLite database."""
     svc = sqlite_service(tmp_path_factory.mktemp("dashboard"), redis_url, db_number=7)

@@ -273,7 +273,7 @@ def test_promote_pushes_trunk_as_a_new_branch(settings: Settings, tiny_repo: Pat
 
 
 def test_user_stop_cancels_running_work_and_finishes(settings: Settings, tmp_path: Path) -> None:
-    repo = make_repo(tmp_path / "r", tiny_files(experiments=8, sleep=1.0, plateau_stop=50))
+    repo = make_repo(tmp_path / "r", tiny_files(experiments=8, sleep=3.0, plateau_stop=50))
     proc = spawn_run(settings, repo)
     try:
         wait_for(
