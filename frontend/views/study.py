@@ -191,8 +191,14 @@ def tree(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
         f"{len(nodes)} nodes · showing {stats.shown}" + (f", {stats.hidden} folded" if stats.hidden else "")
     )
     st.graphviz_chart(dot, width="content")
-    # Options are ids, not labels: a label changes with the node's status at every refresh.
-    labels = node_labels(reversed(nodes))
+    node_picker(s, nodes)
+
+
+def node_picker(s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
+    """Pick a node to open (type to filter)."""
+    # Options are ids in creation order: a refresh only appends, so the selection stays on its node
+    # (labels change with the status, and newest-first order would shift the selected index).
+    labels = node_labels(nodes)
     chosen = st.selectbox("Open a node", list(labels), format_func=labels.__getitem__, key="open_node")
     if chosen is not None:
         ui.page_link("node", f"Open n{chosen} →", study=s["id"], node=chosen)
@@ -283,11 +289,10 @@ def page() -> None:
         improvement_state(fresh["improvement_state"])
         st.subheader("Recent events")
         events(api, sid)
-        st.session_state.tree_nodes = t["nodes"]
 
     live()
     st.subheader("Steer")
-    steer(api, s, st.session_state.get("tree_nodes") or api.tree(sid)["nodes"])
+    steer(api, s, api.tree(sid)["nodes"])
 
 
 ui.guarded(page)

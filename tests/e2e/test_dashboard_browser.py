@@ -88,9 +88,17 @@ def shot(page: Page, name: str) -> None:
 def test_submit_watch_open_node_and_approve_in_a_real_browser(
     stack: dict[str, str], browser: Browser, tmp_path: Path
 ) -> None:
-    repo = example_repository(tmp_path / "digits")
     page = browser.new_page(viewport={"width": 1500, "height": 1100})
     page.set_default_timeout(30_000)
+    try:
+        walk_through(stack, page, tmp_path)
+    except Exception:
+        shot(page, "failure")  # what the browser showed when a step failed
+        raise
+
+
+def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
+    repo = example_repository(tmp_path / "digits")
     page.goto(stack["dashboard"])
     expect(page.get_by_text("New study")).to_be_visible()
 
@@ -124,6 +132,7 @@ def test_submit_watch_open_node_and_approve_in_a_real_browser(
     node_id = pending["node_id"]
 
     page.get_by_label("Open a node").click()
+    page.keyboard.type(f"n{node_id} · ")  # the list is long and virtualised: filter it as a user would
     page.get_by_role("option", name=re.compile(rf"^n{node_id} · ")).click()
     page.get_by_role("link", name=f"Open n{node_id} →").click()
     expect(page.get_by_role("heading", name=re.compile(rf"^n{node_id} · "))).to_be_visible()
