@@ -11,8 +11,9 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlmodel import col, select
 
 from backend import db
@@ -20,75 +21,80 @@ from backend.core.config import Settings
 from backend.models import LearningEvent, LearningJob, now
 from backend.trajectories import export_records
 
-KINDS = ("distill", "sparse_eval")
-DISTILL_DEFAULTS: dict[str, Any] = {
-    "model": "",  # a local Hugging Face model folder (config, weights, tokenizer)
-    "trajectories": "",  # a JSONL file from `grove export-trajectories`; empty: the study's own records
-    "mode": "sdpo",
-    "teacher": "ema",
-    "rate": 0.05,
-    "beta": 0.5,
-    "support": "topk",
-    "topk": 100,
-    "steps": 20,
-    "batch_size": 4,
-    "lr": 1e-5,
-    "max_tokens": 1024,
-    "device": "auto",
-    "save_model": True,
-}
-SPARSE_DEFAULTS: dict[str, Any] = {
-    "docs": 64,
-    "doc_len": 256,
-    "top_k": 4,
-    "pool": 64,
-    "noise": 0.5,
-    "topic": 0.0,
-    "trials": 32,
-    "ssmax": False,
-    "seed": 0,
-    "device": "auto",
-}
+
+class DistillParams(BaseModel):
+    """A distillation job: a local model folder, the records to distil, and the step's settings."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str = ""  # a local Hugging Face model folder (config, weights, tokenizer)
+    trajectories: str = ""  # a JSONL file from `grove export-trajectories`; empty: the study's own records
+    mode: Literal["sdpo", "canon"] = "sdpo"
+    teacher: Literal["ema", "trust_region", "frozen"] = "ema"
+    rate: float = Field(default=0.05, ge=0.0, le=1.0)
+    beta: float = Field(default=0.5, ge=0.0, le=1.0)
+    support: Literal["full", "topk", "sampled"] = "topk"
+    topk: int = Field(default=100, ge=1, le=1_000_000)
+    steps: int = Field(default=20, ge=1, le=1_000_000)
+    batch_size: int = Field(default=4, ge=1, le=1_000_000)
+    lr: float = Field(default=1e-5, gt=0.0)
+    max_tokens: int = Field(default=1024, ge=1, le=1_000_000)
+    device: str = "auto"
+    save_model: bool = True
+
+
+class SparseEvalParams(BaseModel):
+    """A sparse-attention evaluation: needle-in-documents recall of the routed memory."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    docs: int = Field(default=64, ge=1, le=1_000_000)
+    doc_len: int = Field(default=256, ge=1, le=1_000_000)
+    top_k: int = Field(default=4, ge=1, le=1_000_000)
+    pool: int = Field(default=64, ge=1, le=1_000_000)
+    noise: float = Field(default=0.5, ge=0.0)
+    topic: float = 0.0
+    trials: int = Field(default=32, ge=1, le=1_000_000)
+    ssmax: bool = False
+    seed: int = 0
+    device: str = "auto"
+
+
+PARAMS: dict[str, type[BaseModel]] = {"distill": DistillParams, "sparse_eval": SparseEvalParams}
 
 
 class LearningJobError(ValueError):
     """A learning job was asked for with bad parameters (the message names the field)."""
 
 
+def _describe(kind: str, err: Any) -> str:
+    key = "params." + ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"{key}: unknown for a {kind} job (known: {', '.join(PARAMS[kind].model_fields)})"
+    if err["type"].endswith("_type"):
+        return f"{key}: expected {err['type'].removesuffix('_type')}, got {err['input']!r}"
+    return f"{key}: {err['msg']}"
+
+
 def submit(settings: Settings, kind: str, params: dict[str, Any], study_id: int | None = None) -> LearningJob:
     """Check the parameters and record a queued job (the caller sends the task)."""
-    if kind not in KINDS:
-        raise LearningJobError(f"kind: {kind!r} is not one of {', '.join(KINDS)}")
-    defaults = DISTILL_DEFAULTS if kind == "distill" else SPARSE_DEFAULTS
-    unknown = sorted(set(params) - set(defaults))
-    if unknown:
-        raise LearningJobError(
-            f"params.{unknown[0]}: unknown for a {kind} job (known: {', '.join(defaults)})"
-        )
-    for key, value in params.items():
-        want = type(defaults[key])
-        ok = isinstance(value, want) and not (want is not bool and isinstance(value, bool))
-        if want is float and isinstance(value, int) and not isinstance(value, bool):
-            ok = True
-        if not ok:
-            raise LearningJobError(f"params.{key}: expected {want.__name__}, got {value!r}")
-    merged = {**defaults, **params}
-    for key in ("steps", "batch_size", "max_tokens", "docs", "doc_len", "top_k", "pool", "trials", "topk"):
-        if key in merged and not 1 <= merged[key] <= 1_000_000:
-            raise LearningJobError(f"params.{key}: must be between 1 and 1000000")
-    if kind == "distill":
-        if not merged["model"] or not (Path(merged["model"]) / "config.json").is_file():
+    if kind not in PARAMS:
+        raise LearningJobError(f"kind: {kind!r} is not one of {', '.join(PARAMS)}")
+    try:
+        checked = PARAMS[kind].model_validate(params)
+    except ValidationError as exc:
+        raise LearningJobError(_describe(kind, exc.errors()[0])) from None
+    if isinstance(checked, DistillParams):
+        if not (Path(checked.model) / "config.json").is_file():
             raise LearningJobError(
-                f"params.model: {merged['model']!r} is not a local Hugging Face model folder"
+                f"params.model: {checked.model!r} is not a local Hugging Face model folder"
             )
-        if merged["trajectories"] and not Path(merged["trajectories"]).is_file():
-            raise LearningJobError(f"params.trajectories: {merged['trajectories']!r} does not exist")
-        if not merged["trajectories"] and study_id is None:
+        if checked.trajectories and not Path(checked.trajectories).is_file():
+            raise LearningJobError(f"params.trajectories: {checked.trajectories!r} does not exist")
+        if not checked.trajectories and study_id is None:
             raise LearningJobError(
                 "params.trajectories: give a JSONL file, or a study whose trajectories to use"
             )
     with db.session(settings.db_url) as s:
-        job = LearningJob(study_id=study_id, kind=kind, params=merged)
+        job = LearningJob(study_id=study_id, kind=kind, params=checked.model_dump())
         s.add(job)
         s.flush()
         s.add(LearningEvent(job_id=job.id or 0, type="learning.queued", payload={"kind": kind}))
@@ -114,28 +120,22 @@ def _device(wanted: str) -> str:
     return wanted
 
 
-def _update(settings: Settings, job_id: int, **fields: Any) -> None:
+def _record(settings: Settings, job_id: int, event: str, payload: dict[str, Any], **fields: Any) -> None:
+    """Change the job's row and append its event in one transaction."""
     with db.session(settings.db_url) as s:
         job = s.get(LearningJob, job_id)
         assert job is not None
         for k, v in fields.items():
             setattr(job, k, v)
         s.add(job)
+        s.add(LearningEvent(job_id=job_id, type=event, payload=payload))
 
 
 def _progress(settings: Settings, job_id: int, fraction: float, **payload: Any) -> None:
-    with db.session(settings.db_url) as s:
-        job = s.get(LearningJob, job_id)
-        assert job is not None
-        job.progress = fraction
-        s.add(job)
-        s.add(
-            LearningEvent(job_id=job_id, type="learning.progress", payload={"progress": fraction, **payload})
-        )
+    _record(settings, job_id, "learning.progress", {"progress": fraction, **payload}, progress=fraction)
 
 
-def _records(settings: Settings, job: LearningJob) -> list[dict[str, Any]]:
-    path = job.params["trajectories"]
+def _records(settings: Settings, job: LearningJob, path: str) -> list[dict[str, Any]]:
     if path:
         lines = Path(path).read_text("utf-8").splitlines()
         return [json.loads(line) for line in lines if line.strip()]
@@ -151,23 +151,23 @@ def _distill(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:
     from agents.learning.distillation import DistillConfig
     from agents.learning.distillation.sdpo import SdpoConfig, SelfDistiller
 
-    p = job.params
-    records = [r for r in _records(settings, job) if r.get("rollout") and r.get("prompt")]
+    p = DistillParams.model_validate(job.params)
+    records = [r for r in _records(settings, job, p.trajectories) if r.get("rollout") and r.get("prompt")]
     if not records:
         raise LearningJobError("params.trajectories: no record has both a prompt and a rollout")
-    device = _device(p["device"])
-    tokenizer = AutoTokenizer.from_pretrained(p["model"], local_files_only=True)
+    device = _device(p.device)
+    tokenizer = AutoTokenizer.from_pretrained(p.model, local_files_only=True)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(p["model"], local_files_only=True, dtype=dtype).to(device)
+    model = AutoModelForCausalLM.from_pretrained(p.model, local_files_only=True, dtype=dtype).to(device)
     cfg = SdpoConfig(
-        mode=p["mode"], teacher=p["teacher"], rate=p["rate"], max_tokens=p["max_tokens"],
-        distill=DistillConfig(beta=p["beta"], support=p["support"], topk=p["topk"]),
+        mode=p.mode, teacher=p.teacher, rate=p.rate, max_tokens=p.max_tokens,
+        distill=DistillConfig(beta=p.beta, support=p.support, topk=p.topk),
     )  # fmt: skip
     distiller = SelfDistiller(model, tokenizer, cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=p["lr"])
+    opt = torch.optim.AdamW(model.parameters(), lr=p.lr)
     history = []
     started = time.monotonic()
-    steps, size = int(p["steps"]), int(p["batch_size"])
+    steps, size = p.steps, p.batch_size
     for step in range(steps):
         batch = [records[(step * size + i) % len(records)] for i in range(min(size, len(records)))]
         diag = distiller.step(batch, opt)
@@ -182,21 +182,21 @@ def _distill(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:
         "seconds": time.monotonic() - started,
     }
     (out / "history.json").write_text(json.dumps(history, indent=1))
-    if p["save_model"]:
+    if p.save_model:
         model.save_pretrained(out / "model")
         tokenizer.save_pretrained(out / "model")
     return result
 
 
 def _sparse_eval(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:
-    device = _device(job.params["device"])
-    trials = int(job.params["trials"])
     from agents.learning.sparse_attention.needle import needle_recall
 
+    p = SparseEvalParams.model_validate(job.params)
+    device = _device(p.device)
     result = needle_recall(
-        job.params,
+        p.model_dump(),
         device,
-        lambda n: _progress(settings, job.id or 0, n / trials, trial=n) if n % 8 == 0 else None,
+        lambda n: _progress(settings, job.id or 0, n / p.trials, trial=n) if n % 8 == 0 else None,
     )
     result["device"] = device
     return result
@@ -222,17 +222,12 @@ def run(settings: Settings, job_id: int) -> str:
         result = _distill(settings, job, out) if job.kind == "distill" else _sparse_eval(settings, job, out)
     except Exception as exc:  # the job's failure is recorded, never lost
         message = f"{type(exc).__name__}: {exc}"[:4000]
-        _update(settings, job_id, status="failed", error=message, finished_at=now())
-        with db.session(settings.db_url) as s:
-            s.add(LearningEvent(job_id=job_id, type="learning.failed", payload={"error": message}))
+        _record(settings, job_id, "learning.failed", {"error": message}, status="failed", error=message,
+                finished_at=now())  # fmt: skip
         return "failed"
     (out / "result.json").write_text(json.dumps(result, indent=1))
-    _update(
-        settings, job_id, status="done", progress=1.0, device=result.get("device", ""),
-        artifact=str(out), result=result, finished_at=now(),
+    _record(
+        settings, job_id, "learning.finished", {"artifact": str(out), **result}, status="done", progress=1.0,
+        device=result.get("device", ""), artifact=str(out), result=result, finished_at=now(),
     )  # fmt: skip
-    with db.session(settings.db_url) as s:
-        s.add(
-            LearningEvent(job_id=job_id, type="learning.finished", payload={"artifact": str(out), **result})
-        )
     return "done"

@@ -73,10 +73,6 @@ def _error(resp: httpx.Response) -> ApiError:
         message, errors = str(detail.get("message", "")), list(detail.get("errors") or [])
     else:
         message, errors = str(detail), []
-    if not errors and ":" in message and resp.status_code in (409, 422):
-        key, _, rest = message.partition(":")
-        if " " not in key.strip():
-            errors = [{"key": key.strip(), "message": rest.strip()}]
     kind = {401: Unauthorized, 403: Forbidden}.get(resp.status_code, ApiError)
     return kind(resp.status_code, message or resp.reason_phrase, errors)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -75,13 +76,15 @@ def fmt(x: float | None, signed: bool = False) -> str:
     return f"{x:+.4f}" if signed else f"{x:.4f}"
 
 
+def spread(values: list[float]) -> str:
+    """Return '± std (n=k)' of values (sample standard deviation)."""
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"± {sd:.4f} (n={len(values)})"
+
+
 def mean_std(values: list[float]) -> str:
     """Return 'mean ± std (n=k)' of values."""
-    if not values:
-        return "—"
-    m = sum(values) / len(values)
-    sd = (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
-    return f"{m:.4f} ± {sd:.4f} (n={len(values)})"
+    return f"{statistics.fmean(values):.4f} {spread(values)}" if values else "—"
 
 
 def remember(key: str, kind: str, text: str) -> None:

@@ -46,8 +46,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(StudyExists)
     async def exists(request: Request, exc: StudyExists) -> JSONResponse:
+        error = {"key": "spec.study.name", "message": str(exc)}
         return JSONResponse(
-            {"detail": {"message": f"spec.study.name: {exc}", "errors": []}}, status.HTTP_409_CONFLICT
+            {"detail": {"message": f"spec.study.name: {exc}", "errors": [error]}}, status.HTTP_409_CONFLICT
         )
 
     @app.exception_handler(FileNotFoundError)

@@ -122,16 +122,14 @@ def approval_public(s: Session, a: Approval) -> schemas.ApprovalPublic:
     )
 
 
-def events_after(s: Session, study_id: int, after: int, limit: int = 500) -> list[Event]:
-    """Return a study's events with id > after, oldest first."""
-    return list(
-        s.exec(
-            select(Event)
-            .where(Event.study_id == study_id, col(Event.id) > after)
-            .order_by(col(Event.id))
-            .limit(limit)
-        )
-    )
+def events_after(
+    s: Session, study_id: int, after: int, limit: int = 500, newest: bool = False
+) -> list[Event]:
+    """Return a study's events with id > after, oldest first (with `newest`, the last `limit` of them)."""
+    order = col(Event.id).desc() if newest else col(Event.id)
+    q = select(Event).where(Event.study_id == study_id, col(Event.id) > after).order_by(order).limit(limit)
+    rows = list(s.exec(q))
+    return rows[::-1] if newest else rows
 
 
 def progress(s: Session, st: Study) -> schemas.Progress:

@@ -35,9 +35,9 @@ def header(n: dict[str, Any], sid: int) -> None:
 
 def evidence(n: dict[str, Any]) -> None:
     c = st.columns(4)
-    values = n["dev_values"]
-    spread = ui.mean_std(values).split(" ", 1)[1] if values else ""
-    c[0].metric(f"dev mean {spread}".strip(), ui.fmt(n["dev_mean"]))
+    c[0].metric(
+        f"dev mean {ui.spread(n['dev_values'])}" if n["dev_values"] else "dev mean", ui.fmt(n["dev_mean"])
+    )
     c[1].metric("dev gain vs trunk", ui.fmt(n["gain"], signed=True))
     c[2].metric("gain 95% LCB", ui.fmt(n["gain_lcb"], signed=True))
     c[3].metric("held-out gain", ui.fmt(n["heldout_gain"], signed=True))

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from agents.learning.distillation import DistillConfig
-from agents.learning.distillation.sdpo import SdpoConfig, SelfDistiller, as_text, build_batch, consensus
+from agents.learning.distillation.sdpo import (
+    SdpoConfig,
+    SelfDistiller,
+    as_text,
+    build_batch,
+    canon_records,
+    consensus,
+)
 from tests.learning_fixtures import records, tiny_model, tiny_tokenizer
 
 
@@ -73,7 +80,7 @@ def test_canon_uses_the_majority_answer_and_a_frozen_teacher() -> None:
         model, tok, SdpoConfig(mode="canon", teacher="frozen", distill=DistillConfig(support="full"))
     )
     group = [{"prompt": "2+2=", "rollout": r, "feedback": ""} for r in ("4", "5", "4")]
-    recs = d.records_for_canon([group])
+    recs = canon_records([group])
     assert [r["feedback"] for r in recs] == ["4", "4", "4"]
     frozen = [p.clone() for p in d.reference.parameters()]  # type: ignore[union-attr]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

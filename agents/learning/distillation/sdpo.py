@@ -53,6 +53,15 @@ def consensus(answers: Sequence[str]) -> str:
     return next(a.strip() for a in answers if counts[a.strip()] == best)
 
 
+def canon_records(groups: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Give every rollout of a prompt the group's consensus answer as its privileged context."""
+    out = []
+    for group in groups:
+        agreed = consensus([as_text(r["rollout"]) for r in group])
+        out += [{**r, "feedback": agreed} for r in group]
+    return out
+
+
 @dataclass
 class Batch:
     student_ids: torch.Tensor  # [B, Ls]
@@ -158,14 +167,6 @@ class SelfDistiller:
             cur = _rollout_logits(self.student, batch.teacher_ids, batch.teacher_mask, batch.teacher_pos)
             self.student.train(was_training)
             return trust_region_logits(ref, cur, self.cfg.rate)
-
-    def records_for_canon(self, groups: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
-        """Give every rollout of a prompt the group's consensus answer as its privileged context."""
-        out = []
-        for group in groups:
-            agreed = consensus([as_text(r["rollout"]) for r in group])
-            out += [{**r, "feedback": agreed} for r in group]
-        return out
 
     def loss(self, records: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, dict[str, float]]:
         """Return the loss on a batch of records and its diagnostics (no optimizer step)."""

@@ -10,7 +10,6 @@ from typing import Annotated
 import redis.asyncio as aioredis
 from fastapi import APIRouter, Header, Query
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from sqlmodel import col, select
 
 from backend import db
 from backend import events as fanout
@@ -18,14 +17,15 @@ from backend.api import schemas, views
 from backend.api.deps import Cursor, Reader, SettingsDep, StudyId
 from backend.api.routes.studies import get_study
 from backend.core.config import Settings
-from backend.models import Event
 
 router = APIRouter(prefix="/studies/{study_id}", tags=["events"])
 
 
-def _page(settings: Settings, study_id: int, after: int, limit: int) -> list[schemas.EventPublic]:
+def _page(
+    settings: Settings, study_id: int, after: int, limit: int, newest: bool = False
+) -> list[schemas.EventPublic]:
     with db.session(settings.db_url) as s:
-        return [views.event_public(e) for e in views.events_after(s, study_id, after, limit)]
+        return [views.event_public(e) for e in views.events_after(s, study_id, after, limit, newest)]
 
 
 @router.get("/events/log", response_model=list[schemas.EventPublic])
@@ -40,14 +40,7 @@ def event_log(
     """Return the study's events after an id (or the newest `tail` of them), oldest first."""
     get_study(settings, study_id)
     if tail is not None:
-        with db.session(settings.db_url) as s:
-            rows = s.exec(
-                select(Event)
-                .where(Event.study_id == study_id, col(Event.id) > after)
-                .order_by(col(Event.id).desc())
-                .limit(tail)
-            ).all()
-            return [views.event_public(e) for e in reversed(rows)]
+        return _page(settings, study_id, after, tail, newest=True)
     return _page(settings, study_id, after, limit)
 
 
