@@ -220,6 +220,24 @@ class Service:
             self.stop_worker(name)
 
 
+def spawn_up(tmp: Path, port: int, board: int) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start `grove up` over a data folder of its own (its own Redis); return it and its log once it is up."""
+    env = {**os.environ, "GROVE_DATA_DIR": str(tmp / "data"), "GROVE_WORKTREES_DIR": str(tmp / "wt")}
+    env.pop("GROVE_REDIS_URL", None)
+    env.pop("GROVE_DATABASE_URL", None)
+    out = tmp / "up.log"
+    with open(out, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "backend.cli", "up", "--port", str(port), "--dashboard-port", str(board)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
+        )  # fmt: skip
+    wait_for(lambda: b"Press Ctrl-C" in out.read_bytes() or proc.poll() is not None, timeout=120)
+    if b"Press Ctrl-C" not in out.read_bytes():
+        proc.kill()
+        raise AssertionError(f"grove up did not come up:\n{out.read_text()}")
+    return proc, out
+
+
 def sqlite_service(root: Path, redis_url: str, db_number: int) -> Service:
     """Return a Service over a fresh SQLite data folder and a Redis database of its own.
 

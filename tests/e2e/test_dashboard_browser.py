@@ -11,8 +11,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from backend.core.config import PROJECT_ROOT
-from tests.conftest import free_port, git, wait_for
+from tests.conftest import free_port, git, spawn_up, wait_for
 
 ARTIFACTS = Path(os.environ.get("GROVE_TEST_ARTIFACTS", PROJECT_ROOT / "test-artifacts"))
 CHROMIUM_ARGS = [
@@ -40,21 +38,10 @@ def chromium() -> str:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Run `grove up` (API, workers, Redis, dashboard) in a fresh data directory."""
-    tmp = tmp_path_factory.mktemp("e2e")
     port, board = free_port(), free_port()
-    env = {**os.environ, "GROVE_DATA_DIR": str(tmp / "data"), "GROVE_WORKTREES_DIR": str(tmp / "wt")}
-    env.pop("GROVE_REDIS_URL", None)
-    env.pop("GROVE_DATABASE_URL", None)
-    out = tmp / "up.log"
-    with open(out, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "backend.cli", "up", "--port", str(port), "--dashboard-port", str(board)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
-        )  # fmt: skip
+    proc, out = spawn_up(tmp_path_factory.mktemp("e2e"), port, board)
     try:
-        wait_for(lambda: b"Press Ctrl-C" in out.read_bytes() or proc.poll() is not None, timeout=120)
         text = out.read_text()
-        assert "Press Ctrl-C" in text, text
         token = re.search(r"token\s+(grove_\S+)", text).group(1)  # type: ignore[union-attr]
         dashboard = re.search(r"dashboard\s+(http://\S+)", text).group(1)  # type: ignore[union-attr]
         yield {"api": f"http://127.0.0.1:{port}/api/v1", "token": token, "dashboard": dashboard}

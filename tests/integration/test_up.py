@@ -6,14 +6,11 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 
-from backend.core.config import PROJECT_ROOT
-from tests.conftest import free_port, make_repo, tiny_files, wait_for
+from tests.conftest import free_port, make_repo, spawn_up, tiny_files, wait_for
 
 
 def listening(port: int) -> bool:
@@ -37,20 +34,8 @@ def processes_using(marker: str) -> list[int]:
 
 def test_grove_up_serves_a_study_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     port, board = free_port(), free_port()
-    env = {
-        **os.environ,
-        "GROVE_DATA_DIR": str(tmp_path / "data"),
-        "GROVE_WORKTREES_DIR": str(tmp_path / "wt"),
-    }
-    env.pop("GROVE_REDIS_URL", None)
-    out = tmp_path / "up.log"
-    with open(out, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "backend.cli", "up", "--port", str(port), "--dashboard-port", str(board)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
-        )  # fmt: skip
+    proc, out = spawn_up(tmp_path, port, board)
     try:
-        wait_for(lambda: b"Press Ctrl-C" in out.read_bytes(), timeout=90)
         text = out.read_text()
         token = re.search(r"token\s+(grove_\S+)", text).group(1)  # type: ignore[union-attr]
         redis_port = int(re.search(r"redis\s+redis://127.0.0.1:(\d+)", text).group(1))  # type: ignore[union-attr]
