@@ -21,12 +21,12 @@ from pathlib import Path
 
 from playwright.sync_api import Page, sync_playwright
 
-from backend import db
+from backend.cli.up import Stack, free_port
+from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
+from backend.core.models import Node, Study
 from backend.core.security import create_token
-from backend.models import Node, Study
-from backend.studies import create_study
-from backend.up import Stack, free_port
+from backend.services.studies import create_study
 
 sys.path.insert(0, str(PROJECT_ROOT))
 from tests.conftest import make_repo, tiny_files

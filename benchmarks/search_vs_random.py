@@ -19,11 +19,11 @@ import tomlkit
 
 from agents.policies.random_search import RandomSearchPolicy
 from agents.policies.search import SearchPolicy
-from backend import db
+from backend.cli.runner import run_study
+from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
-from backend.models import Job, Study
-from backend.runner import run_study
-from backend.studies import create_study
+from backend.core.models import Job, Study
+from backend.services.studies import create_study
 
 EXAMPLE = PROJECT_ROOT / "examples" / "digits"
 

@@ -22,13 +22,13 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from sqlmodel import select
 
-from backend import db
 from backend.api.main import create_app
+from backend.cli.up import Stack, free_port
+from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
+from backend.core.models import Job, Node, Study
 from backend.core.security import create_token
-from backend.models import Job, Node, Study
-from backend.studies import create_study
-from backend.up import Stack, free_port
+from backend.services.studies import create_study
 
 EVAL = """\
 import json, os, sys, time, tomllib
@@ -164,7 +164,7 @@ def main() -> None:
         settings = Settings(
             data_dir=root / "data", worktrees_dir=root / "wt", redis_url=env["GROVE_REDIS_URL"]
         )
-        from backend.celery_app import make_app
+        from backend.worker.celery_app import make_app
 
         app = make_app(settings)
         try:

@@ -194,7 +194,7 @@ class Service:
         self.logs.mkdir(parents=True, exist_ok=True)
 
     def start_worker(self, name: str, queues: str, concurrency: int, beat: bool = False) -> None:
-        cmd = [sys.executable, "-m", "celery", "-A", "backend.celery_app", "worker", "-Q", queues,
+        cmd = [sys.executable, "-m", "celery", "-A", "backend.worker.celery_app", "worker", "-Q", queues,
                "-c", str(concurrency), "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
                "--loglevel", "INFO", "--pool", "prefork"]  # fmt: skip
         if beat:
@@ -228,7 +228,7 @@ def spawn_up(tmp: Path, port: int, board: int) -> tuple[subprocess.Popen[bytes],
     out = tmp / "up.log"
     with open(out, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "backend.cli", "up", "--port", str(port), "--dashboard-port", str(board)],
+            [sys.executable, "-m", "backend.cli.main", "up", "--port", str(port), "--dashboard-port", str(board)],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
         )  # fmt: skip
     wait_for(lambda: b"Press Ctrl-C" in out.read_bytes() or proc.poll() is not None, timeout=120)
@@ -314,7 +314,7 @@ def service(tmp_path_factory: pytest.TempPathFactory, redis_url: str, db_backend
     yield svc
     svc.stop()
     if database_url:
-        from backend.db import get_engine
+        from backend.core.db import get_engine
 
         get_engine(settings.db_url).dispose()
         drop_postgres_database(dbname)

@@ -7,13 +7,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from agents.spec import SpecError
-from backend import events as fanout
 from backend.api.routes import approvals, events, health, learning, studies, tree
-from backend.celery_app import make_app
+from backend.core import fanout
 from backend.core.config import Settings, get_settings
-from backend.gitops import GitError
-from backend.spec_errors import repository_error
-from backend.studies import StudyExists
+from backend.core.gitops import GitError
+from backend.services.spec_errors import repository_error
+from backend.services.studies import StudyExists
+from backend.worker.celery_app import make_app
 
 API_PREFIX = "/api/v1"
 

@@ -7,9 +7,9 @@ import secrets
 
 from sqlmodel import select
 
-from backend import db
+from backend.core import db
 from backend.core.config import Settings
-from backend.models import ApiToken
+from backend.core.models import ApiToken
 
 ROLES = ("viewer", "operator", "approver")
 

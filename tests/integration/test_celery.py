@@ -7,10 +7,10 @@ from pathlib import Path
 
 from sqlmodel import col, select
 
-from backend import db
-from backend.celery_app import make_app
-from backend.models import Job, Node, Study
-from backend.studies import create_study
+from backend.core import db
+from backend.core.models import Job, Node, Study
+from backend.services.studies import create_study
+from backend.worker.celery_app import make_app
 from tests.conftest import Service, make_repo, tiny_files, wait_for
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from backend import gitops
+from backend.core import gitops
 from backend.core.config import PROJECT_ROOT
-from backend.studies import check_spec, parse_spec
+from backend.services.studies import check_spec, parse_spec
 from tests.conftest import git
 
 EXAMPLES = PROJECT_ROOT / "examples"

@@ -11,11 +11,11 @@ import pytest
 import redis
 from sqlmodel import select
 
-from backend import db, gitops
-from backend.celery_app import make_app
+from backend.core import db, gitops
 from backend.core.config import Settings
-from backend.models import Event, Job, Node, Study
-from backend.studies import create_study
+from backend.core.models import Event, Job, Node, Study
+from backend.services.studies import create_study
+from backend.worker.celery_app import make_app
 from tests.conftest import Service, free_port, make_repo, tiny_files, wait_for
 
 

@@ -102,7 +102,7 @@ def test_sparse_attention_evaluation_job_reports_recall(gpu_queue: Service) -> N
 
 
 def test_the_task_module_imports_no_torch_before_the_fork() -> None:
-    code = "import sys, backend.tasks; sys.exit(1 if 'torch' in sys.modules or 'transformers' in sys.modules else 0)"
+    code = "import sys, backend.worker.tasks; sys.exit(1 if 'torch' in sys.modules or 'transformers' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, check=False).returncode == 0
 
 
@@ -116,7 +116,7 @@ def test_grove_learn_queues_and_follows_a_job(gpu_queue: Service) -> None:
     try:
         token = create_token(settings, ["operator"], "cli")
         out = subprocess.run(
-            [sys.executable, "-m", "backend.cli", "learn", "sparse_eval", "--set", "docs=8", "--set", "doc_len=32",
+            [sys.executable, "-m", "backend.cli.main", "learn", "sparse_eval", "--set", "docs=8", "--set", "doc_len=32",
              "--set", "pool=8", "--set", "trials=8", "--api", f"http://127.0.0.1:{port}/api/v1", "--token", token,
              "--wait"],
             cwd=PROJECT_ROOT, env=gpu_queue.env, capture_output=True, text=True, timeout=240, check=False,
@@ -124,7 +124,7 @@ def test_grove_learn_queues_and_follows_a_job(gpu_queue: Service) -> None:
         assert out.returncode == 0, out.stderr
         assert "learning.finished" in out.stdout and "artifact: " in out.stdout
         bad = subprocess.run(
-            [sys.executable, "-m", "backend.cli", "learn", "sparse_eval", "--set", "k=3", "--api",
+            [sys.executable, "-m", "backend.cli.main", "learn", "sparse_eval", "--set", "k=3", "--api",
              f"http://127.0.0.1:{port}/api/v1", "--token", token],
             cwd=PROJECT_ROOT, env=gpu_queue.env, capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip

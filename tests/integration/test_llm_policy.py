@@ -11,9 +11,9 @@ from typing import Any
 
 from sqlmodel import col, select
 
-from backend import db
+from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
-from backend.models import Event, LlmCall, Node, ReceiptRow, Study, Trajectory
+from backend.core.models import Event, LlmCall, Node, ReceiptRow, Study, Trajectory
 from tests.conftest import git, make_repo, tiny_files
 from tests.fake_llm import FakeLLM
 
@@ -71,7 +71,7 @@ def grove_run(
         "OPENAI_API_KEY": "sk-test-secret-key",
     }
     return subprocess.run(
-        [sys.executable, "-m", "backend.cli", "run", str(repo), "--auto-approve", "--quiet", *extra],
+        [sys.executable, "-m", "backend.cli.main", "run", str(repo), "--auto-approve", "--quiet", *extra],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
@@ -192,7 +192,7 @@ def test_budget_spent_pauses_the_study(settings: Settings, tmp_path: Path) -> No
         env = {**os.environ, "GROVE_DATA_DIR": str(settings.data_dir), "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
                "GROVE_LLM_API_BASE": llm.url}  # fmt: skip
         proc = subprocess.Popen(
-            [sys.executable, "-m", "backend.cli", "run", str(repo), "--auto-approve", "--quiet"],
+            [sys.executable, "-m", "backend.cli.main", "run", str(repo), "--auto-approve", "--quiet"],
             cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:
@@ -207,7 +207,7 @@ def test_budget_spent_pauses_the_study(settings: Settings, tmp_path: Path) -> No
                 timeout=120,
             )
             stop = subprocess.run(
-                [sys.executable, "-m", "backend.cli", "stop", "llm-study"],
+                [sys.executable, "-m", "backend.cli.main", "stop", "llm-study"],
                 cwd=PROJECT_ROOT,
                 env=env,
                 capture_output=True,
@@ -256,7 +256,7 @@ def test_failed_attempt_is_retried_with_a_reflection_only(settings: Settings, tm
     env = {**os.environ, "GROVE_DATA_DIR": str(settings.data_dir)}
     out = tmp_path / "traj.jsonl"
     exported = subprocess.run(
-        [sys.executable, "-m", "backend.cli", "export-trajectories", "llm-study", "--out", str(out)],
+        [sys.executable, "-m", "backend.cli.main", "export-trajectories", "llm-study", "--out", str(out)],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
     )  # fmt: skip
     assert exported.returncode == 0, exported.stderr

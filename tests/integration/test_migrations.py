@@ -9,7 +9,7 @@ import pytest
 from alembic import command
 from sqlalchemy import create_engine, inspect
 
-from backend.migrate import alembic_config, upgrade
+from backend.core.migrate import alembic_config, upgrade
 from tests.conftest import drop_postgres_database, postgres_database
 
 

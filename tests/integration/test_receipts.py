@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from backend import evaluation, sandbox
+from backend.engine import evaluation, sandbox
 
 
 def receipt(tmp_path: Path, script: str, metric: str = "score") -> evaluation.Receipt:

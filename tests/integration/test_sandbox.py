@@ -3,7 +3,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from backend import sandbox
+from backend.engine import sandbox
 from tests.conftest import wait_for
 
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from backend.api.main import create_app
 from backend.core.config import Settings
 from backend.core.security import create_token
-from backend.studies import create_study
+from backend.services.studies import create_study
 from tests.conftest import make_repo, tiny_files
 
 

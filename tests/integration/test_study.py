@@ -14,11 +14,11 @@ from sqlmodel import col, select
 
 from agents.policies.base import IdeationInput, Proposal
 from agents.policies.search import SearchPolicy
-from backend import db
+from backend.cli.runner import run_study
+from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
-from backend.models import Event, Job, Node, ReceiptRow, Study
-from backend.runner import run_study
-from backend.studies import create_study
+from backend.core.models import Event, Job, Node, ReceiptRow, Study
+from backend.services.studies import create_study
 from tests.conftest import git, make_repo, tiny_files, wait_for
 
 
@@ -32,7 +32,7 @@ def grove_env(settings: Settings) -> dict[str, str]:
 
 def grove(settings: Settings, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "backend.cli", *args],
+        [sys.executable, "-m", "backend.cli.main", *args],
         cwd=PROJECT_ROOT,
         env=grove_env(settings),
         capture_output=True,
@@ -44,7 +44,7 @@ def grove(settings: Settings, *args: str, timeout: float = 240) -> subprocess.Co
 def spawn_run(settings: Settings, repo: Path) -> subprocess.Popen[str]:
     """Start `grove run` in the background."""
     return subprocess.Popen(
-        [sys.executable, "-m", "backend.cli", "run", str(repo), "--auto-approve", "--quiet"],
+        [sys.executable, "-m", "backend.cli.main", "run", str(repo), "--auto-approve", "--quiet"],
         cwd=PROJECT_ROOT,
         env=grove_env(settings),
         stdout=subprocess.PIPE,

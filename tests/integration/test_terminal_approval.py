@@ -12,9 +12,9 @@ from pathlib import Path
 
 from sqlmodel import select as sql_select
 
-from backend import db
+from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
-from backend.models import Approval, Node
+from backend.core.models import Approval, Node
 from tests.conftest import make_repo, tiny_files
 
 
@@ -59,7 +59,7 @@ def test_approve_and_reject_at_the_terminal(settings: Settings, tmp_path: Path) 
         "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
         "COLUMNS": "120",
     }
-    term = Terminal([sys.executable, "-m", "backend.cli", "run", str(repo)], env)
+    term = Terminal([sys.executable, "-m", "backend.cli.main", "run", str(repo)], env)
     term.expect("Merge into trunk?")
     term.send("n")
     term.expect("Reason")

@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 
 from agents.spec import parse_spec
-from backend import gitops, workspace
+from backend.core import gitops
 from backend.core.config import Settings
-from backend.studies import create_study
+from backend.engine import workspace
+from backend.services.studies import create_study
 from tests.conftest import git, tiny_files
 
 

@@ -11,7 +11,7 @@ import yaml
 from compose_spec import PyCompose
 from typer.testing import CliRunner
 
-from backend.cli import app
+from backend.cli.main import app
 from backend.core.config import PROJECT_ROOT
 
 COMPOSE = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())  # anchors and merges resolved
@@ -75,7 +75,7 @@ def test_every_command_names_something_in_the_project() -> None:
             raise AssertionError(f"{name}: unexpected program {argv[0]}")
         for part in svc.get("healthcheck", {}).get("test", [])[1:2]:
             if part == "celery":
-                importlib.import_module("backend.celery_app")
+                importlib.import_module("backend.worker.celery_app")
 
 
 def test_env_example_defines_what_the_services_read() -> None:

@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, status
 from sqlmodel import col, select
 
-from backend import db
-from backend.api import schemas, views
+from backend.api import schemas, serializers
 from backend.api.deps import MAX_ID, Approver, CeleryDep, NodeId, Reader, SettingsDep, StudyId
 from backend.api.routes.tree import get_node
-from backend.driver import decide_approval
-from backend.models import Approval
+from backend.core import db
+from backend.core.models import Approval
+from backend.engine.driver import decide_approval
 
 router = APIRouter(tags=["approvals"])
 
@@ -35,7 +35,7 @@ def pending(
             q = q.where(Approval.status == state)
         rows = list(s.exec(q.order_by(col(Approval.id))))
         return schemas.Page(
-            data=[views.approval_public(s, a) for a in rows[offset : offset + limit]], count=len(rows)
+            data=[serializers.approval_public(s, a) for a in rows[offset : offset + limit]], count=len(rows)
         )
 
 
@@ -58,7 +58,7 @@ def _decide(
     celery.send_task("coordinator.advance", args=[study_id])
     with db.session(settings.db_url) as s:
         fresh = s.exec(select(Approval).where(Approval.node_id == node_id)).one()
-        return views.approval_public(s, fresh)
+        return serializers.approval_public(s, fresh)
 
 
 @router.post("/studies/{study_id}/nodes/{node_id}/approve", response_model=schemas.ApprovalPublic)

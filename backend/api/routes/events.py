@@ -11,11 +11,10 @@ import redis.asyncio as aioredis
 from fastapi import APIRouter, Header, Query
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from backend import db
-from backend import events as fanout
-from backend.api import schemas, views
+from backend.api import schemas, serializers
 from backend.api.deps import Cursor, Reader, SettingsDep, StudyId
 from backend.api.routes.studies import get_study
+from backend.core import db, fanout
 from backend.core.config import Settings
 
 router = APIRouter(prefix="/studies/{study_id}", tags=["events"])
@@ -25,7 +24,9 @@ def _page(
     settings: Settings, study_id: int, after: int, limit: int, newest: bool = False
 ) -> list[schemas.EventPublic]:
     with db.session(settings.db_url) as s:
-        return [views.event_public(e) for e in views.events_after(s, study_id, after, limit, newest)]
+        return [
+            serializers.event_public(e) for e in serializers.events_after(s, study_id, after, limit, newest)
+        ]
 
 
 @router.get("/events/log", response_model=list[schemas.EventPublic])

@@ -7,10 +7,10 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlmodel import func, select
 
-from backend import db
 from backend.api.deps import SettingsDep
-from backend.locks import client
-from backend.models import Approval, Job, Node, Study
+from backend.core import db
+from backend.core.locks import client
+from backend.core.models import Approval, Job, Node, Study
 
 router = APIRouter(tags=["health"])
 

@@ -7,10 +7,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Query, status
 from sqlmodel import col, func, select
 
-from backend import db, learning
 from backend.api import schemas
 from backend.api.deps import MAX_ID, CeleryDep, Operator, Reader, SettingsDep
-from backend.models import LearningJob, Study
+from backend.core import db
+from backend.core.models import LearningJob, Study
+from backend.engine import learning
 
 router = APIRouter(prefix="/learning/jobs", tags=["learning"])
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="a learning job id")]

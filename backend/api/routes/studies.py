@@ -8,13 +8,14 @@ from fastapi import APIRouter, Form, HTTPException, Query, UploadFile, status
 from fastapi.responses import PlainTextResponse
 from sqlmodel import col, func, select
 
-from backend import db, gitops, report
-from backend.api import schemas, views
+from backend.api import schemas, serializers
 from backend.api.deps import MAX_ID, Approver, CeleryDep, Operator, Reader, SettingsDep, StudyId
-from backend.models import Job, Study
-from backend.storage import add_event
-from backend.studies import NotPromotable, check_study, create_study
-from backend.studies import promote as promote_trunk
+from backend.core import db, gitops
+from backend.core.models import Job, Study
+from backend.services import report
+from backend.services.storage import add_event
+from backend.services.studies import NotPromotable, check_study, create_study
+from backend.services.studies import promote as promote_trunk
 
 router = APIRouter(prefix="/studies", tags=["studies"])
 
@@ -34,7 +35,7 @@ def _create(settings: SettingsDep, celery: CeleryDep, spec: str, repository: str
     with db.session(settings.db_url) as s:
         fresh = s.get(Study, st.id)
         assert fresh is not None
-        return views.study_public(s, fresh)
+        return serializers.study_public(s, fresh)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=schemas.StudyPublic)
@@ -85,7 +86,7 @@ def list_studies(
     with db.session(settings.db_url) as s:
         count = s.exec(select(func.count()).select_from(Study)).one()
         rows = s.exec(select(Study).order_by(col(Study.id).desc()).offset(offset).limit(limit)).all()
-        return schemas.Page(data=[views.study_public(s, r) for r in rows], count=count)
+        return schemas.Page(data=[serializers.study_public(s, r) for r in rows], count=count)
 
 
 @router.get("/{study_id}", response_model=schemas.StudyPublic)
@@ -93,7 +94,7 @@ def read(study_id: StudyId, settings: SettingsDep, who: Reader) -> schemas.Study
     """Return one study."""
     st = get_study(settings, study_id)
     with db.session(settings.db_url) as s:
-        return views.study_public(s, st)
+        return serializers.study_public(s, st)
 
 
 def _set_status(
@@ -160,7 +161,7 @@ def read_progress(study_id: StudyId, settings: SettingsDep, who: Reader) -> sche
     """Return the dev score of each experiment in order, and trunk's dev and held-out scores over time."""
     st = get_study(settings, study_id)
     with db.session(settings.db_url) as s:
-        return views.progress(s, st)
+        return serializers.progress(s, st)
 
 
 @router.get("/{study_id}/report", response_class=PlainTextResponse)

@@ -13,12 +13,12 @@ from sqlmodel import col, select
 from agents.policies import configfiles
 from agents.spec import split_search_key
 from agents.tree.status import TERMINAL
-from backend import db, gitops
-from backend.api import schemas, views
+from backend.api import schemas, serializers
 from backend.api.deps import MAX_ID, CeleryDep, NodeId, Operator, Reader, SettingsDep, StudyId
 from backend.api.routes.studies import get_study
-from backend.models import Event, InsightVersion, Node, ReceiptRow
-from backend.storage import SqlStorage, add_event, spec_of
+from backend.core import db, gitops
+from backend.core.models import Event, InsightVersion, Node, ReceiptRow
+from backend.services.storage import SqlStorage, add_event, spec_of
 
 router = APIRouter(prefix="/studies/{study_id}", tags=["tree"])
 
@@ -68,7 +68,7 @@ def node_detail(study_id: StudyId, node_id: NodeId, settings: SettingsDep, who: 
         children = s.exec(select(Node.id).where(Node.parent_id == node_id).order_by(col(Node.id))).all()
         history = s.exec(select(Event).where(Event.node_id == node_id).order_by(col(Event.id))).all()
     return schemas.NodeDetail(
-        **views.node_summary(n).model_dump(),
+        **serializers.node_summary(n).model_dump(),
         hypothesis=n.hypothesis,
         edits=n.edits,
         base_commit=n.base_commit,
@@ -89,7 +89,7 @@ def node_detail(study_id: StudyId, node_id: NodeId, settings: SettingsDep, who: 
         receipts=[schemas.ReceiptPublic.model_validate(r, from_attributes=True) for r in receipts],
         insights=[schemas.InsightPublic.model_validate(i, from_attributes=True) for i in insights],
         children=[c for c in children if c is not None],
-        history=[views.event_public(e) for e in history],
+        history=[serializers.event_public(e) for e in history],
     )
 
 
@@ -155,7 +155,7 @@ def add_hypothesis(
             origin="human",
             by=who.name,
         )
-        out = views.node_summary(node)
+        out = serializers.node_summary(node)
     celery.send_task("coordinator.advance", args=[study_id])
     return out
 

@@ -7,10 +7,10 @@ from typing import Any
 from sqlmodel import func, select
 
 from agents.policies.llm.model import BudgetExhausted, Turn
-from backend import db
+from backend.core import db
 from backend.core.config import Settings
-from backend.models import LlmCall, Node, Study
-from backend.storage import add_event, spec_of
+from backend.core.models import LlmCall, Node, Study
+from backend.services.storage import add_event, spec_of
 
 
 def spent(settings: Settings, study_id: int) -> float:

@@ -23,12 +23,12 @@ from agents.coordinator.graph import build_graph
 from agents.coordinator.ports import Dispatcher
 from agents.policies.base import Policy
 from agents.policies.registry import make_policy
-from backend import db
+from backend.core import db
 from backend.core.config import Settings
-from backend.gatekeeper import BaselineError, LocalGatekeeper
-from backend.ledger import SqlLedger
-from backend.models import Approval, Job, Study, now
-from backend.storage import SqlStorage, add_event, spec_of
+from backend.core.models import Approval, Job, Study, now
+from backend.engine.gatekeeper import BaselineError, LocalGatekeeper
+from backend.services.ledger import SqlLedger
+from backend.services.storage import SqlStorage, add_event, spec_of
 
 os.environ.setdefault("LANGGRAPH_STRICT_MSGPACK", "true")
 

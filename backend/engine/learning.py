@@ -16,10 +16,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlmodel import col, select
 
-from backend import db
+from backend.core import db
 from backend.core.config import Settings
-from backend.models import LearningEvent, LearningJob, now
-from backend.trajectories import export_records
+from backend.core.models import LearningEvent, LearningJob, now
+from backend.services.trajectories import export_records
 
 
 class DistillParams(BaseModel):

@@ -12,8 +12,8 @@ from agents.policies.base import NodeEvidence, Proposal
 from agents.spec import Spec, parse_spec
 from agents.tree.insights import InsightUpdate
 from agents.tree.status import ACTIVE, TERMINAL, NodeStatus, check_transition
-from backend import db
-from backend.models import Event, InsightVersion, Job, LlmCall, Node, ReceiptRow, Study, Trajectory, now
+from backend.core import db
+from backend.core.models import Event, InsightVersion, Job, LlmCall, Node, ReceiptRow, Study, Trajectory, now
 
 
 def add_event(s: Session, study_id: int, type_: str, node_id: int | None = None, **payload: Any) -> Event:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.gitops import GitError
+from backend.core.gitops import GitError
 
 
 def repository_error(exc: Exception) -> dict[str, Any]:

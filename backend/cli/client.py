@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from backend import gitops
+from backend.core import gitops
 from backend.core.config import Settings
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from celery import Celery
 
-from backend import db
+from backend.core import db
 from backend.core.config import Settings
-from backend.models import Job, Study
-from backend.storage import spec_of
+from backend.core.models import Job, Study
+from backend.services.storage import spec_of
 
 
 def job_token(job: Job) -> str:

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from agents.policies.base import Policy
+from backend.cli.localpool import LocalPool
 from backend.core.config import Settings
-from backend.driver import Driver, decide_approval, study_status
-from backend.localpool import LocalPool
+from backend.engine.driver import Driver, decide_approval, study_status
 
 Approver = Callable[[int, int], dict[str, Any]]
 

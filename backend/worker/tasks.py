@@ -12,18 +12,19 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 from sqlmodel import col, select
 
-from backend import db, events, jobs, learning
-from backend.celery_app import app
+from backend.core import db, fanout
 from backend.core.config import get_settings
-from backend.dispatch import CeleryDispatcher
-from backend.driver import Driver
-from backend.locks import Busy, client, lease
-from backend.models import Job, Study, now
+from backend.core.locks import Busy, client, lease
+from backend.core.models import Job, Study, now
+from backend.engine import experiment, learning
+from backend.engine.driver import Driver
+from backend.worker.celery_app import app
+from backend.worker.dispatch import CeleryDispatcher
 
 
 @worker_process_init.connect
 def _init_process(**_: object) -> None:
-    events.enable(get_settings().redis_url)
+    fanout.enable(get_settings().redis_url)
     pin_gpu()
 
 
@@ -69,13 +70,13 @@ def _experiment(job_id: int, token: str) -> str:
         return "unknown job"
     try:
         with lease(settings.redis_url, f"grove:job:{job_id}", settings.lease_seconds):
-            status = jobs.run_experiment(settings, job_id, token)
+            status = experiment.run_experiment(settings, job_id, token)
     except Busy:
         return "running elsewhere"
-    except jobs.Superseded:
+    except experiment.Superseded:
         status = "superseded"
     except SoftTimeLimitExceeded:
-        jobs.record_crash(settings, job_id, token, "the experiment ran past its time limit")
+        experiment.record_crash(settings, job_id, token, "the experiment ran past its time limit")
         status = "failed"
     enqueue_advance(study_id)
     return str(status)

@@ -11,7 +11,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, create_engine
 
-from backend import events, migrate, models  # noqa: F401  (models registers the tables)
+from backend.core import fanout, migrate, models  # noqa: F401  (models registers the tables)
 
 
 @lru_cache(maxsize=8)
@@ -46,4 +46,4 @@ def session(url: str) -> Iterator[Session]:
         except BaseException:
             s.rollback()
             raise
-        events.notify(s.info.pop("grove_event_studies", set()))
+        fanout.notify(s.info.pop("grove_event_studies", set()))

@@ -6,7 +6,7 @@ from alembic import context
 from sqlalchemy import engine_from_config, pool
 from sqlmodel import SQLModel
 
-from backend import models  # noqa: F401  (registers the tables)
+from backend.core import models  # noqa: F401  (registers the tables)
 from backend.core.config import get_settings
 
 config = context.config

@@ -10,10 +10,11 @@ from sqlmodel import select
 
 from agents import globs
 from agents.spec import Spec
-from backend import db, evaluation, sandbox
+from backend.core import db
 from backend.core.config import Settings
-from backend.gitops import Repo, git
-from backend.models import Job, ReceiptRow, Study
+from backend.core.gitops import Repo, git
+from backend.core.models import Job, ReceiptRow, Study
+from backend.engine import evaluation, sandbox
 
 
 def repo_of(study: Study) -> Repo:

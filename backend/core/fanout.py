@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 
-from backend.locks import client
+from backend.core.locks import client
 
 _url: str | None = None
 

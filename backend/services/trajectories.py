@@ -6,9 +6,9 @@ from typing import Any
 
 from sqlmodel import col, select
 
-from backend import db
+from backend.core import db
 from backend.core.config import Settings
-from backend.models import Job, Node, Trajectory
+from backend.core.models import Job, Node, Trajectory
 
 
 def export_records(settings: Settings, study_id: int) -> list[dict[str, Any]]:

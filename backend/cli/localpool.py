@@ -10,13 +10,14 @@ from collections.abc import Callable
 
 from sqlmodel import col, select
 
-from backend import db, jobs
+from backend.core import db
 from backend.core.config import Settings
-from backend.models import Job
+from backend.core.models import Job
+from backend.engine import experiment
 
 
 class LocalPool:
-    """Runs each job in `python -m backend.jobs`; children die with this process."""
+    """Runs each job in `python -m backend.engine.experiment`; children die with this process."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -43,7 +44,7 @@ class LocalPool:
         import os
 
         proc = subprocess.Popen(
-            [sys.executable, "-m", "backend.jobs", str(job_id), token],
+            [sys.executable, "-m", "backend.engine.experiment", str(job_id), token],
             env={**os.environ, **env_settings},
             stdin=subprocess.DEVNULL,
         )
@@ -73,7 +74,9 @@ class LocalPool:
                 job = s.get(Job, job_id)
                 unfinished = job is not None and job.token == token and job.status in ("queued", "running")
             if unfinished:
-                jobs.record_crash(self.settings, job_id, token, f"executor process exited with code {code}")
+                experiment.record_crash(
+                    self.settings, job_id, token, f"executor process exited with code {code}"
+                )
 
     def finished(self, job_ids: list[int]) -> list[int]:
         """Return which of the jobs have finished (done or failed)."""

@@ -12,10 +12,10 @@ from sqlmodel import select
 from agents.policies import configfiles
 from agents.spec import Spec, SpecError, SpecIssue, check_against_tree, parse_spec, split_search_key
 from agents.tree.status import NodeStatus
-from backend import db, gitops
+from backend.core import db, gitops
 from backend.core.config import Settings
-from backend.models import Node, Study
-from backend.storage import add_event
+from backend.core.models import Node, Study
+from backend.services.storage import add_event
 
 
 class StudyExists(ValueError):

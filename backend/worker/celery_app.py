@@ -1,6 +1,6 @@
 """The Celery application: Redis broker, queues `coordinator`, `cpu` and `gpu`.
 
-Start workers with `grove worker --queues cpu` (or `celery -A backend.celery_app worker -Q cpu`).
+Start workers with `grove worker --queues cpu` (or `celery -A backend.worker.celery_app worker -Q cpu`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from backend.core.config import Settings, get_settings
 
 def make_app(settings: Settings) -> Celery:
     """Return a configured Celery app."""
-    app = Celery("grove", broker=settings.redis_url, include=["backend.tasks"])
+    app = Celery("grove", broker=settings.redis_url, include=["backend.worker.tasks"])
     app.conf.update(
         task_queues=(Queue("coordinator"), Queue("cpu"), Queue("gpu")),
         task_default_queue="cpu",

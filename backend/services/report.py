@@ -8,10 +8,10 @@ from pathlib import Path
 
 from sqlmodel import col, select
 
-from backend import db
+from backend.core import db
 from backend.core.config import Settings
-from backend.models import Event, Job, Node, ReceiptRow, Study
-from backend.storage import spec_of
+from backend.core.models import Event, Job, Node, ReceiptRow, Study
+from backend.services.storage import spec_of
 
 
 def _m(values: list[float]) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agents import globs
-from backend import sandbox
+from backend.engine import sandbox
 
 
 @dataclass

@@ -76,7 +76,7 @@ def gpu_devices() -> list[str]:
 def worker_command(queues: str, concurrency: int, name: str, beat_schedule: Path | None = None) -> list[str]:
     """Return the command line of a Celery worker for the given queues."""
     cmd = [
-        sys.executable, "-m", "celery", "-A", "backend.celery_app", "worker", "-Q", queues, "-c", str(concurrency),
+        sys.executable, "-m", "celery", "-A", "backend.worker.celery_app", "worker", "-Q", queues, "-c", str(concurrency),
         "-n", f"{name}@%h", "--pool", "prefork", "--without-gossip", "--without-mingle", "--loglevel", "INFO",
     ]  # fmt: skip
     if beat_schedule is not None:

@@ -17,13 +17,13 @@ from rich.table import Table
 from sqlmodel import col, select
 
 from agents.spec import SpecError, parse_spec
-from backend import db, gitops
+from backend.cli.runner import run_study
+from backend.core import db, gitops
 from backend.core.config import get_settings
-from backend.driver import thread_config
-from backend.models import Event, Job, Node, Study
-from backend.runner import run_study
-from backend.storage import spec_of
-from backend.studies import StudyExists, create_study, get_by_name, validate
+from backend.core.models import Event, Job, Node, Study
+from backend.engine.driver import thread_config
+from backend.services.storage import spec_of
+from backend.services.studies import StudyExists, create_study, get_by_name, validate
 
 app = typer.Typer(
     help="Grove: grow a hypothesis tree over a git repository.",
@@ -209,7 +209,7 @@ def _override(text: str, section: str, key: str, value: object) -> str:
 def _discard(study: Study) -> None:
     settings = get_settings()
     with db.session(settings.db_url) as s:
-        from backend.models import Approval, Event, InsightVersion, ReceiptRow
+        from backend.core.models import Approval, Event, InsightVersion, ReceiptRow
 
         for model in (Approval, Event, InsightVersion, ReceiptRow, Job):
             for row in s.exec(select(model).where(model.study_id == study.id)):  # type: ignore[attr-defined]
@@ -239,7 +239,7 @@ def _study_named(name: str) -> Study:
 @app.command("report")
 def report_cmd(name: str) -> None:
     """Print a study's REPORT.md."""
-    from backend import report
+    from backend.services import report
 
     settings = get_settings()
     st = _study_named(name)
@@ -249,7 +249,7 @@ def report_cmd(name: str) -> None:
 @app.command("promote")
 def promote_cmd(name: str) -> None:
     """Push a study's trunk to its origin repository as branch `grove/<study>`."""
-    from backend.studies import NotPromotable, promote
+    from backend.services.studies import NotPromotable, promote
 
     st = _study_named(name)
     try:
@@ -291,8 +291,8 @@ def up_cmd(
     import signal
     import time
 
+    from backend.cli.up import Stack, UpError
     from backend.core.security import create_token
-    from backend.up import Stack, UpError
 
     settings = get_settings()
     stack = Stack(settings, host=host, port=port, cpu_slots=cpu_slots)
@@ -347,7 +347,7 @@ def worker_cmd(
     """Run a Celery worker for more machines (uses GROVE_REDIS_URL and GROVE_DATABASE_URL)."""
     import os
 
-    from backend.up import gpu_devices, worker_command
+    from backend.cli.up import gpu_devices, worker_command
 
     allowed = {"cpu", "gpu", "coordinator"}
     bad = [q for q in queues.split(",") if q not in allowed]
@@ -360,7 +360,7 @@ def worker_cmd(
     if "gpu" in queues.split(","):
         devices = gpu_devices()
         if devices:
-            # Each pool process pins one device after the fork (backend.tasks.pin_gpu).
+            # Each pool process pins one device after the fork (backend.worker.tasks.pin_gpu).
             os.environ["GROVE_GPU_DEVICES"] = ",".join(devices)
         concurrency = concurrency or max(1, len(devices))
     os.execv(sys.executable, worker_command(queues, concurrency or 2, name, schedule))
@@ -383,7 +383,7 @@ def submit_cmd(
     """Submit a study to a running Grove service over its REST API."""
     import time
 
-    from backend.client import ApiError, Client, connection, git_repository
+    from backend.cli.client import ApiError, Client, connection, git_repository
 
     settings = get_settings()
     spec_path = _spec_file(path)
@@ -448,7 +448,7 @@ def learn_cmd(
     """Queue a learning job (self-distillation or a sparse-attention evaluation) on the gpu queue."""
     import time
 
-    from backend.client import ApiError, Client, connection
+    from backend.cli.client import ApiError, Client, connection
 
     try:
         url, tok = connection(get_settings(), api, token)
@@ -496,7 +496,7 @@ def token_create(
 @app.command("migrate")
 def migrate_cmd() -> None:
     """Bring the database (GROVE_DATABASE_URL, or SQLite in the data dir) to the newest schema."""
-    from backend.db import get_engine
+    from backend.core.db import get_engine
 
     settings = get_settings()
     get_engine(settings.db_url)
@@ -511,7 +511,7 @@ def export_trajectories_cmd(
     """Export a study's executor trajectories as JSONL (prompt, rollout, feedback) for distillation."""
     import json
 
-    from backend.trajectories import export_records
+    from backend.services.trajectories import export_records
 
     st = _study_named(name)
     lines = [json.dumps(r, default=str) for r in export_records(get_settings(), st.id or 0)]
@@ -526,7 +526,7 @@ def export_trajectories_cmd(
 @app.command("janitor")
 def janitor_cmd(max_age_hours: float | None = None) -> None:
     """Remove stale worktrees."""
-    from backend import workspace
+    from backend.engine import workspace
 
     removed = workspace.janitor(get_settings(), max_age_hours)
     console.print(f"removed {len(removed)} worktrees")

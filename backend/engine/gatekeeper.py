@@ -10,11 +10,13 @@ from sqlmodel import select
 
 from agents.tree.gate import heldout_decision
 from agents.tree.status import NodeStatus
-from backend import db, report, workspace
+from backend.core import db
 from backend.core.config import Settings
-from backend.gitops import GitError, MergeConflict
-from backend.models import Approval, Node, Study, now
-from backend.storage import add_event, spec_of, transition
+from backend.core.gitops import GitError, MergeConflict
+from backend.core.models import Approval, Node, Study, now
+from backend.engine import workspace
+from backend.services import report
+from backend.services.storage import add_event, spec_of, transition
 
 
 class BaselineError(RuntimeError):

@@ -1,6 +1,6 @@
 """Experiment jobs: one node attempt in its own worktree (DESIGN §8).
 
-Run as `python -m backend.jobs JOB_ID TOKEN` by the local pool (and by Celery tasks later).
+Run as `python -m backend.engine.experiment JOB_ID TOKEN` by the local pool (and by Celery tasks later).
 A job finalises only while its token is current, so a superseded duplicate changes nothing.
 """
 
@@ -24,12 +24,13 @@ from agents.policies.llm.model import BudgetExhausted, ModelError
 from agents.policies.registry import make_policy
 from agents.tree.stats import summarize
 from agents.tree.status import NodeStatus
-from backend import db, evaluation, sandbox, workspace
+from backend.core import db
 from backend.core.config import Settings, get_settings
-from backend.gitops import GitError
-from backend.ledger import SqlLedger
-from backend.models import Job, Node, Study, Trajectory, now
-from backend.storage import add_event, latest_insight, spec_of, transition
+from backend.core.gitops import GitError
+from backend.core.models import Job, Node, Study, Trajectory, now
+from backend.engine import evaluation, sandbox, workspace
+from backend.services.ledger import SqlLedger
+from backend.services.storage import add_event, latest_insight, spec_of, transition
 
 
 class Superseded(RuntimeError):

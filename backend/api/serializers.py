@@ -7,8 +7,8 @@ import statistics
 from sqlmodel import Session, col, func, select
 
 from backend.api import schemas
-from backend.models import Approval, Event, Job, LlmCall, Node, Study
-from backend.storage import spec_of
+from backend.core.models import Approval, Event, Job, LlmCall, Node, Study
+from backend.services.storage import spec_of
 
 
 def _mean(values: list[float]) -> float | None:
