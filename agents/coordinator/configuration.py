@@ -1,8 +1,11 @@
-"""Coordinator knobs that are not part of the study spec."""
+"""Coordinator knobs that are not part of the study spec, and the graph's run context."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from agents.coordinator.ports import Dispatcher, Gatekeeper, Storage
+from agents.policies.base import Policy
 
 
 @dataclass(frozen=True)
@@ -11,3 +14,17 @@ class CoordinatorConfig:
     per_parent: int = 2
     max_attempts: int = 2
     prune_window: int = 3
+
+
+@dataclass(frozen=True)
+class CoordinatorContext:
+    """What every node reaches through `runtime.context`: the ports, the policy and the knobs.
+
+    LangGraph does not checkpoint the context, so every `invoke`, resumes included, passes it.
+    """
+
+    storage: Storage
+    dispatcher: Dispatcher
+    gatekeeper: Gatekeeper
+    policy: Policy
+    config: CoordinatorConfig = field(default_factory=CoordinatorConfig)

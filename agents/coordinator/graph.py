@@ -1,8 +1,9 @@
 """The coordinator graph: observe → ideate → select → dispatch → wait → integrate → gate → approve → merge.
 
-The graph holds only ids; every fact lives behind the ports. Nodes that wait do so with
-`interrupt()`: `await_jobs` (resumed with the finished job ids) and `approve` (resumed with
-`{"approved": bool, "by": str, "reason": str}`).
+The graph holds only ids; every fact lives behind the ports, which reach each node through the
+run context (`CoordinatorContext`, passed as `context=` to every `invoke`, resumes included).
+Nodes that wait do so with `interrupt()`: `await_jobs` (resumed with the finished job ids),
+`approve` (resumed with `{"approved": bool, "by": str, "reason": str}`) and `paused`.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
-from agents.coordinator.configuration import CoordinatorConfig
-from agents.coordinator.ports import Dispatcher, Gatekeeper, Integration, NodeRecord, Storage, StudyView
+from agents.coordinator.configuration import CoordinatorConfig, CoordinatorContext
+from agents.coordinator.ports import Integration, NodeRecord, StudyView
 from agents.coordinator.state import CoordinatorState
 from agents.policies.base import IdeationInput, Judgement, NodeEvidence, Policy, RefineRequest
 from agents.policies.llm.model import BudgetExhausted, ModelError
@@ -26,6 +28,238 @@ from agents.tree.status import NodeStatus
 from agents.verify.arex import Assessment, Decision, assess
 from agents.verify.constraints import ConstraintResult, ConstraintRule, Verdict, all_satisfied, verify_all
 from agents.verify.state import ImprovementState
+
+
+def start(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Command[Literal["observe"]]:
+    """Measure the baseline, then go to observe."""
+    runtime.context.gatekeeper.baseline(state["study_id"])
+    return Command(update={"round_no": state.get("round_no", 0), "pending": []}, goto="observe")
+
+
+def observe(
+    state: CoordinatorState, runtime: Runtime[CoordinatorContext]
+) -> Command[Literal["ideate", "wait", "observe", "finish"]]:
+    """Check status and budgets; go to ideate, wait, observe (after a pause) or finish."""
+    storage = runtime.context.storage
+    sid = state["study_id"]
+    study = storage.study(sid)
+    pending = _active_jobs(state)
+    if study.status == "stopping":
+        storage.cancel_active(sid)
+        return Command(update={"stop_reason": "stopped by user", "pending": []}, goto="finish")
+    if study.status == "paused":
+        interrupt({"kind": "paused", "study_id": sid})
+        return Command(goto="observe")
+    budget = study.spec.budget
+    if study.spec.policy_kind == "llm" and study.usd_spent >= budget.usd:
+        storage.event(sid, "budget.exhausted", None, {"usd": study.usd_spent, "budget": budget.usd})
+        storage.pause(sid, f"LLM budget spent: ${study.usd_spent:.4g} of ${budget.usd:.4g}")
+        return Command(goto="observe")
+    reason = ""
+    if study.experiments_used >= budget.experiments:
+        reason = f"experiment budget spent ({budget.experiments})"
+    elif study.elapsed_hours >= budget.hours:
+        reason = f"time budget spent ({budget.hours:g} h)"
+    elif study.plateau_level >= plateau.PlateauLevel.STOP:
+        reason = f"plateau: {study.spec.plateau.stop} experiments without improvement"
+    if reason:
+        if pending:
+            return Command(goto="wait")
+        return Command(update={"stop_reason": reason}, goto="finish")
+    slots = min(budget.parallel - len(pending), budget.experiments - study.experiments_used)
+    if slots > 0:
+        return Command(goto="ideate")
+    return Command(goto="wait")
+
+
+def ideate(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Command[Literal["select"]]:
+    """Ask the policy for proposals when too few nodes wait, then go to select."""
+    storage, config = runtime.context.storage, runtime.context.config
+    sid = state["study_id"]
+    study = storage.study(sid)
+    records = storage.nodes(sid)
+    waiting = sum(1 for r in records if r.evidence.status == NodeStatus.PROPOSED)
+    retry = sum(1 for r in records if retryable(r, config))
+    slots = study.spec.budget.parallel - len(_active_jobs(state))
+    round_no = state.get("round_no", 0)
+    if waiting + retry < slots:
+        k = max(study.spec.policy.children, slots - waiting - retry)
+        ctx = ideation_input(study, records, k=k, round_no=round_no)
+        try:
+            proposals = runtime.context.policy.ideate(ctx)
+        except BudgetExhausted as exc:
+            storage.event(sid, "budget.exhausted", None, {"reason": str(exc)})
+            storage.pause(sid, str(exc))
+            return Command(update={"round_no": round_no + 1}, goto="select")
+        except ModelError as exc:
+            storage.event(sid, "llm.error", None, {"role": "ideator", "error": str(exc)[:1000]})
+            storage.add_proposals(sid, round_no, [])
+            return Command(update={"round_no": round_no + 1, "ideation_error": str(exc)[:500]}, goto="select")
+        storage.add_proposals(sid, round_no, proposals)
+    return Command(update={"round_no": round_no + 1, "ideation_error": ""}, goto="select")
+
+
+def select(
+    state: CoordinatorState, runtime: Runtime[CoordinatorContext]
+) -> Command[Literal["dispatch", "wait", "finish"]]:
+    """Choose retries and frontier nodes for the free slots; go to dispatch, wait or finish."""
+    storage, config = runtime.context.storage, runtime.context.config
+    sid = state["study_id"]
+    study = storage.study(sid)
+    records = storage.nodes(sid)
+    pending = _active_jobs(state)
+    slots = min(
+        study.spec.budget.parallel - len(pending),
+        study.spec.budget.experiments - study.experiments_used,
+    )
+    retries = [r.evidence.id for r in records if retryable(r, config)][: max(slots, 0)]
+    cfg = selection.SelectionConfig(config.exploration, config.per_parent, study.seed)
+    chosen = retries + selection.select(tree_of(records), slots - len(retries), cfg, state.get("round_no", 0))
+    if chosen:
+        return Command(update={"selected": chosen}, goto="dispatch")
+    if pending:
+        return Command(goto="wait")
+    if state.get("ideation_error"):
+        return Command(update={"stop_reason": f"ideation failed: {state['ideation_error']}"}, goto="finish")
+    return Command(update={"stop_reason": "frontier exhausted: nothing left to try"}, goto="finish")
+
+
+def dispatch(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Command[Literal["wait"]]:
+    """Enqueue and submit a job per selected node, then go to wait."""
+    storage, dispatcher = runtime.context.storage, runtime.context.dispatcher
+    sid = state["study_id"]
+    pending = _active_jobs(state)
+    for node_id in state.get("selected", []):
+        job_id = storage.enqueue(sid, node_id)
+        dispatcher.submit(job_id)
+        if job_id not in pending:
+            pending.append(job_id)
+    return Command(update={"pending": pending, "selected": []}, goto="wait")
+
+
+def wait(state: CoordinatorState) -> Command[Literal["integrate", "observe"]]:
+    """Interrupt until some pending jobs finish, then go to integrate (observe if none are pending)."""
+    pending = _active_jobs(state)
+    if not pending:
+        return Command(goto="observe")
+    finished = interrupt({"kind": "await_jobs", "study_id": state["study_id"], "jobs": pending})
+    done = [j for j in finished if j in pending]
+    return Command(
+        update={"finished": done, "pending": [j for j in pending if j not in done]},
+        goto="integrate",
+    )
+
+
+def integrate(
+    state: CoordinatorState, runtime: Runtime[CoordinatorContext]
+) -> Command[Literal["gate", "observe"]]:
+    """Verify finished nodes, back-propagate insights, prune and plan; go to gate or observe."""
+    storage, policy, config = runtime.context.storage, runtime.context.policy, runtime.context.config
+    sid = state["study_id"]
+    study = storage.study(sid)
+    node_ids = set(storage.job_nodes(state.get("finished", [])).values())
+    records = {r.evidence.id: r for r in storage.nodes(sid)}
+    istate = ImprovementState.from_dict(study.improvement_state)
+    for node_id in sorted(node_ids):
+        rec = records[node_id]
+        if rec.completed_order:
+            continue  # already integrated (replayed step)
+        result = integrate_one(study, rec, policy, istate, records, config)
+        storage.record(sid, result)
+        storage.event(sid, "node.integrated", node_id, {"status": result.status})
+        records = {r.evidence.id: r for r in storage.nodes(sid)}
+    metric = study.spec.objective.metric
+    for node_id in sorted(node_ids):
+        current = storage.nodes(sid)
+        ev = {r.evidence.id: r.evidence for r in current}
+
+        def synth(anc: TreeNode, kids: list[TreeNode], ev: dict[int, NodeEvidence] = ev) -> str:
+            return policy.synthesize(ev[anc.id], [ev[k.id] for k in kids], metric)
+
+        storage.add_insights(sid, backpropagate(tree_of(current), node_id, synth))
+    records_list = storage.nodes(sid)
+    tree = tree_of(records_list)
+    completed = sorted((r for r in records_list if r.completed_order), key=lambda r: r.completed_order)
+    min_gain = study.spec.plateau.min_gain
+    flags = [pruning.improved(r.evidence.gain_lcb, min_gain) for r in completed]
+    p = study.spec.plateau
+    level = plateau.plateau_level(flags, plateau.PlateauConfig(p.warn, p.change, p.stop))
+    if level != study.plateau_level and level > 0:
+        storage.event(
+            sid,
+            "budget.warning",
+            None,
+            {"plateau": level.name.lower(), "streak": plateau.non_improving_streak(flags)},
+        )
+        if level >= plateau.PlateauLevel.CHANGE:
+            istate.concern("plateau: change approach, explore new directions")
+    for pr in pruning.exhausted(tree, config.prune_window, min_gain):
+        storage.prune(sid, pr.node_id, pr.reason, pr.lesson)
+        istate.concern(f"pruned n{pr.node_id}: {pr.reason}")
+    istate.next_plan = next_plan(records_list, level)
+    recent = [r.evidence for r in records_list if r.evidence.id in node_ids]
+    storage.save_state(sid, policy.update_state(istate.to_dict(), recent), int(level))
+    study = storage.study(sid)
+    cands = gate_candidates(study, storage.nodes(sid))
+    if cands:
+        return Command(update={"candidates": cands, "finished": []}, goto="gate")
+    return Command(update={"candidates": [], "finished": []}, goto="observe")
+
+
+def gate(
+    state: CoordinatorState, runtime: Runtime[CoordinatorContext]
+) -> Command[Literal["approve", "merge", "observe"]]:
+    """Gate the best still-eligible candidate; go to merge (auto), approve, or observe if none passes."""
+    storage, gatekeeper = runtime.context.storage, runtime.context.gatekeeper
+    sid = state["study_id"]
+    cands = list(state.get("candidates", []))
+    while cands:
+        study = storage.study(sid)
+        node_id = cands.pop(0)
+        still = gate_candidates(study, storage.nodes(sid))
+        if node_id not in still:
+            continue
+        if gatekeeper.gate(sid, node_id):
+            goto: Literal["approve", "merge"] = "merge" if study.spec.gate.mode == "auto" else "approve"
+            if goto == "approve":
+                gatekeeper.await_approval(sid, node_id)
+            return Command(update={"candidates": [], "gate_node": node_id}, goto=goto)
+    return Command(update={"candidates": [], "gate_node": None}, goto="observe")
+
+
+def approve(
+    state: CoordinatorState, runtime: Runtime[CoordinatorContext]
+) -> Command[Literal["merge", "observe"]]:
+    """Interrupt for a human decision on the gate node; go to merge if approved, else reject and observe."""
+    sid, node_id = state["study_id"], state.get("gate_node")
+    answer: dict[str, Any] = interrupt({"kind": "approve", "study_id": sid, "node_id": node_id})
+    if answer.get("approved"):
+        return Command(
+            update={"gate_node": node_id, "approved_by": str(answer.get("by", "human"))}, goto="merge"
+        )
+    assert node_id is not None
+    runtime.context.gatekeeper.reject(
+        sid, node_id, str(answer.get("reason") or "rejected by a human"), str(answer.get("by", ""))
+    )
+    return Command(update={"gate_node": None}, goto="observe")
+
+
+def merge(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Command[Literal["observe"]]:
+    """Merge the gate node into trunk, then go to observe."""
+    sid, node_id = state["study_id"], state.get("gate_node")
+    assert node_id is not None
+    runtime.context.gatekeeper.merge(sid, node_id, state.get("approved_by") or "auto")
+    return Command(update={"gate_node": None, "approved_by": ""}, goto="observe")
+
+
+def finish(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> dict[str, Any]:
+    """Finalize the study with its stop reason; the graph ends here."""
+    runtime.context.gatekeeper.finalize(state["study_id"], state.get("stop_reason", "finished"))
+    return {}
+
+
+def _active_jobs(state: CoordinatorState) -> list[int]:
+    return list(state.get("pending", []))
 
 
 def tree_of(records: list[NodeRecord]) -> Tree:
@@ -71,232 +305,6 @@ def soft_results(study: StudyView, judgement: Judgement) -> list[ConstraintResul
     return out
 
 
-def _active_jobs(state: CoordinatorState) -> list[int]:
-    return list(state.get("pending", []))
-
-
-def build_graph(
-    storage: Storage,
-    dispatcher: Dispatcher,
-    gatekeeper: Gatekeeper,
-    policy: Policy,
-    config: CoordinatorConfig = CoordinatorConfig(),
-) -> StateGraph[CoordinatorState, None, CoordinatorState, CoordinatorState]:
-    """Return the (uncompiled) coordinator graph wired to the given ports."""
-
-    def start(state: CoordinatorState) -> Command[Literal["observe"]]:
-        gatekeeper.baseline(state["study_id"])
-        return Command(update={"round_no": state.get("round_no", 0), "pending": []}, goto="observe")
-
-    def observe(state: CoordinatorState) -> Command[Literal["ideate", "wait", "finish"]]:
-        sid = state["study_id"]
-        study = storage.study(sid)
-        pending = _active_jobs(state)
-        if study.status == "stopping":
-            storage.cancel_active(sid)
-            return Command(update={"stop_reason": "stopped by user", "pending": []}, goto="finish")
-        if study.status == "paused":
-            interrupt({"kind": "paused", "study_id": sid})
-            return Command(goto="observe")
-        budget = study.spec.budget
-        if study.spec.policy_kind == "llm" and study.usd_spent >= budget.usd:
-            storage.event(sid, "budget.exhausted", None, {"usd": study.usd_spent, "budget": budget.usd})
-            storage.pause(sid, f"LLM budget spent: ${study.usd_spent:.4g} of ${budget.usd:.4g}")
-            return Command(goto="observe")
-        reason = ""
-        if study.experiments_used >= budget.experiments:
-            reason = f"experiment budget spent ({budget.experiments})"
-        elif study.elapsed_hours >= budget.hours:
-            reason = f"time budget spent ({budget.hours:g} h)"
-        elif study.plateau_level >= plateau.PlateauLevel.STOP:
-            reason = f"plateau: {study.spec.plateau.stop} experiments without improvement"
-        if reason:
-            if pending:
-                return Command(goto="wait")
-            return Command(update={"stop_reason": reason}, goto="finish")
-        slots = min(budget.parallel - len(pending), budget.experiments - study.experiments_used)
-        if slots > 0:
-            return Command(goto="ideate")
-        return Command(goto="wait")
-
-    def ideate(state: CoordinatorState) -> Command[Literal["select"]]:
-        sid = state["study_id"]
-        study = storage.study(sid)
-        records = storage.nodes(sid)
-        waiting = sum(1 for r in records if r.evidence.status == NodeStatus.PROPOSED)
-        retry = sum(1 for r in records if retryable(r, config))
-        slots = study.spec.budget.parallel - len(_active_jobs(state))
-        round_no = state.get("round_no", 0)
-        if waiting + retry < slots:
-            k = max(study.spec.policy.children, slots - waiting - retry)
-            ctx = ideation_input(study, records, k=k, round_no=round_no)
-            try:
-                proposals = policy.ideate(ctx)
-            except BudgetExhausted as exc:
-                storage.event(sid, "budget.exhausted", None, {"reason": str(exc)})
-                storage.pause(sid, str(exc))
-                return Command(update={"round_no": round_no + 1}, goto="select")
-            except ModelError as exc:
-                storage.event(sid, "llm.error", None, {"role": "ideator", "error": str(exc)[:1000]})
-                storage.add_proposals(sid, round_no, [])
-                return Command(
-                    update={"round_no": round_no + 1, "ideation_error": str(exc)[:500]}, goto="select"
-                )
-            storage.add_proposals(sid, round_no, proposals)
-        return Command(update={"round_no": round_no + 1, "ideation_error": ""}, goto="select")
-
-    def select_(state: CoordinatorState) -> Command[Literal["dispatch", "wait", "finish"]]:
-        sid = state["study_id"]
-        study = storage.study(sid)
-        records = storage.nodes(sid)
-        pending = _active_jobs(state)
-        slots = min(
-            study.spec.budget.parallel - len(pending),
-            study.spec.budget.experiments - study.experiments_used,
-        )
-        retries = [r.evidence.id for r in records if retryable(r, config)][: max(slots, 0)]
-        cfg = selection.SelectionConfig(config.exploration, config.per_parent, study.seed)
-        chosen = retries + selection.select(
-            tree_of(records), slots - len(retries), cfg, state.get("round_no", 0)
-        )
-        if chosen:
-            return Command(update={"selected": chosen}, goto="dispatch")
-        if pending:
-            return Command(goto="wait")
-        if state.get("ideation_error"):
-            return Command(
-                update={"stop_reason": f"ideation failed: {state['ideation_error']}"}, goto="finish"
-            )
-        return Command(update={"stop_reason": "frontier exhausted: nothing left to try"}, goto="finish")
-
-    def dispatch(state: CoordinatorState) -> Command[Literal["wait"]]:
-        sid = state["study_id"]
-        pending = _active_jobs(state)
-        for node_id in state.get("selected", []):
-            job_id = storage.enqueue(sid, node_id)
-            dispatcher.submit(job_id)
-            if job_id not in pending:
-                pending.append(job_id)
-        return Command(update={"pending": pending, "selected": []}, goto="wait")
-
-    def wait(state: CoordinatorState) -> Command[Literal["integrate", "observe"]]:
-        pending = _active_jobs(state)
-        if not pending:
-            return Command(goto="observe")
-        finished = interrupt({"kind": "await_jobs", "study_id": state["study_id"], "jobs": pending})
-        done = [j for j in finished if j in pending]
-        return Command(
-            update={"finished": done, "pending": [j for j in pending if j not in done]},
-            goto="integrate",
-        )
-
-    def integrate(state: CoordinatorState) -> Command[Literal["gate", "observe"]]:
-        sid = state["study_id"]
-        study = storage.study(sid)
-        node_ids = set(storage.job_nodes(state.get("finished", [])).values())
-        records = {r.evidence.id: r for r in storage.nodes(sid)}
-        istate = ImprovementState.from_dict(study.improvement_state)
-        for node_id in sorted(node_ids):
-            rec = records[node_id]
-            if rec.completed_order:
-                continue  # already integrated (replayed step)
-            result = integrate_one(study, rec, policy, istate, records, config)
-            storage.record(sid, result)
-            storage.event(sid, "node.integrated", node_id, {"status": result.status})
-            records = {r.evidence.id: r for r in storage.nodes(sid)}
-        metric = study.spec.objective.metric
-        for node_id in sorted(node_ids):
-            current = storage.nodes(sid)
-            ev = {r.evidence.id: r.evidence for r in current}
-
-            def synth(anc: TreeNode, kids: list[TreeNode], ev: dict[int, NodeEvidence] = ev) -> str:
-                return policy.synthesize(ev[anc.id], [ev[k.id] for k in kids], metric)
-
-            storage.add_insights(sid, backpropagate(tree_of(current), node_id, synth))
-        records_list = storage.nodes(sid)
-        tree = tree_of(records_list)
-        completed = sorted((r for r in records_list if r.completed_order), key=lambda r: r.completed_order)
-        min_gain = study.spec.plateau.min_gain
-        flags = [pruning.improved(r.evidence.gain_lcb, min_gain) for r in completed]
-        p = study.spec.plateau
-        level = plateau.plateau_level(flags, plateau.PlateauConfig(p.warn, p.change, p.stop))
-        if level != study.plateau_level and level > 0:
-            storage.event(
-                sid,
-                "budget.warning",
-                None,
-                {"plateau": level.name.lower(), "streak": plateau.non_improving_streak(flags)},
-            )
-            if level >= plateau.PlateauLevel.CHANGE:
-                istate.concern("plateau: change approach, explore new directions")
-        for pr in pruning.exhausted(tree, config.prune_window, min_gain):
-            storage.prune(sid, pr.node_id, pr.reason, pr.lesson)
-            istate.concern(f"pruned n{pr.node_id}: {pr.reason}")
-        istate.next_plan = next_plan(records_list, level)
-        recent = [r.evidence for r in records_list if r.evidence.id in node_ids]
-        storage.save_state(sid, policy.update_state(istate.to_dict(), recent), int(level))
-        study = storage.study(sid)
-        cands = gate_candidates(study, storage.nodes(sid))
-        if cands:
-            return Command(update={"candidates": cands, "finished": []}, goto="gate")
-        return Command(update={"candidates": [], "finished": []}, goto="observe")
-
-    def gate(state: CoordinatorState) -> Command[Literal["approve", "merge", "observe"]]:
-        sid = state["study_id"]
-        cands = list(state.get("candidates", []))
-        while cands:
-            study = storage.study(sid)
-            node_id = cands.pop(0)
-            still = gate_candidates(study, storage.nodes(sid))
-            if node_id not in still:
-                continue
-            if gatekeeper.gate(sid, node_id):
-                goto: Literal["approve", "merge"] = "merge" if study.spec.gate.mode == "auto" else "approve"
-                if goto == "approve":
-                    gatekeeper.await_approval(sid, node_id)
-                return Command(update={"candidates": [], "gate_node": node_id}, goto=goto)
-        return Command(update={"candidates": [], "gate_node": None}, goto="observe")
-
-    def approve(state: CoordinatorState) -> Command[Literal["merge", "observe"]]:
-        sid, node_id = state["study_id"], state.get("gate_node")
-        answer: dict[str, Any] = interrupt({"kind": "approve", "study_id": sid, "node_id": node_id})
-        if answer.get("approved"):
-            return Command(
-                update={"gate_node": node_id, "approved_by": str(answer.get("by", "human"))}, goto="merge"
-            )
-        assert node_id is not None
-        gatekeeper.reject(
-            sid, node_id, str(answer.get("reason") or "rejected by a human"), str(answer.get("by", ""))
-        )
-        return Command(update={"gate_node": None}, goto="observe")
-
-    def merge(state: CoordinatorState) -> Command[Literal["observe"]]:
-        sid, node_id = state["study_id"], state.get("gate_node")
-        assert node_id is not None
-        gatekeeper.merge(sid, node_id, state.get("approved_by") or "auto")
-        return Command(update={"gate_node": None, "approved_by": ""}, goto="observe")
-
-    def finish(state: CoordinatorState) -> dict[str, Any]:
-        gatekeeper.finalize(state["study_id"], state.get("stop_reason", "finished"))
-        return {}
-
-    g: StateGraph[CoordinatorState, None, CoordinatorState, CoordinatorState] = StateGraph(CoordinatorState)
-    g.add_node("start", start)
-    g.add_node("observe", observe)
-    g.add_node("ideate", ideate)
-    g.add_node("select", select_)
-    g.add_node("dispatch", dispatch)
-    g.add_node("wait", wait)
-    g.add_node("integrate", integrate)
-    g.add_node("gate", gate)
-    g.add_node("approve", approve)
-    g.add_node("merge", merge)
-    g.add_node("finish", finish)
-    g.add_edge(START, "start")
-    g.add_edge("finish", END)
-    return g
-
-
 def integrate_one(
     study: StudyView,
     rec: NodeRecord,
@@ -316,7 +324,7 @@ def integrate_one(
             istate.concern(f"n{ev.id} abandoned ({ev.failure[:120]}); n{ev.parent_id} re-expanded")
         status = ev.status if ev.status != NodeStatus.EVALUATED else NodeStatus.FAILED
         summary = policy.summarise(_with(ev, status=status), spec.objective.metric, None)
-        verification = {"decision": str(a.decision), "reason": a.reason}
+        verification: dict[str, Any] = {"decision": str(a.decision), "reason": a.reason}
         return Integration(ev.id, str(status), None, None, [], verification, summary)
     g = gain_over(rec.dev_values, study.trunk_dev, maximize=spec.maximize)
     measured = verify_all(_rules(study), rec.dev_receipts)
@@ -449,3 +457,22 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         seed=study.seed,
         constraints=[c.model_dump() for c in study.spec.constraints],
     )
+
+
+def build_graph() -> StateGraph[CoordinatorState, CoordinatorContext, CoordinatorState, CoordinatorState]:
+    """Return the (uncompiled) coordinator graph; compile it, then pass `context=` to every invoke."""
+    g = StateGraph(CoordinatorState, context_schema=CoordinatorContext)
+    g.add_node("start", start)
+    g.add_node("observe", observe)
+    g.add_node("ideate", ideate)
+    g.add_node("select", select)
+    g.add_node("dispatch", dispatch)
+    g.add_node("wait", wait)
+    g.add_node("integrate", integrate)
+    g.add_node("gate", gate)
+    g.add_node("approve", approve)
+    g.add_node("merge", merge)
+    g.add_node("finish", finish)
+    g.add_edge(START, "start")
+    g.add_edge("finish", END)
+    return g

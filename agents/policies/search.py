@@ -203,12 +203,12 @@ class SearchPolicy:
             parent = near[1] if near is not None and _dist(near[0], x) < 0.2 and near[1].depth < 6 else root
             pool.append((parent, a, "explore a new region"))
 
-        scores = []
+        scores: list[tuple[float, NodeEvidence, Assignment, str]] = []
         for parent, a, why in pool:
             if space.key_of(a) in seen:
                 continue
             mu, sd = gp.predict(space.vector(a))
-            scores.append([expected_improvement(mu, sd, ref), parent, a, why])
+            scores.append((expected_improvement(mu, sd, ref), parent, a, why))
         while scores and len(out) < ctx.k:
             best = max(range(len(scores)), key=lambda i: (scores[i][0], -i))
             _, parent, a, why = scores.pop(best)
@@ -216,8 +216,10 @@ class SearchPolicy:
                 continue
             take(parent, a, why)
             x = space.vector(a)
-            for row in scores:  # crowding penalty keeps a batch diverse
-                row[0] *= 1.0 - math.exp(-(_dist(space.vector(row[2]), x) ** 2) / (2 * 0.08**2))
+            scores = [  # crowding penalty keeps a batch diverse
+                (s * (1.0 - math.exp(-(_dist(space.vector(b), x) ** 2) / (2 * 0.08**2))), p, b, w)
+                for s, p, b, w in scores
+            ]
         return out
 
     @staticmethod

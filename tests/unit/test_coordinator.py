@@ -7,6 +7,7 @@ from typing import Any
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
+from agents.coordinator.configuration import CoordinatorContext
 from agents.coordinator.graph import build_graph
 from agents.coordinator.ports import Integration, NodeRecord, StudyView
 from agents.policies.base import NodeEvidence, Proposal
@@ -152,12 +153,13 @@ class Memory:
 
 def drive(mem: Memory, answer: dict[str, Any]) -> list[str]:
     """Run the graph to the end, completing jobs in order and answering approvals; return interrupt kinds."""
-    graph = build_graph(mem, mem, mem, SearchPolicy()).compile(checkpointer=InMemorySaver())
+    graph = build_graph().compile(checkpointer=InMemorySaver())
     cfg = {"configurable": {"thread_id": "t"}}
+    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
     inp: Any = {"study_id": 1}
     kinds = []
     for _ in range(100):
-        out = graph.invoke(inp, cfg, durability="sync", version="v2")
+        out = graph.invoke(inp, cfg, context=ctx, durability="sync", version="v2")
         if not out.interrupts:
             return kinds
         intr = out.interrupts[0]
@@ -200,15 +202,51 @@ def test_auto_mode_merges_without_asking_and_gate_failures_do_not_merge() -> Non
 
 def test_user_stop_cancels_and_finishes() -> None:
     mem = Memory(mode="auto", experiments=10)
-    graph = build_graph(mem, mem, mem, SearchPolicy()).compile(checkpointer=InMemorySaver())
+    graph = build_graph().compile(checkpointer=InMemorySaver())
     cfg = {"configurable": {"thread_id": "t"}}
-    out = graph.invoke({"study_id": 1}, cfg, durability="sync", version="v2")
+    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
+    out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
     intr = out.interrupts[0]
     assert intr.value["kind"] == "await_jobs" and len(intr.value["jobs"]) == 2
     mem.status = "stopping"
-    out = graph.invoke(Command(resume={intr.id: []}), cfg, durability="sync", version="v2")
+    out = graph.invoke(Command(resume={intr.id: []}), cfg, context=ctx, durability="sync", version="v2")
     assert not out.interrupts and mem.events[-1] == "finished: stopped by user"
     assert [n["status"] for n in mem.rows.values()].count("cancelled") >= 2
+
+
+class Dispatched:
+    """A dispatcher that only records what it was given."""
+
+    def __init__(self) -> None:
+        self.submitted: list[int] = []
+
+    def submit(self, job_id: int) -> None:
+        self.submitted.append(job_id)
+
+
+def test_a_resume_runs_with_the_context_it_is_given_not_a_checkpointed_one() -> None:
+    mem = Memory(mode="auto", experiments=10)
+    saver = InMemorySaver()
+    cfg = {"configurable": {"thread_id": "t"}}
+    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
+    graph = build_graph().compile(checkpointer=saver)
+    out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
+    intr = out.interrupts[0]
+    first = intr.value["jobs"][0]
+    mem.complete(first)
+    # A later process: a fresh graph over the same checkpoints, with new ports in its context.
+    later = Dispatched()
+    fresh = build_graph().compile(checkpointer=saver)
+    out = fresh.invoke(
+        Command(resume={intr.id: [first]}),
+        cfg,
+        context=CoordinatorContext(mem, later, mem, SearchPolicy()),
+        durability="sync",
+        version="v2",
+    )
+    assert out.interrupts[0].value["kind"] == "await_jobs"
+    assert len(mem.submitted) == 2 and len(later.submitted) == 1
+    assert later.submitted[0] not in mem.submitted
 
 
 def test_replayed_ideation_round_does_not_duplicate_nodes() -> None:

@@ -121,7 +121,7 @@ def build_batch(
 def _rollout_logits(
     model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor
 ) -> torch.Tensor:
-    logits = model(input_ids=ids, attention_mask=mask).logits
+    logits: torch.Tensor = model(input_ids=ids, attention_mask=mask).logits
     return logits.gather(1, pos[..., None].expand(-1, -1, logits.shape[-1]))
 
 
@@ -194,7 +194,7 @@ class SelfDistiller:
         self.student.train()
         optimizer.zero_grad(set_to_none=True)
         loss, diag = self.loss(records)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         diag["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.student.parameters(), 1.0))
         optimizer.step()
         if self.ema is not None:
