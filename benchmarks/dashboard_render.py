@@ -38,7 +38,8 @@ def grow(settings: Settings, root: Path, name: str, size: int, seed: int = 0) ->
     """Create a study whose tree has `size` nodes with a realistic mix of statuses; return its id."""
     rng = random.Random(seed)
     repo = make_repo(root / name, tiny_files(name=name))
-    study = create_study(settings, (repo / "grove.toml").read_text(), str(repo))
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, (repo / "grove.toml").read_text(), str(repo))
     with db.session(settings.db_url) as s:
         nodes = [s.get(Node, study.trunk_node_id)]
         trunk = nodes[0]

@@ -39,7 +39,8 @@ def one(policy_name: str, seed: int, experiments: int, root: Path) -> tuple[floa
     doc["plateau"] = {"warn": 1000, "change": 1000, "stop": 1000}
     settings = Settings(data_dir=root / f"{policy_name}-{seed}", worktrees_dir=root / "wt")
     settings.ensure_dirs()
-    study = create_study(settings, tomlkit.dumps(doc), str(EXAMPLE))
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, tomlkit.dumps(doc), str(EXAMPLE))
     policy = SearchPolicy() if policy_name == "search" else RandomSearchPolicy()
     started = time.monotonic()
     run_study(settings, study.id or 0, approver=lambda s, n: {"approved": True}, policy=policy)

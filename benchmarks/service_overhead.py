@@ -107,7 +107,8 @@ def bare_loop(repo: Path, n: int, work: Path) -> float:
 
 def run_study(settings: Settings, repo: Path, app: object) -> tuple[float, float]:
     """Submit a study to the running stack; return (study wall time, executor phase wall time)."""
-    study = create_study(settings, (repo / "grove.toml").read_text(), str(repo))
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, (repo / "grove.toml").read_text(), str(repo))
     started = time.monotonic()
     app.send_task("coordinator.advance", args=[study.id])  # type: ignore[attr-defined]
     while True:
@@ -126,7 +127,8 @@ def run_study(settings: Settings, repo: Path, app: object) -> tuple[float, float
 
 def tree_latency(settings: Settings, root: Path, nodes: int = 5000, calls: int = 40) -> tuple[float, float]:
     repo = make_repo(root / "big", "big-tree", 1, 1, "1.0", 0.0)
-    study = create_study(settings, (repo / "grove.toml").read_text(), str(repo))
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, (repo / "grove.toml").read_text(), str(repo))
     with db.session(settings.db_url) as s:
         parent = study.trunk_node_id
         for i in range(nodes - 1):

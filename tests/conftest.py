@@ -6,11 +6,13 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import uvicorn
 
 from backend.core.config import PROJECT_ROOT, Settings
 
@@ -182,6 +184,20 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(timeout=10)
+
+
+class ThreadServer(uvicorn.Server):
+    def install_signal_handlers(self) -> None:
+        """Leave signals to pytest."""
+
+
+def serve(app: object, port: int) -> tuple[ThreadServer, threading.Thread]:
+    """Serve an ASGI app on loopback in a thread; return once it accepts connections."""
+    server = ThreadServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))  # type: ignore[arg-type]
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, timeout=30)
+    return server, thread
 
 
 class Service:

@@ -1,4 +1,4 @@
-"""Node statuses and their legal transitions (DESIGN §5)."""
+"""Node and study statuses and their legal transitions (see docs/architecture.md, "Life cycles")."""
 
 from __future__ import annotations
 
@@ -53,4 +53,45 @@ def check_transition(node_id: int, old: NodeStatus | str, new: NodeStatus | str)
     o, n = NodeStatus(old), NodeStatus(new)
     if n not in TRANSITIONS[o]:
         raise IllegalTransition(node_id, o, n)
+    return n
+
+
+class StudyStatus(StrEnum):
+    CREATED = "created"
+    RUNNING = "running"
+    PAUSED = "paused"
+    STOPPING = "stopping"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+St = StudyStatus
+
+STUDY_TRANSITIONS: dict[StudyStatus, frozenset[StudyStatus]] = {
+    # created -> running when the baseline is measured.
+    St.CREATED: frozenset({St.RUNNING, St.PAUSED, St.STOPPING, St.FAILED}),
+    St.RUNNING: frozenset({St.PAUSED, St.STOPPING, St.FINISHED, St.FAILED}),
+    # A paused study whose budget runs out while it waits finishes without resuming.
+    St.PAUSED: frozenset({St.RUNNING, St.STOPPING, St.FINISHED, St.FAILED}),
+    St.STOPPING: frozenset({St.FINISHED, St.FAILED}),
+    St.FINISHED: frozenset(),
+    St.FAILED: frozenset(),
+}
+
+STUDY_ENDED = frozenset({St.FINISHED, St.FAILED})
+
+
+class IllegalStudyTransition(ValueError):
+    """A status change that the study life cycle does not allow."""
+
+    def __init__(self, name: str, old: StudyStatus, new: StudyStatus) -> None:
+        self.name, self.old, self.new = name, old, new
+        super().__init__(f"study {name!r} is {old}; it cannot become {new}")
+
+
+def check_study_transition(name: str, old: StudyStatus | str, new: StudyStatus | str) -> StudyStatus:
+    """Return the new study status, or raise `IllegalStudyTransition` if `old -> new` is not allowed."""
+    o, n = StudyStatus(old), StudyStatus(new)
+    if n not in STUDY_TRANSITIONS[o]:
+        raise IllegalStudyTransition(name, o, n)
     return n

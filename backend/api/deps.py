@@ -1,16 +1,17 @@
-"""Request dependencies: settings, the Celery app, and the caller's roles."""
+"""Request dependencies: settings, a database session per request, the Celery app, and the caller's roles."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated
 
 from celery import Celery
 from fastapi import Depends, HTTPException, Path, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlmodel import Session
 
-from backend.core import security
+from backend.core import db, security
 from backend.core.config import Settings
 
 bearer = HTTPBearer(auto_error=False, description="A token from `grove token create`")
@@ -29,6 +30,17 @@ def get_celery(request: Request) -> Celery:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+
+
+def get_session(settings: SettingsDep) -> Iterator[Session]:
+    """Yield the request's session: committed when the route returns, rolled back if it raises."""
+    with db.session(settings.db_url) as s:
+        yield s
+
+
+# scope="function": the commit happens before the response is sent, so a client never sees a 200 for
+# a write that did not land.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 MAX_ID = 2**31 - 1
 StudyId = Annotated[int, Path(ge=1, le=MAX_ID, description="a study id")]
 NodeId = Annotated[int, Path(ge=1, le=MAX_ID, description="a node id")]
@@ -43,12 +55,12 @@ class Principal:
 
 
 def principal(
-    settings: SettingsDep, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+    s: SessionDep, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 ) -> Principal | None:
     """Return who is calling, or None without a valid token."""
     if creds is None:
         return None
-    row = security.lookup(settings, creds.credentials)
+    row = security.lookup(s, creds.credentials)
     if row is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, "invalid or revoked token", headers={"WWW-Authenticate": "Bearer"}

@@ -8,7 +8,7 @@ from sqlmodel import Session, col, func, select
 
 from backend.api import schemas
 from backend.core.models import Approval, Event, Job, LlmCall, Node, Study
-from backend.services.storage import spec_of
+from backend.services.records import spec_of
 
 
 def _mean(values: list[float]) -> float | None:
@@ -32,7 +32,7 @@ def study_public(s: Session, st: Study) -> schemas.StudyPublic:
     best = s.exec(select(pick(Node.dev_mean)).where(Node.study_id == st.id)).one()
     calls, tokens, usd = s.exec(
         select(
-            func.count(LlmCall.id),
+            func.count(col(LlmCall.id)),
             func.coalesce(func.sum(LlmCall.tokens_in + LlmCall.tokens_out), 0),
             func.coalesce(func.sum(LlmCall.usd), 0.0),
         ).where(LlmCall.study_id == st.id)

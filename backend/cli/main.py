@@ -1,28 +1,30 @@
-"""The `grove` command line: validate, run, promote, report, janitor."""
+"""The `grove` command line: validate, run, pause, resume, stop, report, promote, serve, work."""
 
 from __future__ import annotations
 
 import contextlib
-import shutil
-import sqlite3
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
+import redis
 import typer
 from rich.console import Console
 from rich.live import Live
 from rich.prompt import Confirm, Prompt
 from rich.table import Table
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from agents.spec import SpecError, parse_spec
+from agents.tree.status import IllegalStudyTransition
 from backend.cli.runner import run_study
-from backend.core import db, gitops
+from backend.core import db, fanout, gitops
 from backend.core.config import get_settings
 from backend.core.models import Event, Job, Node, Study
-from backend.engine.driver import thread_config
-from backend.services.storage import spec_of
+from backend.engine.driver import thread_id
+from backend.services import lifecycle
+from backend.services.records import spec_of
 from backend.services.studies import StudyExists, create_study, get_by_name, validate
 
 app = typer.Typer(
@@ -143,10 +145,11 @@ def run_cmd(
             "terminal to ask in; pass --auto-approve or set gate.mode = 'auto'"
         )
         raise typer.Exit(2)
-    existing = get_by_name(settings, spec.study.name)
-    if existing is not None and fresh:
-        _discard(existing)
-        existing = None
+    with db.session(settings.db_url) as s:
+        existing = get_by_name(s, spec.study.name)
+        if existing is not None and fresh:
+            lifecycle.discard(s, settings, existing.id or 0, thread_id(existing.id or 0))
+            existing = None
     if existing is not None and existing.status == "finished":
         console.print(
             f"study {existing.name!r} already finished; report: {existing.report_path} (use --fresh)"
@@ -154,7 +157,10 @@ def run_cmd(
         return
     if existing is None:
         try:
-            study = create_study(settings, text, repo or str(spec_path.parent), spec_source=str(spec_path))
+            with db.session(settings.db_url) as s:
+                study = create_study(
+                    s, settings, text, repo or str(spec_path.parent), spec_source=str(spec_path)
+                )
         except SpecError as exc:
             for issue in exc.issues:
                 err.print(f"[red]error:[/] {exc.source}: {issue}")
@@ -202,34 +208,13 @@ def _override(text: str, section: str, key: str, value: object) -> str:
     import tomlkit
 
     doc = tomlkit.parse(text)
-    doc.setdefault(section, tomlkit.table())[key] = value  # type: ignore[index]
+    doc.setdefault(section, tomlkit.table())[key] = value
     return tomlkit.dumps(doc)
 
 
-def _discard(study: Study) -> None:
-    settings = get_settings()
-    with db.session(settings.db_url) as s:
-        from backend.core.models import Approval, Event, InsightVersion, ReceiptRow
-
-        for model in (Approval, Event, InsightVersion, ReceiptRow, Job):
-            for row in s.exec(select(model).where(model.study_id == study.id)):  # type: ignore[attr-defined]
-                s.delete(row)
-        s.flush()
-        for n in sorted(s.exec(select(Node).where(Node.study_id == study.id)), key=lambda n: -(n.id or 0)):
-            s.delete(n)
-            s.flush()
-        s.delete(s.get(Study, study.id))
-    with sqlite3.connect(settings.checkpoint_path) as conn:
-        tid = thread_config(study.id or 0)["configurable"]["thread_id"]
-        for table in ("checkpoints", "writes"):
-            with contextlib.suppress(sqlite3.OperationalError):
-                conn.execute(f"DELETE FROM {table} WHERE thread_id = ?", (tid,))
-    shutil.rmtree(study.repo_path, ignore_errors=True)
-    shutil.rmtree(settings.worktrees_dir / study.name, ignore_errors=True)
-
-
 def _study_named(name: str) -> Study:
-    st = get_by_name(get_settings(), name)
+    with db.session(get_settings().db_url) as s:
+        st = get_by_name(s, name)
     if st is None:
         err.print(f"[red]error:[/] no study named {name!r}")
         raise typer.Exit(1)
@@ -243,7 +228,9 @@ def report_cmd(name: str) -> None:
 
     settings = get_settings()
     st = _study_named(name)
-    console.print(report.render(settings, st.id or 0), markup=False)
+    with db.session(settings.db_url) as s:
+        text = report.render(s, st.id or 0)
+    console.print(text, markup=False)
 
 
 @app.command("promote")
@@ -253,28 +240,58 @@ def promote_cmd(name: str) -> None:
 
     st = _study_named(name)
     try:
-        target = promote(get_settings(), st, "cli")
+        with db.session(get_settings().db_url) as s:
+            target = promote(s, st, "cli")
     except (NotPromotable, gitops.GitError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from None
     console.print(f"pushed trunk {st.trunk_commit[:12]} to {st.source} as {target}")
 
 
+def _change(name: str, verb: str, act: Callable[[Session, int], object]) -> None:
+    """Apply a life-cycle change; a served study's coordinator is asked to advance when Redis answers."""
+    settings = get_settings()
+    served = _redis_answers(settings.redis_url)
+    if served:
+        fanout.enable(settings.redis_url)
+    sid = _study_named(name).id or 0
+    try:
+        with db.session(settings.db_url) as s:
+            act(s, sid)
+    except IllegalStudyTransition as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    if served:
+        from backend.worker.celery_app import make_app
+        from backend.worker.dispatch import enqueue_advance
+
+        enqueue_advance(make_app(settings), sid)
+    console.print(f"study {name!r} {verb}")
+
+
+def _redis_answers(url: str) -> bool:
+    # A study run by `grove run` polls the database and needs no broker; a served one does.
+    with contextlib.suppress(Exception):
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1).ping())
+    return False
+
+
+@app.command("pause")
+def pause_cmd(name: str) -> None:
+    """Pause a study: running experiments finish, nothing new starts."""
+    _change(name, "paused", lambda s, sid: lifecycle.pause(s, sid, by="cli"))
+
+
+@app.command("resume")
+def resume_cmd(name: str) -> None:
+    """Resume a paused study."""
+    _change(name, "resumed", lambda s, sid: lifecycle.resume(s, sid, by="cli"))
+
+
 @app.command("stop")
 def stop_cmd(name: str) -> None:
-    """Ask a running study to stop: running experiments are cancelled and the report written."""
-    settings = get_settings()
-    sid = _study_named(name).id
-    with db.session(settings.db_url) as s:
-        st = s.get(Study, sid)
-        assert st is not None
-        if st.status in ("finished", "failed"):
-            console.print(f"study {name!r} is already {st.status}")
-            return
-        st.status = "stopping"
-        s.add(st)
-        s.add(Event(study_id=st.id or 0, type="study.stopping", payload={"by": "cli"}))
-    console.print(f"study {name!r} will stop at its next step")
+    """Ask a study to stop: running experiments are cancelled and the report written."""
+    _change(name, "will stop at its next step", lambda s, sid: lifecycle.stop(s, sid, by="cli"))
 
 
 @app.command("up")

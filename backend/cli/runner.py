@@ -8,8 +8,10 @@ from typing import Any
 
 from agents.policies.base import Policy
 from backend.cli.localpool import LocalPool
+from backend.core import db
 from backend.core.config import Settings
-from backend.engine.driver import Driver, decide_approval, study_status
+from backend.engine.driver import Driver, study_status
+from backend.services.approvals import decide_approval
 
 Approver = Callable[[int, int], dict[str, Any]]
 
@@ -33,13 +35,14 @@ def run_study(
                 break
             if waiting.approval_node is not None:
                 answer = approver(study_id, waiting.approval_node)
-                decided = decide_approval(
-                    settings,
-                    waiting.approval_node,
-                    approved=bool(answer.get("approved")),
-                    by=str(answer.get("by") or "terminal"),
-                    reason=str(answer.get("reason") or ""),
-                )
+                with db.session(settings.db_url) as s:
+                    decided = decide_approval(
+                        s,
+                        waiting.approval_node,
+                        approved=bool(answer.get("approved")),
+                        by=str(answer.get("by") or "terminal"),
+                        reason=str(answer.get("reason") or ""),
+                    )
                 if decided:
                     continue
             if waiting.jobs:

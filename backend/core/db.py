@@ -13,6 +13,8 @@ from sqlmodel import Session, create_engine
 
 from backend.core import fanout, migrate, models  # noqa: F401  (models registers the tables)
 
+EVENT_STUDIES = "grove_event_studies"  # session.info key: studies whose events this transaction added
+
 
 @lru_cache(maxsize=8)
 def get_engine(url: str) -> Engine:
@@ -46,4 +48,14 @@ def session(url: str) -> Iterator[Session]:
         except BaseException:
             s.rollback()
             raise
-        fanout.notify(s.info.pop("grove_event_studies", set()))
+
+
+@event.listens_for(Session, "after_commit")
+def _ping_listeners(s: Session) -> None:
+    """After each commit that added events, ping the fan-out of their studies."""
+    fanout.notify(s.info.pop(EVENT_STUDIES, set()))
+
+
+@event.listens_for(Session, "after_rollback")
+def _forget_events(s: Session) -> None:
+    s.info.pop(EVENT_STUDIES, None)

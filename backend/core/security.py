@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 
-from sqlmodel import select
+from sqlmodel import Session, select
 
 from backend.core import db
 from backend.core.config import Settings
@@ -30,11 +30,10 @@ def create_token(settings: Settings, roles: list[str], name: str = "") -> str:
     return token
 
 
-def lookup(settings: Settings, token: str) -> ApiToken | None:
+def lookup(s: Session, token: str) -> ApiToken | None:
     """Return the live token row for a presented token."""
     digest = hash_token(token)
-    with db.session(settings.db_url) as s:
-        row = s.exec(select(ApiToken).where(ApiToken.token_hash == digest)).first()
+    row = s.exec(select(ApiToken).where(ApiToken.token_hash == digest)).first()
     if row is None or row.revoked or not secrets.compare_digest(row.token_hash, digest):
         return None
     return row

@@ -19,23 +19,31 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command, Interrupt
 from sqlmodel import col, select
 
+from agents.coordinator.configuration import CoordinatorContext
 from agents.coordinator.graph import build_graph
 from agents.coordinator.ports import Dispatcher
 from agents.policies.base import Policy
 from agents.policies.registry import make_policy
 from backend.core import db
 from backend.core.config import Settings
-from backend.core.models import Approval, Job, Study, now
+from backend.core.models import Approval, Job, Study
 from backend.engine.gatekeeper import BaselineError, LocalGatekeeper
+from backend.services import lifecycle
 from backend.services.ledger import SqlLedger
-from backend.services.storage import SqlStorage, add_event, spec_of
+from backend.services.records import spec_of
+from backend.services.storage import SqlStorage
 
 os.environ.setdefault("LANGGRAPH_STRICT_MSGPACK", "true")
 
 
+def thread_id(study_id: int) -> str:
+    """Return the id of a study's coordinator thread in the checkpointer."""
+    return f"study-{study_id}"
+
+
 def thread_config(study_id: int) -> dict[str, Any]:
     """Return the LangGraph config of a study's coordinator thread."""
-    return {"configurable": {"thread_id": f"study-{study_id}"}, "recursion_limit": 100_000}
+    return {"configurable": {"thread_id": thread_id(study_id)}, "recursion_limit": 100_000}
 
 
 @contextmanager
@@ -48,7 +56,7 @@ def checkpointer(settings: Settings) -> Iterator[Any]:
 
         url = settings.db_url.replace("postgresql+psycopg://", "postgresql://", 1)
         with psycopg.connect(url, autocommit=True, prepare_threshold=0, row_factory=dict_row) as conn:
-            pg = PostgresSaver(conn)  # type: ignore[arg-type]
+            pg = PostgresSaver(conn)
             pg.setup()
             yield pg
         return
@@ -76,18 +84,6 @@ def study_status(settings: Settings, study_id: int) -> str:
         study = s.get(Study, study_id)
         assert study is not None
         return study.status
-
-
-def decide_approval(settings: Settings, node_id: int, *, approved: bool, by: str, reason: str = "") -> bool:
-    """Record a human decision on a pending approval; return False if it was already decided."""
-    with db.session(settings.db_url) as s:
-        appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
-        if appr is None or appr.status != "pending" or appr.decided_by:
-            return False
-        appr.decided_by, appr.reason = by, reason
-        appr.status = "approving" if approved else "rejecting"
-        s.add(appr)
-        return True
 
 
 def _resume_value(settings: Settings, study_id: int, intr: Interrupt) -> Any | None:
@@ -127,12 +123,13 @@ class Driver:
             study = s.get(Study, study_id)
             assert study is not None
             spec = spec_of(study)
-        self.graph_def = build_graph(
+        self.context = CoordinatorContext(
             SqlStorage(settings.db_url),
             dispatcher,
             LocalGatekeeper(settings),
             policy or make_policy(spec, ledger=SqlLedger(settings, study_id)),
         )
+        self.graph_def = build_graph()
 
     @contextmanager
     def _graph(self) -> Iterator[Any]:
@@ -164,18 +161,14 @@ class Driver:
                         return self._waiting(snap.interrupts)
                     inp = Command(resume=ready)
                 try:
-                    graph.invoke(inp, cfg, durability="sync", version="v2")
+                    graph.invoke(inp, cfg, context=self.context, durability="sync", version="v2")
                 except BaselineError as exc:
                     self._fail(str(exc))
                     return Waiting(True, [], None, False)
 
     def _fail(self, reason: str) -> None:
         with db.session(self.settings.db_url) as s:
-            study = s.get(Study, self.study_id)
-            assert study is not None
-            study.status, study.stop_reason, study.finished_at = "failed", reason, now()
-            s.add(study)
-            add_event(s, self.study_id, "study.failed", None, reason=reason[:2000])
+            lifecycle.fail(s, self.study_id, reason)
 
     @staticmethod
     def _waiting(interrupts: tuple[Interrupt, ...]) -> Waiting:

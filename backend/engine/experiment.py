@@ -30,7 +30,7 @@ from backend.core.gitops import GitError
 from backend.core.models import Job, Node, Study, Trajectory, now
 from backend.engine import evaluation, sandbox, workspace
 from backend.services.ledger import SqlLedger
-from backend.services.storage import add_event, latest_insight, spec_of, transition
+from backend.services.records import add_event, latest_insight, spec_of, transition
 
 
 class Superseded(RuntimeError):

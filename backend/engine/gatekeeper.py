@@ -15,8 +15,8 @@ from backend.core.config import Settings
 from backend.core.gitops import GitError, MergeConflict
 from backend.core.models import Approval, Node, Study, now
 from backend.engine import workspace
-from backend.services import report
-from backend.services.storage import add_event, spec_of, transition
+from backend.services import lifecycle, report
+from backend.services.records import add_event, spec_of, transition
 
 
 class BaselineError(RuntimeError):
@@ -41,11 +41,7 @@ class LocalGatekeeper:
         spec = spec_of(st)
         repo = workspace.repo_of(st)
         with db.session(self.settings.db_url) as s:
-            study = s.get(Study, study_id)
-            assert study is not None
-            if study.status == "created":
-                study.status, study.started_at = "running", now()
-                add_event(s, study_id, "study.started", None)
+            lifecycle.start(s, study_id)
         if not st.baseline_dev:
             path = workspace.worktree_path(self.settings, st, "baseline-dev")
             workspace.prepare(
@@ -222,16 +218,11 @@ class LocalGatekeeper:
     def finalize(self, study_id: int, reason: str) -> None:
         """Close the study and write REPORT.md (trunk's held-out score is already measured)."""
         with db.session(self.settings.db_url) as s:
-            study = s.get(Study, study_id)
-            assert study is not None
             for n in s.exec(
                 select(Node).where(Node.study_id == study_id, Node.status == NodeStatus.PROPOSED)
             ):
                 transition(s, n, NodeStatus.CANCELLED, reason="study finished")
-            if study.status != "finished":
-                study.status, study.stop_reason, study.finished_at = "finished", reason, now()
-                s.add(study)
-                add_event(s, study_id, "study.finished", None, reason=reason)
+            lifecycle.finish(s, study_id, reason)
         # A process killed between a job's last write and its cleanup can leave a worktree behind.
         workspace.remove_study_worktrees(self.settings, self._load(study_id))
         path = report.write(self.settings, study_id)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from backend.core import db
 from backend.core.config import Settings
@@ -74,7 +74,7 @@ def _describe(kind: str, err: Any) -> str:
     return f"{key}: {err['msg']}"
 
 
-def submit(settings: Settings, kind: str, params: dict[str, Any], study_id: int | None = None) -> LearningJob:
+def submit(s: Session, kind: str, params: dict[str, Any], study_id: int | None = None) -> LearningJob:
     """Check the parameters and record a queued job (the caller sends the task)."""
     if kind not in PARAMS:
         raise LearningJobError(f"kind: {kind!r} is not one of {', '.join(PARAMS)}")
@@ -93,23 +93,19 @@ def submit(settings: Settings, kind: str, params: dict[str, Any], study_id: int 
             raise LearningJobError(
                 "params.trajectories: give a JSONL file, or a study whose trajectories to use"
             )
-    with db.session(settings.db_url) as s:
-        job = LearningJob(study_id=study_id, kind=kind, params=checked.model_dump())
-        s.add(job)
-        s.flush()
-        s.add(LearningEvent(job_id=job.id or 0, type="learning.queued", payload={"kind": kind}))
-        s.refresh(job)
-        return job
+    job = LearningJob(study_id=study_id, kind=kind, params=checked.model_dump())
+    s.add(job)
+    s.flush()
+    s.add(LearningEvent(job_id=job.id or 0, type="learning.queued", payload={"kind": kind}))
+    s.refresh(job)
+    return job
 
 
-def events(settings: Settings, job_id: int) -> list[LearningEvent]:
+def events(s: Session, job_id: int) -> list[LearningEvent]:
     """Return a job's events, oldest first."""
-    with db.session(settings.db_url) as s:
-        return list(
-            s.exec(
-                select(LearningEvent).where(LearningEvent.job_id == job_id).order_by(col(LearningEvent.id))
-            )
-        )
+    return list(
+        s.exec(select(LearningEvent).where(LearningEvent.job_id == job_id).order_by(col(LearningEvent.id)))
+    )
 
 
 def _device(wanted: str) -> str:
@@ -158,7 +154,8 @@ def _distill(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:
     device = _device(p.device)
     tokenizer = AutoTokenizer.from_pretrained(p.model, local_files_only=True)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(p.model, local_files_only=True, dtype=dtype).to(device)
+    model = AutoModelForCausalLM.from_pretrained(p.model, local_files_only=True, dtype=dtype)
+    model = model.to(device)  # type: ignore[arg-type]  # transformers types `to` as a wrapped method
     cfg = SdpoConfig(
         mode=p.mode, teacher=p.teacher, rate=p.rate, max_tokens=p.max_tokens,
         distill=DistillConfig(beta=p.beta, support=p.support, topk=p.topk),

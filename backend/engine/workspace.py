@@ -121,7 +121,11 @@ def run_repeats(
             break
     with db.session(settings.db_url) as s:
         for r in receipts:
-            s.add(ReceiptRow(study_id=study.id or 0, node_id=node_id, job_id=job_id, **_row(r)))
+            s.add(
+                ReceiptRow.model_validate(
+                    {**_row(r), "study_id": study.id or 0, "node_id": node_id, "job_id": job_id}
+                )
+            )
     return receipts
 
 

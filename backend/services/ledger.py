@@ -10,7 +10,7 @@ from agents.policies.llm.model import BudgetExhausted, Turn
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import LlmCall, Node, Study
-from backend.services.storage import add_event, spec_of
+from backend.services.records import add_event, spec_of
 
 
 def spent(settings: Settings, study_id: int) -> float:

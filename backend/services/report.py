@@ -6,12 +6,12 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Event, Job, Node, ReceiptRow, Study
-from backend.services.storage import spec_of
+from backend.services.records import spec_of
 
 
 def _m(values: list[float]) -> str:
@@ -22,15 +22,14 @@ def _m(values: list[float]) -> str:
     return f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f} (n={len(values)})"
 
 
-def render(settings: Settings, study_id: int) -> str:
+def render(s: Session, study_id: int) -> str:
     """Return the study's report as Markdown."""
-    with db.session(settings.db_url) as s:
-        st = s.get(Study, study_id)
-        assert st is not None
-        nodes = list(s.exec(select(Node).where(Node.study_id == study_id).order_by(col(Node.id))))
-        jobs = list(s.exec(select(Job).where(Job.study_id == study_id)))
-        receipts = list(s.exec(select(ReceiptRow).where(ReceiptRow.study_id == study_id)))
-        events = list(s.exec(select(Event).where(Event.study_id == study_id)))
+    st = s.get(Study, study_id)
+    assert st is not None
+    nodes = list(s.exec(select(Node).where(Node.study_id == study_id).order_by(col(Node.id))))
+    jobs = list(s.exec(select(Job).where(Job.study_id == study_id)))
+    receipts = list(s.exec(select(ReceiptRow).where(ReceiptRow.study_id == study_id)))
+    events = list(s.exec(select(Event).where(Event.study_id == study_id)))
     spec = spec_of(st)
     metric = spec.objective.metric
     merged = [n for n in nodes if n.status == "merged" and n.parent_id is not None]
@@ -122,8 +121,8 @@ def write(settings: Settings, study_id: int) -> Path:
     with db.session(settings.db_url) as s:
         st = s.get(Study, study_id)
         assert st is not None
-        name = st.name
-    path = (settings.data_dir / "reports" / name / "REPORT.md").resolve()
+        text = render(s, study_id)
+    path = (settings.data_dir / "reports" / st.name / "REPORT.md").resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(settings, study_id), "utf-8")
+    path.write_text(text, "utf-8")
     return path

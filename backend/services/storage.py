@@ -9,56 +9,12 @@ from sqlmodel import Session, col, func, select
 
 from agents.coordinator.ports import Integration, NodeRecord, StudyView
 from agents.policies.base import NodeEvidence, Proposal
-from agents.spec import Spec, parse_spec
 from agents.tree.insights import InsightUpdate
-from agents.tree.status import ACTIVE, TERMINAL, NodeStatus, check_transition
+from agents.tree.status import ACTIVE, TERMINAL, NodeStatus, StudyStatus
 from backend.core import db
-from backend.core.models import Event, InsightVersion, Job, LlmCall, Node, ReceiptRow, Study, Trajectory, now
-
-
-def add_event(s: Session, study_id: int, type_: str, node_id: int | None = None, **payload: Any) -> Event:
-    """Append an event row in the caller's transaction."""
-    ev = Event(study_id=study_id, node_id=node_id, type=type_, payload=payload)
-    s.add(ev)
-    s.info.setdefault("grove_event_studies", set()).add(study_id)
-    return ev
-
-
-def transition(s: Session, node: Node, new: NodeStatus | str, **payload: Any) -> None:
-    """Move a node to a new status (checked) and record the event in the same transaction."""
-    assert node.id is not None
-    status = check_transition(node.id, node.status, new)
-    node.status = str(status)
-    node.updated_at = now()
-    s.add(node)
-    add_event(s, node.study_id, f"node.{status}", node.id, **payload)
-
-
-def latest_insight(s: Session, node_id: int) -> str:
-    """Return the text of a node's newest insight version."""
-    row = s.exec(
-        select(InsightVersion)
-        .where(InsightVersion.node_id == node_id)
-        .order_by(col(InsightVersion.version).desc())
-    ).first()
-    return row.text if row else ""
-
-
-def add_insight(s: Session, study_id: int, node_id: int, text: str, cites: list[int]) -> None:
-    """Append a new insight version to a node."""
-    last = s.exec(
-        select(InsightVersion)
-        .where(InsightVersion.node_id == node_id)
-        .order_by(col(InsightVersion.version).desc())
-    ).first()
-    version = (last.version if last else 0) + 1
-    s.add(InsightVersion(study_id=study_id, node_id=node_id, version=version, text=text, cites=cites))
-    add_event(s, study_id, "insight.updated", node_id, version=version, cites=cites)
-
-
-def spec_of(study: Study) -> Spec:
-    """Return a study's parsed spec."""
-    return parse_spec(study.spec_toml)
+from backend.core.models import InsightVersion, Job, LlmCall, Node, ReceiptRow, Study, Trajectory, now
+from backend.services import lifecycle
+from backend.services.records import add_event, add_insight, latest_insight, spec_of, transition
 
 
 def _mean_metrics(receipts: list[ReceiptRow]) -> dict[str, float]:
@@ -130,6 +86,22 @@ def _latest_report(s: Session, node_id: int, job_id: int | None) -> str:
         return ""
     row = s.exec(select(Trajectory.report).where(Trajectory.job_id == job_id)).first()
     return row or ""
+
+
+def prune_subtree(s: Session, study_id: int, node_id: int, reason: str, lesson: str) -> None:
+    """Prune a node and its prunable descendants; the node keeps its lesson as an insight."""
+    rows = {n.id: n for n in s.exec(select(Node).where(Node.study_id == study_id))}
+    stack = [node_id]
+    while stack:
+        nid = stack.pop()
+        n = rows[nid]
+        stack += [c.id for c in rows.values() if c.parent_id == nid and c.id is not None]
+        if n.status in TERMINAL or n.status in ACTIVE or n.status == NodeStatus.AWAITING_APPROVAL:
+            continue
+        if n.status == NodeStatus.EVALUATED and nid != node_id:
+            continue
+        transition(s, n, NodeStatus.PRUNED, reason=reason)
+    add_insight(s, study_id, node_id, f"PRUNED ({reason}). Lesson: {lesson}", [node_id])
 
 
 class SqlStorage:
@@ -298,18 +270,7 @@ class SqlStorage:
     def prune(self, study_id: int, node_id: int, reason: str, lesson: str) -> None:
         """Prune a node and its prunable descendants; the node keeps its lesson as an insight."""
         with db.session(self.url) as s:
-            rows = {n.id: n for n in s.exec(select(Node).where(Node.study_id == study_id))}
-            stack = [node_id]
-            while stack:
-                nid = stack.pop()
-                n = rows[nid]
-                stack += [c.id for c in rows.values() if c.parent_id == nid and c.id is not None]
-                if n.status in TERMINAL or n.status in ACTIVE or n.status == NodeStatus.AWAITING_APPROVAL:
-                    continue
-                if n.status == NodeStatus.EVALUATED and nid != node_id:
-                    continue
-                transition(s, n, NodeStatus.PRUNED, reason=reason)
-            add_insight(s, study_id, node_id, f"PRUNED ({reason}). Lesson: {lesson}", [node_id])
+            prune_subtree(s, study_id, node_id, reason, lesson)
 
     def event(self, study_id: int, type_: str, node_id: int | None, payload: dict[str, Any]) -> None:
         """Append an event."""
@@ -319,12 +280,8 @@ class SqlStorage:
     def pause(self, study_id: int, reason: str) -> None:
         """Pause a running study with a reason (e.g. its LLM budget is spent)."""
         with db.session(self.url) as s:
-            st = s.get(Study, study_id)
-            assert st is not None
-            if st.status == "running":
-                st.status = "paused"
-                s.add(st)
-                add_event(s, study_id, "study.paused", None, reason=reason)
+            if lifecycle.load(s, study_id).status == StudyStatus.RUNNING:
+                lifecycle.pause(s, study_id, reason=reason)
 
     def cancel_active(self, study_id: int) -> None:
         """Cancel proposed, queued and running nodes of a stopping study."""

@@ -7,15 +7,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sqlmodel import select
+from sqlmodel import Session, select
 
 from agents.policies import configfiles
 from agents.spec import Spec, SpecError, SpecIssue, check_against_tree, parse_spec, split_search_key
-from agents.tree.status import NodeStatus
-from backend.core import db, gitops
+from agents.tree.status import NodeStatus, StudyStatus
+from backend.core import gitops
 from backend.core.config import Settings
 from backend.core.models import Node, Study
-from backend.services.storage import add_event
+from backend.services.records import add_event
 
 
 class StudyExists(ValueError):
@@ -62,26 +62,26 @@ def validate(spec_text: str, source_repo: str, source: str = "grove.toml") -> Sp
     return spec
 
 
-def _check_new(settings: Settings, spec: Spec, source_repo: str, allow_plain_folder: bool) -> None:
+def _check_new(s: Session, spec: Spec, source_repo: str, allow_plain_folder: bool) -> None:
     if not allow_plain_folder and not gitops.is_url(source_repo):
         path = Path(source_repo).expanduser()
         if not path.is_dir():
             raise FileNotFoundError(f"{source_repo!r} does not exist or is not a directory")
         if gitops.toplevel(path.resolve()) != path.resolve():
             raise FileNotFoundError(f"{source_repo!r} is not the top of a git repository")
-    with db.session(settings.db_url) as s:
-        if s.exec(select(Study).where(Study.name == spec.study.name)).first():
-            raise StudyExists(f"study {spec.study.name!r} already exists")
+    if s.exec(select(Study).where(Study.name == spec.study.name)).first():
+        raise StudyExists(f"study {spec.study.name!r} already exists")
 
 
-def check_study(settings: Settings, spec_text: str, source_repo: str) -> Spec:
+def check_study(s: Session, spec_text: str, source_repo: str) -> Spec:
     """Check everything `create_study` checks for a served study, creating nothing."""
     spec = parse_spec(spec_text, "grove.toml")
-    _check_new(settings, spec, source_repo, allow_plain_folder=False)
+    _check_new(s, spec, source_repo, allow_plain_folder=False)
     return validate(spec_text, source_repo)
 
 
 def create_study(
+    s: Session,
     settings: Settings,
     spec_text: str,
     source_repo: str,
@@ -92,7 +92,7 @@ def create_study(
     """Create a study: check the spec, clone the repository, create trunk and the root node."""
     settings.ensure_dirs()
     spec = parse_spec(spec_text, spec_source)
-    _check_new(settings, spec, source_repo, allow_plain_folder)
+    _check_new(s, spec, source_repo, allow_plain_folder)
     name = spec.study.name
     dest = (settings.data_dir / "repos" / name).resolve()
     shutil.rmtree(dest, ignore_errors=True)
@@ -105,58 +105,56 @@ def create_study(
         raise
     trunk = f"grove/{name}/trunk"
     repo.set_branch(trunk, base)
-    with db.session(settings.db_url) as s:
-        study = Study(
-            name=name,
-            goal=spec.study.goal,
-            spec_toml=spec_text,
-            source=source_repo,
-            repo_path=str(dest),
-            status="created",
-            base_commit=base,
-            trunk_branch=trunk,
-            trunk_commit=base,
-            base_values=values,
-            seed=spec.policy.seed,
-        )
-        s.add(study)
-        s.flush()
-        root = Node(
-            study_id=study.id or 0,
-            depth=0,
-            title="baseline (trunk at base)",
-            hypothesis={
-                "mechanism": "none",
-                "hypothesis": "the starting point",
-                "observable": "",
-                "risks": "",
-            },
-            origin="baseline",
-            status=str(NodeStatus.MERGED),
-            edits=dict(values),
-            base_commit=base,
-            commit=base,
-            branch=trunk,
-        )
-        s.add(root)
-        s.flush()
-        study.trunk_node_id = root.id
-        s.add(study)
-        add_event(s, study.id or 0, "study.created", None, name=name, base=base, source=source_repo)
+    study = Study(
+        name=name,
+        goal=spec.study.goal,
+        spec_toml=spec_text,
+        source=source_repo,
+        repo_path=str(dest),
+        status=str(StudyStatus.CREATED),
+        base_commit=base,
+        trunk_branch=trunk,
+        trunk_commit=base,
+        base_values=values,
+        seed=spec.policy.seed,
+    )
+    s.add(study)
+    s.flush()
+    root = Node(
+        study_id=study.id or 0,
+        depth=0,
+        title="baseline (trunk at base)",
+        hypothesis={
+            "mechanism": "none",
+            "hypothesis": "the starting point",
+            "observable": "",
+            "risks": "",
+        },
+        origin="baseline",
+        status=str(NodeStatus.MERGED),
+        edits=dict(values),
+        base_commit=base,
+        commit=base,
+        branch=trunk,
+    )
+    s.add(root)
+    s.flush()
+    study.trunk_node_id = root.id
+    s.add(study)
+    add_event(s, study.id or 0, "study.created", None, name=name, base=base, source=source_repo)
     return study
 
 
-def get_by_name(settings: Settings, name: str) -> Study | None:
+def get_by_name(s: Session, name: str) -> Study | None:
     """Return the study with this name, if any."""
-    with db.session(settings.db_url) as s:
-        return s.exec(select(Study).where(Study.name == name)).first()
+    return s.exec(select(Study).where(Study.name == name)).first()
 
 
 class NotPromotable(ValueError):
     """The study came from a plain folder: there is no origin to push its trunk to."""
 
 
-def promote(settings: Settings, study: Study, by: str) -> str:
+def promote(s: Session, study: Study, by: str) -> str:
     """Push trunk to the origin as branch `grove/<study>` (never a user branch); return that branch."""
     repo = gitops.Repo(Path(study.repo_path))
     if not repo.git("remote").strip():
@@ -166,6 +164,5 @@ def promote(settings: Settings, study: Study, by: str) -> str:
         )
     target = f"grove/{study.name}"
     repo.git("push", "--force", "origin", f"{study.trunk_commit}:refs/heads/{target}")
-    with db.session(settings.db_url) as s:
-        add_event(s, study.id or 0, "study.promoted", None, branch=target, commit=study.trunk_commit, by=by)
+    add_event(s, study.id or 0, "study.promoted", None, branch=target, commit=study.trunk_commit, by=by)
     return target

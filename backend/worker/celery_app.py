@@ -6,7 +6,7 @@ Start workers with `grove worker --queues cpu` (or `celery -A backend.worker.cel
 from __future__ import annotations
 
 from celery import Celery
-from kombu import Queue
+from kombu.entity import Queue
 
 from backend.core.config import Settings, get_settings
 
@@ -15,7 +15,7 @@ def make_app(settings: Settings) -> Celery:
     """Return a configured Celery app."""
     app = Celery("grove", broker=settings.redis_url, include=["backend.worker.tasks"])
     app.conf.update(
-        task_queues=(Queue("coordinator"), Queue("cpu"), Queue("gpu")),
+        task_queues=tuple(Queue(name) for name in ("coordinator", "cpu", "gpu")),  # type: ignore[no-untyped-call]  # kombu leaves Queue unannotated
         task_default_queue="cpu",
         task_routes={
             "coordinator.*": {"queue": "coordinator"},

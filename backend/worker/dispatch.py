@@ -1,4 +1,4 @@
-"""The Celery implementation of the coordinator's `Dispatcher` port."""
+"""Sending work to Celery: the coordinator's `Dispatcher` port, and `enqueue_advance`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ from celery import Celery
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Job, Study
-from backend.services.storage import spec_of
+from backend.services.records import spec_of
+
+
+def enqueue_advance(app: Celery, study_id: int, countdown: float | None = None) -> None:
+    """Ask a coordinator worker to advance a study (after whatever made it ready was committed)."""
+    app.send_task("coordinator.advance", args=[study_id], countdown=countdown)
 
 
 def job_token(job: Job) -> str:

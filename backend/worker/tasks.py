@@ -19,7 +19,7 @@ from backend.core.models import Job, Study, now
 from backend.engine import experiment, learning
 from backend.engine.driver import Driver
 from backend.worker.celery_app import app
-from backend.worker.dispatch import CeleryDispatcher
+from backend.worker.dispatch import CeleryDispatcher, enqueue_advance
 
 
 @worker_process_init.connect
@@ -43,11 +43,6 @@ def pin_gpu() -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = choices[index % len(choices)]
 
 
-def enqueue_advance(study_id: int, countdown: float | None = None) -> None:
-    """Ask a coordinator worker to advance a study."""
-    app.send_task("coordinator.advance", args=[study_id], countdown=countdown)
-
-
 @app.task(name="coordinator.advance", bind=True)
 def advance(self: Task, study_id: int) -> str:
     """Advance a study's graph under its lock; if another step holds the lock, try again shortly."""
@@ -56,7 +51,7 @@ def advance(self: Task, study_id: int) -> str:
         with lease(settings.redis_url, f"grove:study:{study_id}", 2 * settings.lease_seconds):
             waiting = Driver(settings, study_id, CeleryDispatcher(settings, app)).advance()
     except Busy:
-        enqueue_advance(study_id, countdown=1.0)
+        enqueue_advance(app, study_id, countdown=1.0)
         return "busy"
     return "finished" if waiting.finished else "waiting"
 
@@ -78,7 +73,7 @@ def _experiment(job_id: int, token: str) -> str:
     except SoftTimeLimitExceeded:
         experiment.record_crash(settings, job_id, token, "the experiment ran past its time limit")
         status = "failed"
-    enqueue_advance(study_id)
+    enqueue_advance(app, study_id)
     return str(status)
 
 
@@ -133,6 +128,6 @@ def reconcile() -> dict[str, int]:
             resent += 1
     for study_id in active:
         if study_id is not None and not r.exists(f"grove:study:{study_id}"):
-            enqueue_advance(study_id)
+            enqueue_advance(app, study_id)
             nudged += 1
     return {"resent": resent, "nudged": nudged}

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-import uvicorn
 from streamlit.testing.v1 import AppTest
 
 from backend.api.main import create_app
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.security import create_token
-from tests.conftest import Service, free_port, sqlite_service, wait_for
+from tests.conftest import Service, free_port, serve, sqlite_service
 
 APP = str(PROJECT_ROOT / "frontend" / "app.py")
 
@@ -25,20 +23,6 @@ class Api:
     approver: str
     viewer: str
     service: Service
-
-
-class ThreadServer(uvicorn.Server):
-    def install_signal_handlers(self) -> None:
-        """Leave signals to pytest."""
-
-
-def serve(app: object, port: int) -> tuple[ThreadServer, threading.Thread]:
-    """Serve an ASGI app on loopback in a thread; return once it accepts connections."""
-    server = ThreadServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))  # type: ignore[arg-type]
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, timeout=30)
-    return server, thread
 
 
 @pytest.fixture(scope="package")

@@ -23,7 +23,8 @@ def study_status(svc: Service, study_id: int) -> str:
 
 def test_study_runs_to_the_end_on_workers_with_parallel_executors(service: Service, tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "r", tiny_files(name="celery-auto", experiments=4, sleep=1.0))
-    study = create_study(service.settings, (repo / "grove.toml").read_text(), str(repo))
+    with db.session(service.settings.db_url) as s:
+        study = create_study(s, service.settings, (repo / "grove.toml").read_text(), str(repo))
     make_app(service.settings).send_task("coordinator.advance", args=[study.id])
     wait_for(lambda: study_status(service, study.id or 0) == "finished", timeout=180)
     with db.session(service.settings.db_url) as s:

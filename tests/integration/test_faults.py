@@ -73,7 +73,8 @@ def faulty(tmp_path: Path) -> Iterator[tuple[Service, RedisServer]]:
 
 def start_study(svc: Service, tmp_path: Path, name: str, **kw: object) -> int:
     repo = make_repo(tmp_path / name, tiny_files(name=name, **kw))
-    study = create_study(svc.settings, (repo / "grove.toml").read_text(), str(repo))
+    with db.session(svc.settings.db_url) as s:
+        study = create_study(s, svc.settings, (repo / "grove.toml").read_text(), str(repo))
     make_app(svc.settings).send_task("coordinator.advance", args=[study.id])
     return study.id or 0
 

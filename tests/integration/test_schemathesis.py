@@ -7,6 +7,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from backend.api.main import create_app
+from backend.core import db
 from backend.core.config import Settings
 from backend.core.security import create_token
 from backend.services.studies import create_study
@@ -16,11 +17,12 @@ from tests.conftest import make_repo, tiny_files
 @pytest.fixture(scope="module")
 def fuzz_env(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> tuple[object, str]:
     root = tmp_path_factory.mktemp("fuzz")
-    s = Settings(data_dir=root / "data", worktrees_dir=root / "wt", redis_url=redis_url)
+    settings = Settings(data_dir=root / "data", worktrees_dir=root / "wt", redis_url=redis_url)
     repo = make_repo(root / "repo", tiny_files(name="fuzzed"))
-    create_study(s, (repo / "grove.toml").read_text(), str(repo))  # something for the ids to hit
-    token = create_token(s, ["operator", "approver", "viewer"], "fuzzer")
-    return create_app(s), token
+    with db.session(settings.db_url) as s:  # something for the ids to hit
+        create_study(s, settings, (repo / "grove.toml").read_text(), str(repo))
+    token = create_token(settings, ["operator", "approver", "viewer"], "fuzzer")
+    return create_app(settings), token
 
 
 @pytest.fixture(scope="module")

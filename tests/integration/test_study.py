@@ -127,7 +127,8 @@ def numbers_and_keys(value: Any, out: tuple[list[float], list[str]]) -> tuple[li
 
 
 def test_heldout_numbers_never_reach_ideation(settings: Settings, tiny_repo: Path) -> None:
-    study = create_study(settings, tiny_files()["grove.toml"], str(tiny_repo))
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, tiny_files()["grove.toml"], str(tiny_repo))
     policy = RecordingPolicy()
     status = run_study(settings, study.id or 0, approver=lambda s, n: {"approved": True}, policy=policy)
     assert status == "finished"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from agents.spec import parse_spec
-from backend.core import gitops
+from backend.core import db, gitops
 from backend.core.config import Settings
 from backend.engine import workspace
 from backend.services.studies import create_study
@@ -90,7 +90,8 @@ def test_concurrent_worktree_creation_is_serialised(tmp_path: Path, tiny_repo: P
 
 
 def test_janitor_removes_stale_worktrees(settings: Settings, tiny_repo: Path) -> None:
-    study = create_study(settings, tiny_files()["grove.toml"], str(tiny_repo))
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, tiny_files()["grove.toml"], str(tiny_repo))
     repo = workspace.repo_of(study)
     path = workspace.worktree_path(settings, study, "n99-a1")
     workspace.prepare(repo, path, "grove/tiny/n99", study.base_commit, sealed=None, reason="left over")

@@ -4,22 +4,23 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from celery import Celery
 from fastapi import APIRouter, HTTPException, Query, status
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from backend.api import schemas, serializers
-from backend.api.deps import MAX_ID, Approver, CeleryDep, NodeId, Reader, SettingsDep, StudyId
+from backend.api.deps import MAX_ID, Approver, CeleryDep, NodeId, Reader, SessionDep, StudyId
 from backend.api.routes.tree import get_node
-from backend.core import db
 from backend.core.models import Approval
-from backend.engine.driver import decide_approval
+from backend.services.approvals import decide_approval
+from backend.worker.dispatch import enqueue_advance
 
 router = APIRouter(tags=["approvals"])
 
 
 @router.get("/approvals", response_model=schemas.Page[schemas.ApprovalPublic])
 def pending(
-    settings: SettingsDep,
+    s: SessionDep,
     who: Reader,
     study_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     state: Annotated[str, Query(pattern="^(pending|approved|rejected|all)$")] = "pending",
@@ -27,16 +28,15 @@ def pending(
     offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> schemas.Page[schemas.ApprovalPublic]:
     """List approvals (pending by default), oldest first."""
-    with db.session(settings.db_url) as s:
-        q = select(Approval)
-        if study_id is not None:
-            q = q.where(Approval.study_id == study_id)
-        if state != "all":
-            q = q.where(Approval.status == state)
-        rows = list(s.exec(q.order_by(col(Approval.id))))
-        return schemas.Page(
-            data=[serializers.approval_public(s, a) for a in rows[offset : offset + limit]], count=len(rows)
-        )
+    q = select(Approval)
+    if study_id is not None:
+        q = q.where(Approval.study_id == study_id)
+    if state != "all":
+        q = q.where(Approval.status == state)
+    rows = list(s.exec(q.order_by(col(Approval.id))))
+    return schemas.Page(
+        data=[serializers.approval_public(s, a) for a in rows[offset : offset + limit]], count=len(rows)
+    )
 
 
 def _decide(
@@ -44,29 +44,28 @@ def _decide(
     node_id: int,
     approved: bool,
     reason: str,
-    settings: SettingsDep,
-    celery: CeleryDep,
+    s: Session,
+    celery: Celery,
     by: str,
 ) -> schemas.ApprovalPublic:
-    get_node(settings, study_id, node_id)
-    with db.session(settings.db_url) as s:
-        appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
+    get_node(s, study_id, node_id)
+    appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
     if appr is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"node {node_id} has no approval")
-    if not decide_approval(settings, node_id, approved=approved, by=by, reason=reason):
-        raise HTTPException(status.HTTP_409_CONFLICT, f"node {node_id} was already {appr.status}")
-    celery.send_task("coordinator.advance", args=[study_id])
-    with db.session(settings.db_url) as s:
-        fresh = s.exec(select(Approval).where(Approval.node_id == node_id)).one()
-        return serializers.approval_public(s, fresh)
+    was = appr.status
+    if not decide_approval(s, node_id, approved=approved, by=by, reason=reason):
+        raise HTTPException(status.HTTP_409_CONFLICT, f"node {node_id} was already {was}")
+    s.commit()
+    enqueue_advance(celery, study_id)
+    return serializers.approval_public(s, appr)
 
 
 @router.post("/studies/{study_id}/nodes/{node_id}/approve", response_model=schemas.ApprovalPublic)
 def approve(
-    study_id: StudyId, node_id: NodeId, settings: SettingsDep, celery: CeleryDep, who: Approver
+    study_id: StudyId, node_id: NodeId, s: SessionDep, celery: CeleryDep, who: Approver
 ) -> schemas.ApprovalPublic:
     """Approve a gate-passed node: the coordinator merges it into trunk."""
-    return _decide(study_id, node_id, True, "", settings, celery, who.name)
+    return _decide(study_id, node_id, True, "", s, celery, who.name)
 
 
 @router.post("/studies/{study_id}/nodes/{node_id}/reject", response_model=schemas.ApprovalPublic)
@@ -74,9 +73,9 @@ def reject(
     study_id: StudyId,
     node_id: NodeId,
     body: schemas.Reason,
-    settings: SettingsDep,
+    s: SessionDep,
     celery: CeleryDep,
     who: Approver,
 ) -> schemas.ApprovalPublic:
     """Reject a gate-passed node with a reason."""
-    return _decide(study_id, node_id, False, body.reason or "rejected", settings, celery, who.name)
+    return _decide(study_id, node_id, False, body.reason or "rejected", s, celery, who.name)

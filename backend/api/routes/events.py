@@ -10,9 +10,10 @@ from typing import Annotated
 import redis.asyncio as aioredis
 from fastapi import APIRouter, Header, Query
 from fastapi.sse import EventSourceResponse, ServerSentEvent
+from sqlmodel import Session
 
 from backend.api import schemas, serializers
-from backend.api.deps import Cursor, Reader, SettingsDep, StudyId
+from backend.api.deps import Cursor, Reader, SessionDep, SettingsDep, StudyId
 from backend.api.routes.studies import get_study
 from backend.core import db, fanout
 from backend.core.config import Settings
@@ -21,40 +22,46 @@ router = APIRouter(prefix="/studies/{study_id}", tags=["events"])
 
 
 def _page(
-    settings: Settings, study_id: int, after: int, limit: int, newest: bool = False
+    s: Session, study_id: int, after: int, limit: int, newest: bool = False
 ) -> list[schemas.EventPublic]:
+    return [serializers.event_public(e) for e in serializers.events_after(s, study_id, after, limit, newest)]
+
+
+def _poll(settings: Settings, study_id: int, after: int) -> list[schemas.EventPublic]:
     with db.session(settings.db_url) as s:
-        return [
-            serializers.event_public(e) for e in serializers.events_after(s, study_id, after, limit, newest)
-        ]
+        return _page(s, study_id, after, 500)
 
 
 @router.get("/events/log", response_model=list[schemas.EventPublic])
 def event_log(
     study_id: StudyId,
-    settings: SettingsDep,
+    s: SessionDep,
     who: Reader,
     after: Cursor = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
     tail: Annotated[int | None, Query(ge=1, le=1000, description="return only the newest N events")] = None,
 ) -> list[schemas.EventPublic]:
     """Return the study's events after an id (or the newest `tail` of them), oldest first."""
-    get_study(settings, study_id)
+    get_study(s, study_id)
     if tail is not None:
-        return _page(settings, study_id, after, tail, newest=True)
-    return _page(settings, study_id, after, limit)
+        return _page(s, study_id, after, tail, newest=True)
+    return _page(s, study_id, after, limit)
 
 
 @router.get("/events", response_class=EventSourceResponse)
 async def stream(
     study_id: StudyId,
+    s: SessionDep,
     settings: SettingsDep,
     who: Reader,
     last_event_id: Annotated[str | None, Header()] = None,
     after: Cursor = 0,
 ) -> AsyncIterator[ServerSentEvent]:
     """Stream the study's events (server-sent events); reconnect with `Last-Event-ID` to resume."""
-    get_study(settings, study_id)
+    get_study(s, study_id)
+    # A stream lasts as long as the client stays: it must not hold the request's connection; each poll
+    # below opens a short session of its own.
+    s.close()
     cursor = int(last_event_id) if last_event_id and last_event_id.isdigit() else after
     pubsub = None
     with contextlib.suppress(Exception):
@@ -62,7 +69,7 @@ async def stream(
         await pubsub.subscribe(fanout.channel(study_id))
     try:
         while True:
-            page = await asyncio.to_thread(_page, settings, study_id, cursor, 500)
+            page = await asyncio.to_thread(_poll, settings, study_id, cursor)
             for e in page:
                 cursor = e.id
                 yield ServerSentEvent(data=e.model_dump(mode="json"), event=e.type, id=str(e.id))
@@ -78,4 +85,4 @@ async def stream(
     finally:
         if pubsub is not None:
             with contextlib.suppress(Exception):
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves aclose unannotated

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlmodel import func, select
 
-from backend.api.deps import SettingsDep
+from backend.api.deps import SessionDep, SettingsDep
 from backend.core import db
 from backend.core.locks import client
 from backend.core.models import Approval, Job, Node, Study
@@ -21,7 +21,7 @@ def health(settings: SettingsDep) -> dict[str, str]:
     out = {"status": "ok", "database": "ok", "redis": "ok"}
     try:
         with db.session(settings.db_url) as s:
-            s.exec(select(1)).one()  # type: ignore[call-overload]
+            s.exec(select(1)).one()
     except Exception as exc:
         out["database"], out["status"] = f"error: {type(exc).__name__}", "degraded"
     try:
@@ -32,12 +32,11 @@ def health(settings: SettingsDep) -> dict[str, str]:
 
 
 @router.get("/metrics", response_class=Response)
-def metrics(settings: SettingsDep) -> Response:
+def metrics(s: SessionDep) -> Response:
     """Expose counts of studies, nodes, jobs and approvals by status for Prometheus."""
     registry = CollectorRegistry()
     for name, model in (("studies", Study), ("nodes", Node), ("jobs", Job), ("approvals", Approval)):
         g = Gauge(f"grove_{name}", f"Grove {name} by status", ["status"], registry=registry)
-        with db.session(settings.db_url) as s:
-            for status_, count in s.exec(select(model.status, func.count()).group_by(model.status)):  # type: ignore[attr-defined]
-                g.labels(status=status_).set(count)
+        for status_, count in s.exec(select(model.status, func.count()).group_by(model.status)):
+            g.labels(status=status_).set(count)
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

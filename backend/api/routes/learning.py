@@ -8,8 +8,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, status
 from sqlmodel import col, func, select
 
 from backend.api import schemas
-from backend.api.deps import MAX_ID, CeleryDep, Operator, Reader, SettingsDep
-from backend.core import db
+from backend.api.deps import MAX_ID, CeleryDep, Operator, Reader, SessionDep
 from backend.core.models import LearningJob, Study
 from backend.engine import learning
 
@@ -28,47 +27,40 @@ def _public(job: LearningJob, events: list[Any] | None = None) -> schemas.Learni
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=schemas.LearningJobPublic)
 def create(
-    body: schemas.LearningJobCreate, settings: SettingsDep, celery: CeleryDep, who: Operator
+    body: schemas.LearningJobCreate, s: SessionDep, celery: CeleryDep, who: Operator
 ) -> schemas.LearningJobPublic:
     """Queue a distillation job or a sparse-attention evaluation on the gpu queue."""
-    if body.study_id is not None:
-        with db.session(settings.db_url) as s:
-            if s.get(Study, body.study_id) is None:
-                raise HTTPException(
-                    422, {"message": f"study_id: no study with id {body.study_id}", "errors": []}
-                )
+    if body.study_id is not None and s.get(Study, body.study_id) is None:
+        raise HTTPException(422, {"message": f"study_id: no study with id {body.study_id}", "errors": []})
     try:
-        job = learning.submit(settings, body.kind, body.params, body.study_id)
+        job = learning.submit(s, body.kind, body.params, body.study_id)
     except learning.LearningJobError as exc:
         key = str(exc).split(":", 1)[0]
         raise HTTPException(
             422, {"message": str(exc), "errors": [{"key": key, "message": str(exc)}]}
         ) from None
+    s.commit()
     celery.send_task("gpu.learn", args=[job.id], task_id=f"learning-{job.id}")
     return _public(job)
 
 
 @router.get("", response_model=schemas.Page[schemas.LearningJobPublic])
 def list_jobs(
-    settings: SettingsDep,
+    s: SessionDep,
     who: Reader,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> schemas.Page[schemas.LearningJobPublic]:
     """List learning jobs, newest first."""
-    with db.session(settings.db_url) as s:
-        count = s.exec(select(func.count()).select_from(LearningJob)).one()
-        rows = s.exec(
-            select(LearningJob).order_by(col(LearningJob.id).desc()).offset(offset).limit(limit)
-        ).all()
-        return schemas.Page(data=[_public(j) for j in rows], count=count)
+    count = s.exec(select(func.count()).select_from(LearningJob)).one()
+    rows = s.exec(select(LearningJob).order_by(col(LearningJob.id).desc()).offset(offset).limit(limit)).all()
+    return schemas.Page(data=[_public(j) for j in rows], count=count)
 
 
 @router.get("/{job_id}", response_model=schemas.LearningJobPublic)
-def read(job_id: JobId, settings: SettingsDep, who: Reader) -> schemas.LearningJobPublic:
+def read(job_id: JobId, s: SessionDep, who: Reader) -> schemas.LearningJobPublic:
     """Return a learning job with its events and result."""
-    with db.session(settings.db_url) as s:
-        job = s.get(LearningJob, job_id)
+    job = s.get(LearningJob, job_id)
     if job is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no learning job with id {job_id}")
-    return _public(job, learning.events(settings, job_id))
+    return _public(job, learning.events(s, job_id))

@@ -2,52 +2,57 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
+from celery import Celery
 from fastapi import APIRouter, Form, HTTPException, Query, UploadFile, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
-from sqlmodel import col, func, select
+from sqlmodel import Session, col, func, select
 
+from agents.tree.status import IllegalStudyTransition
 from backend.api import schemas, serializers
-from backend.api.deps import MAX_ID, Approver, CeleryDep, Operator, Reader, SettingsDep, StudyId
-from backend.core import db, gitops
-from backend.core.models import Job, Study
-from backend.services import report
-from backend.services.storage import add_event
+from backend.api.deps import MAX_ID, Approver, CeleryDep, Operator, Reader, SessionDep, SettingsDep, StudyId
+from backend.core import gitops
+from backend.core.config import Settings
+from backend.core.models import Study
+from backend.services import lifecycle, report
 from backend.services.studies import NotPromotable, check_study, create_study
 from backend.services.studies import promote as promote_trunk
+from backend.worker.dispatch import enqueue_advance
 
 router = APIRouter(prefix="/studies", tags=["studies"])
 
 
-def get_study(settings: SettingsDep, study_id: int) -> Study:
+def get_study(s: Session, study_id: int) -> Study:
     """Return a study or answer 404."""
-    with db.session(settings.db_url) as s:
-        st = s.get(Study, study_id)
+    st = s.get(Study, study_id)
     if st is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no study with id {study_id}")
     return st
 
 
-def _create(settings: SettingsDep, celery: CeleryDep, spec: str, repository: str) -> schemas.StudyPublic:
-    st = create_study(settings, spec, repository, allow_plain_folder=False)
-    celery.send_task("coordinator.advance", args=[st.id])
-    with db.session(settings.db_url) as s:
-        fresh = s.get(Study, st.id)
-        assert fresh is not None
-        return serializers.study_public(s, fresh)
+def _create(
+    s: Session, settings: Settings, celery: Celery, spec: str, repository: str
+) -> schemas.StudyPublic:
+    st = create_study(s, settings, spec, repository, allow_plain_folder=False)
+    s.commit()
+    enqueue_advance(celery, st.id or 0)
+    return serializers.study_public(s, st)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=schemas.StudyPublic)
 def create(
-    body: schemas.StudyCreate, settings: SettingsDep, celery: CeleryDep, who: Operator
+    body: schemas.StudyCreate, s: SessionDep, settings: SettingsDep, celery: CeleryDep, who: Operator
 ) -> schemas.StudyPublic:
     """Create a study from a grove.toml text and a repository path or URL, and start it."""
-    return _create(settings, celery, body.spec, body.repository)
+    return _create(s, settings, celery, body.spec, body.repository)
 
 
 @router.post("/form", status_code=status.HTTP_201_CREATED, response_model=schemas.StudyPublic)
 async def create_form(
+    s: SessionDep,
     settings: SettingsDep,
     celery: CeleryDep,
     who: Operator,
@@ -65,90 +70,77 @@ async def create_form(
             raise HTTPException(422, {"message": "spec_file: not UTF-8 text", "errors": []}) from None
     if not text:
         raise HTTPException(422, {"message": "spec: give the grove.toml text or upload it", "errors": []})
-    return _create(settings, celery, text, repository)
+    return await run_in_threadpool(_create, s, settings, celery, text, repository)
 
 
 @router.post("/validate", response_model=schemas.Message)
-def validate(body: schemas.StudyCreate, settings: SettingsDep, who: Operator) -> schemas.Message:
+def validate(body: schemas.StudyCreate, s: SessionDep, who: Operator) -> schemas.Message:
     """Check a grove.toml text against a repository without creating anything."""
-    spec = check_study(settings, body.spec, body.repository)
+    spec = check_study(s, body.spec, body.repository)
     return schemas.Message(message=f"valid: study {spec.study.name!r} can be created")
 
 
 @router.get("", response_model=schemas.Page[schemas.StudyPublic])
 def list_studies(
-    settings: SettingsDep,
+    s: SessionDep,
     who: Reader,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> schemas.Page[schemas.StudyPublic]:
     """List studies, newest first."""
-    with db.session(settings.db_url) as s:
-        count = s.exec(select(func.count()).select_from(Study)).one()
-        rows = s.exec(select(Study).order_by(col(Study.id).desc()).offset(offset).limit(limit)).all()
-        return schemas.Page(data=[serializers.study_public(s, r) for r in rows], count=count)
+    count = s.exec(select(func.count()).select_from(Study)).one()
+    rows = s.exec(select(Study).order_by(col(Study.id).desc()).offset(offset).limit(limit)).all()
+    return schemas.Page(data=[serializers.study_public(s, r) for r in rows], count=count)
 
 
 @router.get("/{study_id}", response_model=schemas.StudyPublic)
-def read(study_id: StudyId, settings: SettingsDep, who: Reader) -> schemas.StudyPublic:
+def read(study_id: StudyId, s: SessionDep, who: Reader) -> schemas.StudyPublic:
     """Return one study."""
-    st = get_study(settings, study_id)
-    with db.session(settings.db_url) as s:
-        return serializers.study_public(s, st)
+    return serializers.study_public(s, get_study(s, study_id))
 
 
-def _set_status(
-    settings: SettingsDep, study_id: int, allowed: tuple[str, ...], new: str, event: str, by: str
-) -> Study:
-    with db.session(settings.db_url) as s:
-        st = s.get(Study, study_id)
-        if st is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no study with id {study_id}")
-        if st.status not in allowed:
-            raise HTTPException(status.HTTP_409_CONFLICT, f"study {st.name!r} is {st.status}; cannot {event}")
-        st.status = new
-        s.add(st)
-        add_event(s, study_id, f"study.{event}", None, by=by)
-        return st
+def _change(s: Session, study_id: int, act: Callable[[], object]) -> schemas.StudyPublic:
+    """Run a life-cycle change; answer 404 for an unknown study and 409 for an illegal change."""
+    get_study(s, study_id)
+    try:
+        act()
+    except IllegalStudyTransition as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    s.commit()
+    return serializers.study_public(s, get_study(s, study_id))
 
 
 @router.post("/{study_id}/pause", response_model=schemas.StudyPublic)
-def pause(study_id: StudyId, settings: SettingsDep, who: Operator) -> schemas.StudyPublic:
+def pause(study_id: StudyId, s: SessionDep, who: Operator) -> schemas.StudyPublic:
     """Pause a study: running experiments finish, nothing new starts."""
-    _set_status(settings, study_id, ("created", "running"), "paused", "paused", who.name)
-    return read(study_id, settings, who)
+    return _change(s, study_id, lambda: lifecycle.pause(s, study_id, by=who.name))
 
 
 @router.post("/{study_id}/resume", response_model=schemas.StudyPublic)
-def resume(study_id: StudyId, settings: SettingsDep, celery: CeleryDep, who: Operator) -> schemas.StudyPublic:
+def resume(study_id: StudyId, s: SessionDep, celery: CeleryDep, who: Operator) -> schemas.StudyPublic:
     """Resume a paused study."""
-    _set_status(settings, study_id, ("paused",), "running", "resumed", who.name)
-    celery.send_task("coordinator.advance", args=[study_id])
-    return read(study_id, settings, who)
+    out = _change(s, study_id, lambda: lifecycle.resume(s, study_id, by=who.name))
+    enqueue_advance(celery, study_id)
+    return out
 
 
 @router.post("/{study_id}/stop", response_model=schemas.StudyPublic)
-def stop(study_id: StudyId, settings: SettingsDep, celery: CeleryDep, who: Operator) -> schemas.StudyPublic:
+def stop(study_id: StudyId, s: SessionDep, celery: CeleryDep, who: Operator) -> schemas.StudyPublic:
     """Stop a study: queued experiments are revoked, running ones cancelled, the report written."""
-    _set_status(settings, study_id, ("created", "running", "paused"), "stopping", "stopping", who.name)
-    with db.session(settings.db_url) as s:
-        tokens = [
-            j.token
-            for j in s.exec(select(Job).where(Job.study_id == study_id))
-            if j.status == "queued" and j.token
-        ]
-    if tokens:
-        celery.control.revoke(tokens)
-    celery.send_task("coordinator.advance", args=[study_id])
-    return read(study_id, settings, who)
+    queued: list[str] = []
+    out = _change(s, study_id, lambda: queued.extend(lifecycle.stop(s, study_id, by=who.name)))
+    if queued:
+        celery.control.revoke(queued)
+    enqueue_advance(celery, study_id)
+    return out
 
 
 @router.post("/{study_id}/promote", response_model=schemas.Message)
-def promote(study_id: StudyId, settings: SettingsDep, who: Approver) -> schemas.Message:
+def promote(study_id: StudyId, s: SessionDep, who: Approver) -> schemas.Message:
     """Push the study's trunk to its origin repository as branch `grove/<study>`."""
-    st = get_study(settings, study_id)
+    st = get_study(s, study_id)
     try:
-        target = promote_trunk(settings, st, who.name)
+        target = promote_trunk(s, st, who.name)
     except NotPromotable as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     except gitops.GitError as exc:
@@ -157,15 +149,13 @@ def promote(study_id: StudyId, settings: SettingsDep, who: Approver) -> schemas.
 
 
 @router.get("/{study_id}/progress", response_model=schemas.Progress)
-def read_progress(study_id: StudyId, settings: SettingsDep, who: Reader) -> schemas.Progress:
+def read_progress(study_id: StudyId, s: SessionDep, who: Reader) -> schemas.Progress:
     """Return the dev score of each experiment in order, and trunk's dev and held-out scores over time."""
-    st = get_study(settings, study_id)
-    with db.session(settings.db_url) as s:
-        return serializers.progress(s, st)
+    return serializers.progress(s, get_study(s, study_id))
 
 
 @router.get("/{study_id}/report", response_class=PlainTextResponse)
-def read_report(study_id: StudyId, settings: SettingsDep, who: Reader) -> str:
+def read_report(study_id: StudyId, s: SessionDep, who: Reader) -> str:
     """Return the study's REPORT.md (built from its current state)."""
-    get_study(settings, study_id)
-    return report.render(settings, study_id)
+    get_study(s, study_id)
+    return report.render(s, study_id)

@@ -8,65 +8,62 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi import Path as PathParam
 from fastapi.responses import PlainTextResponse
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from agents.policies import configfiles
 from agents.spec import split_search_key
 from agents.tree.status import TERMINAL
 from backend.api import schemas, serializers
-from backend.api.deps import MAX_ID, CeleryDep, NodeId, Operator, Reader, SettingsDep, StudyId
+from backend.api.deps import MAX_ID, CeleryDep, NodeId, Operator, Reader, SessionDep, StudyId
 from backend.api.routes.studies import get_study
-from backend.core import db, gitops
+from backend.core import gitops
 from backend.core.models import Event, InsightVersion, Node, ReceiptRow
-from backend.services.storage import SqlStorage, add_event, spec_of
+from backend.services.records import add_event, spec_of
+from backend.services.storage import prune_subtree
+from backend.worker.dispatch import enqueue_advance
 
 router = APIRouter(prefix="/studies/{study_id}", tags=["tree"])
 
 
-def get_node(settings: SettingsDep, study_id: int, node_id: int) -> Node:
+def get_node(s: Session, study_id: int, node_id: int) -> Node:
     """Return a node of the study or answer 404."""
-    with db.session(settings.db_url) as s:
-        node = s.get(Node, node_id)
+    node = s.get(Node, node_id)
     if node is None or node.study_id != study_id:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"study {study_id} has no node {node_id}")
     return node
 
 
 @router.get("/tree", response_model=schemas.Tree)
-def tree(study_id: StudyId, settings: SettingsDep, who: Reader) -> schemas.Tree:
+def tree(study_id: StudyId, s: SessionDep, who: Reader) -> schemas.Tree:
     """Return every node of the study's tree."""
-    st = get_study(settings, study_id)
+    st = get_study(s, study_id)
     fields = list(schemas.NodeSummary.model_fields)
     columns = [getattr(Node, f) for f in fields]
-    with db.session(settings.db_url) as s:
-        rows = s.exec(select(*columns).where(Node.study_id == study_id).order_by(col(Node.id))).all()
+    rows = s.exec(select(*columns).where(Node.study_id == study_id).order_by(col(Node.id))).all()
     # Rows come straight from typed columns: build the bodies without re-validating 5,000 of them.
     nodes = [schemas.NodeSummary.model_construct(**dict(zip(fields, row, strict=True))) for row in rows]
     return schemas.Tree.model_construct(study_id=study_id, trunk_node_id=st.trunk_node_id, nodes=nodes)
 
 
 @router.get("/nodes/{node_id}", response_model=schemas.NodeDetail)
-def node_detail(study_id: StudyId, node_id: NodeId, settings: SettingsDep, who: Reader) -> schemas.NodeDetail:
+def node_detail(study_id: StudyId, node_id: NodeId, s: SessionDep, who: Reader) -> schemas.NodeDetail:
     """Return a node with its evidence, diff, receipts, verification, insight history and cost."""
-    st = get_study(settings, study_id)
-    n = get_node(settings, study_id, node_id)
+    st = get_study(s, study_id)
+    n = get_node(s, study_id, node_id)
     diff = ""
     if n.commit and n.base_commit and n.commit != n.base_commit:
         try:
             diff = gitops.Repo(Path(st.repo_path)).diff(n.base_commit, n.commit)[:200_000]
         except gitops.GitError:
             diff = ""
-    with db.session(settings.db_url) as s:
-        receipts = s.exec(
-            select(ReceiptRow).where(ReceiptRow.node_id == node_id).order_by(col(ReceiptRow.id))
-        ).all()
-        insights = s.exec(
-            select(InsightVersion)
-            .where(InsightVersion.node_id == node_id)
-            .order_by(col(InsightVersion.version))
-        ).all()
-        children = s.exec(select(Node.id).where(Node.parent_id == node_id).order_by(col(Node.id))).all()
-        history = s.exec(select(Event).where(Event.node_id == node_id).order_by(col(Event.id))).all()
+    receipts = s.exec(
+        select(ReceiptRow).where(ReceiptRow.node_id == node_id).order_by(col(ReceiptRow.id))
+    ).all()
+    insights = s.exec(
+        select(InsightVersion).where(InsightVersion.node_id == node_id).order_by(col(InsightVersion.version))
+    ).all()
+    children = s.exec(select(Node.id).where(Node.parent_id == node_id).order_by(col(Node.id))).all()
+    history = s.exec(select(Event).where(Event.node_id == node_id).order_by(col(Event.id))).all()
     return schemas.NodeDetail(
         **serializers.node_summary(n).model_dump(),
         hypothesis=n.hypothesis,
@@ -100,13 +97,13 @@ def add_hypothesis(
     study_id: StudyId,
     node_id: NodeId,
     body: schemas.HypothesisCreate,
-    settings: SettingsDep,
+    s: SessionDep,
     celery: CeleryDep,
     who: Operator,
 ) -> schemas.NodeSummary:
     """Add a human hypothesis as a child of a node; it runs before the policy's own proposals."""
-    st = get_study(settings, study_id)
-    parent = get_node(settings, study_id, node_id)
+    st = get_study(s, study_id)
+    parent = get_node(s, study_id, node_id)
     spec = spec_of(st)
     if st.status not in ("created", "running", "paused"):
         raise HTTPException(status.HTTP_409_CONFLICT, f"study is {st.status}")
@@ -126,37 +123,37 @@ def add_hypothesis(
         raise HTTPException(
             422, {"message": "edits: the search policy implements hypotheses as key edits", "errors": []}
         )
-    with db.session(settings.db_url) as s:
-        node = Node(
-            study_id=study_id,
-            parent_id=node_id,
-            depth=parent.depth + 1,
-            round_no=-1,
-            title=body.title,
-            hypothesis={
-                "mechanism": body.mechanism,
-                "hypothesis": body.hypothesis,
-                "observable": body.observable,
-                "risks": body.risks,
-            },
-            origin="human",
-            prior=1.0,
-            edits=edits,
-        )
-        s.add(node)
-        s.flush()
-        add_event(
-            s,
-            study_id,
-            "node.proposed",
-            node.id,
-            title=body.title,
-            parent_id=node_id,
-            origin="human",
-            by=who.name,
-        )
-        out = serializers.node_summary(node)
-    celery.send_task("coordinator.advance", args=[study_id])
+    node = Node(
+        study_id=study_id,
+        parent_id=node_id,
+        depth=parent.depth + 1,
+        round_no=-1,
+        title=body.title,
+        hypothesis={
+            "mechanism": body.mechanism,
+            "hypothesis": body.hypothesis,
+            "observable": body.observable,
+            "risks": body.risks,
+        },
+        origin="human",
+        prior=1.0,
+        edits=edits,
+    )
+    s.add(node)
+    s.flush()
+    add_event(
+        s,
+        study_id,
+        "node.proposed",
+        node.id,
+        title=body.title,
+        parent_id=node_id,
+        origin="human",
+        by=who.name,
+    )
+    out = serializers.node_summary(node)
+    s.commit()
+    enqueue_advance(celery, study_id)
     return out
 
 
@@ -165,19 +162,20 @@ def prune(
     study_id: StudyId,
     node_id: NodeId,
     body: schemas.Reason,
-    settings: SettingsDep,
+    s: SessionDep,
     celery: CeleryDep,
     who: Operator,
 ) -> schemas.Message:
     """Prune a node and its subtree (running experiments finish; their results are kept)."""
-    n = get_node(settings, study_id, node_id)
+    n = get_node(s, study_id, node_id)
     if n.parent_id is None:
         raise HTTPException(status.HTTP_409_CONFLICT, "the root cannot be pruned")
     if n.status in TERMINAL:
         raise HTTPException(status.HTTP_409_CONFLICT, f"node {node_id} is {n.status}")
     reason = body.reason or f"pruned by {who.name}"
-    SqlStorage(settings.db_url).prune(study_id, node_id, reason, n.summary or n.title)
-    celery.send_task("coordinator.advance", args=[study_id])
+    prune_subtree(s, study_id, node_id, reason, n.summary or n.title)
+    s.commit()
+    enqueue_advance(celery, study_id)
     return schemas.Message(message=f"pruned n{node_id}")
 
 
@@ -185,13 +183,12 @@ def prune(
 def receipt_output(
     study_id: StudyId,
     receipt_id: Annotated[int, PathParam(ge=1, le=MAX_ID)],
-    settings: SettingsDep,
+    s: SessionDep,
     who: Reader,
     stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
 ) -> str:
     """Return the full stored output of an evaluation run (capped at the configured size)."""
-    with db.session(settings.db_url) as s:
-        r = s.get(ReceiptRow, receipt_id)
+    r = s.get(ReceiptRow, receipt_id)
     if r is None or r.study_id != study_id:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"study {study_id} has no receipt {receipt_id}")
     path = Path(r.stdout_path if stream == "stdout" else r.stderr_path)
