@@ -6,6 +6,7 @@ COPY pyproject.toml requirements.lock README.md ./
 COPY backend ./backend
 COPY agents ./agents
 COPY frontend ./frontend
+COPY client ./client
 # learning: torch + transformers for the gpu worker's jobs (PyPI's Linux torch wheel carries CUDA).
 ARG GROVE_EXTRAS=example,learning
 RUN pip install --no-cache-dir -c requirements.lock ".[${GROVE_EXTRAS}]"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import streamlit as st
 
+from client import GroveError
 from frontend import ui
-from frontend.client import GroveError
 
 HERE = Path(__file__).parent
 

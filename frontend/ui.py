@@ -8,7 +8,7 @@ from typing import Any
 
 import streamlit as st
 
-from frontend.client import ApiError, Forbidden, Grove, Unauthorized, Unreachable, from_env
+from client import ApiError, Forbidden, Grove, Unauthorized, Unreachable, from_env
 
 FINISHED = ("finished", "failed")
 PAGES: dict[str, Any] = {}

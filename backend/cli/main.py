@@ -400,18 +400,19 @@ def submit_cmd(
     """Submit a study to a running Grove service over its REST API."""
     import time
 
-    from backend.cli.client import ApiError, Client, connection, git_repository
+    from backend.cli.connect import connection, git_repository
+    from client import Grove, GroveError
 
     settings = get_settings()
     spec_path = _spec_file(path)
     try:
         url, tok = connection(settings, api, token)
         repository = repo or str(git_repository(settings, spec_path.parent))
-        client = Client(url, tok)
+        client = Grove(url, tok, timeout=60)
         text = spec_path.read_text("utf-8")
         if name:
             text = _override(text, "study", "name", name)
-        study = client.submit(text, repository)
+        study = client.create(text, repository)
         console.print(f"submitted study {study['name']!r} (id {study['id']}) to {url}")
         if not wait:
             return
@@ -419,7 +420,7 @@ def submit_cmd(
         while study["status"] not in ("finished", "failed"):
             time.sleep(1.0)
             if approve_all:
-                for card in client.pending(study["id"]):
+                for card in client.approvals(study["id"]):
                     client.approve(study["id"], card["node_id"])
                     console.print(f"  approved n{card['node_id']} {card['title']}")
             study = client.study(study["id"])
@@ -427,7 +428,7 @@ def submit_cmd(
             if line != last:
                 console.print(line, markup=False, highlight=False)
                 last = line
-    except ApiError as exc:
+    except GroveError as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from None
     console.print(client.report(study["id"]), markup=False, highlight=False)
@@ -465,11 +466,12 @@ def learn_cmd(
     """Queue a learning job (self-distillation or a sparse-attention evaluation) on the gpu queue."""
     import time
 
-    from backend.cli.client import ApiError, Client, connection
+    from backend.cli.connect import connection
+    from client import Grove, GroveError
 
     try:
         url, tok = connection(get_settings(), api, token)
-        client = Client(url, tok)
+        client = Grove(url, tok, timeout=60)
         job = client.learn(kind, _params(settings_), client.study_id(study) if study else None)
         console.print(f"queued learning job {job['id']} ({kind})")
         seen = 0
@@ -479,7 +481,7 @@ def learn_cmd(
             for e in job["events"][seen:]:
                 console.print(f"  {e['type']} {e['payload']}", markup=False, highlight=False)
             seen = len(job["events"])
-    except ApiError as exc:
+    except GroveError as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from None
     if job["status"] == "failed":

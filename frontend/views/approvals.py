@@ -6,8 +6,8 @@ from typing import Any
 
 import streamlit as st
 
+from client import ApiError, Grove, Unreachable
 from frontend import ui
-from frontend.client import ApiError, Grove, Unreachable
 
 REFRESH = "5s"
 

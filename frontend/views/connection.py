@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from client import ApiError, Grove, Unreachable
 from frontend import ui
-from frontend.client import ApiError, Grove, Unreachable
 
 st.title("Connection")
 api, token = ui.connection()

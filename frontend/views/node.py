@@ -7,8 +7,8 @@ from typing import Any
 
 import streamlit as st
 
+from client import Grove
 from frontend import ui
-from frontend.client import Grove
 
 
 def header(n: dict[str, Any], sid: int) -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import streamlit as st
 
+from client import ApiError, Unreachable
 from frontend import ui
-from frontend.client import ApiError, Unreachable
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import streamlit as st
 
+from client import ApiError, Grove, Unreachable
 from frontend import tree_view, ui
-from frontend.client import ApiError, Grove, Unreachable
 
 REFRESH = "3s"
 

@@ -1,4 +1,4 @@
-"""A small typed client of Grove's REST API: the only way the dashboard reaches the service.
+"""Grove's REST API as Python calls: the one client of the CLI (`grove submit`, `grove learn`) and the dashboard.
 
 Exceptions::
 
@@ -6,16 +6,21 @@ Exceptions::
     ├── Unreachable         the API did not answer: it is down, the URL is wrong, or it timed out
     └── ApiError            the API answered with an error status; `.errors` names the fields
         ├── Unauthorized    401: no token, or a wrong or revoked one
-        └── Forbidden       403: the token lacks the role the action needs
+        ├── Forbidden       403: the token lacks the role the action needs
+        ├── NotFound        404: no such study, node, approval or job
+        ├── Conflict        409: the action does not fit the current state (a paused study paused again)
+        └── Invalid         422: the request was refused; `.errors` holds `{"key", "message"}` per field
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import httpx
+
+from client import models
 
 DEFAULT_API = "http://127.0.0.1:8000/api/v1"
 
@@ -59,6 +64,27 @@ class Forbidden(ApiError):
     """403: the token lacks a role."""
 
 
+class NotFound(ApiError):
+    """404: the thing asked for does not exist."""
+
+
+class Conflict(ApiError):
+    """409: the action does not fit the current state."""
+
+
+class Invalid(ApiError):
+    """422: the request was refused; `errors` names the fields."""
+
+
+KINDS: dict[int, type[ApiError]] = {
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    422: Invalid,
+}
+
+
 def from_env() -> tuple[str, str]:
     """Return the API URL and token from GROVE_API_URL and GROVE_TOKEN (token may be empty)."""
     return os.environ.get("GROVE_API_URL") or DEFAULT_API, os.environ.get("GROVE_TOKEN", "")
@@ -73,8 +99,7 @@ def _error(resp: httpx.Response) -> ApiError:
         message, errors = str(detail.get("message", "")), list(detail.get("errors") or [])
     else:
         message, errors = str(detail), []
-    kind = {401: Unauthorized, 403: Forbidden}.get(resp.status_code, ApiError)
-    return kind(resp.status_code, message or resp.reason_phrase, errors)
+    return KINDS.get(resp.status_code, ApiError)(resp.status_code, message or resp.reason_phrase, errors)
 
 
 class Grove:
@@ -109,33 +134,40 @@ class Grove:
 
     def health(self) -> dict[str, str]:
         """Return the API's health (no token needed)."""
-        return dict(self._get("/health"))
+        return cast(dict[str, str], self._get("/health"))
 
     def check(self) -> int:
         """Check that the token may read; return the number of studies."""
         return int(self._get("/studies", limit=1)["count"])
 
-    def studies(self, limit: int = 200) -> list[dict[str, Any]]:
+    def studies(self, limit: int = 200) -> list[models.Study]:
         """Return studies, newest first."""
-        return list(self._get("/studies", limit=limit)["data"])
+        return cast(list[models.Study], self._get("/studies", limit=limit)["data"])
 
-    def study(self, study_id: int) -> dict[str, Any]:
+    def study(self, study_id: int) -> models.Study:
         """Return one study."""
-        return dict(self._get(f"/studies/{study_id}"))
+        return cast(models.Study, self._get(f"/studies/{study_id}"))
+
+    def study_id(self, name: str) -> int:
+        """Return the id of the study with this name, or raise `NotFound`."""
+        for st in self.studies():
+            if st["name"] == name:
+                return st["id"]
+        raise NotFound(404, f"no study named {name!r}")
 
     def validate(self, spec: str, repository: str) -> str:
-        """Check a spec against a repository; return the API's message or raise ApiError."""
+        """Check a spec against a repository; return the API's message or raise `Invalid`."""
         return str(self._post("/studies/validate", {"spec": spec, "repository": repository})["message"])
 
-    def create(self, spec: str, repository: str) -> dict[str, Any]:
+    def create(self, spec: str, repository: str) -> models.Study:
         """Create and start a study."""
-        return dict(self._post("/studies", {"spec": spec, "repository": repository}))
+        return cast(models.Study, self._post("/studies", {"spec": spec, "repository": repository}))
 
-    def control(self, study_id: int, action: str) -> dict[str, Any]:
+    def control(self, study_id: int, action: str) -> models.Study:
         """Pause, resume or stop a study; return it."""
         if action not in ("pause", "resume", "stop"):
             raise ValueError(f"unknown action {action!r}")
-        return dict(self._post(f"/studies/{study_id}/{action}"))
+        return cast(models.Study, self._post(f"/studies/{study_id}/{action}"))
 
     def promote(self, study_id: int) -> str:
         """Push trunk to the origin; return the API's message."""
@@ -145,17 +177,17 @@ class Grove:
         """Return REPORT.md."""
         return self._call("GET", f"/studies/{study_id}/report").text
 
-    def progress(self, study_id: int) -> dict[str, Any]:
+    def progress(self, study_id: int) -> models.Progress:
         """Return the per-experiment dev scores and trunk's scores over time."""
-        return dict(self._get(f"/studies/{study_id}/progress"))
+        return cast(models.Progress, self._get(f"/studies/{study_id}/progress"))
 
-    def tree(self, study_id: int) -> dict[str, Any]:
+    def tree(self, study_id: int) -> models.Tree:
         """Return the tree: every node's summary."""
-        return dict(self._get(f"/studies/{study_id}/tree"))
+        return cast(models.Tree, self._get(f"/studies/{study_id}/tree"))
 
-    def node(self, study_id: int, node_id: int) -> dict[str, Any]:
+    def node(self, study_id: int, node_id: int) -> models.NodeDetail:
         """Return a node with its evidence."""
-        return dict(self._get(f"/studies/{study_id}/nodes/{node_id}"))
+        return cast(models.NodeDetail, self._get(f"/studies/{study_id}/nodes/{node_id}"))
 
     def receipt_output(self, study_id: int, receipt_id: int, stream: str = "stdout") -> str:
         """Return a receipt's full stored output."""
@@ -163,26 +195,39 @@ class Grove:
             "GET", f"/studies/{study_id}/receipts/{receipt_id}/output", params={"stream": stream}
         ).text
 
-    def events(self, study_id: int, after: int = 0, tail: int | None = None) -> list[dict[str, Any]]:
+    def events(self, study_id: int, after: int = 0, tail: int | None = None) -> list[models.Event]:
         """Return events after an id (or only the newest `tail`), oldest first."""
-        return list(self._get(f"/studies/{study_id}/events/log", after=after, limit=1000, tail=tail))
+        path = f"/studies/{study_id}/events/log"
+        return cast(list[models.Event], self._get(path, after=after, limit=1000, tail=tail))
 
-    def add_hypothesis(self, study_id: int, node_id: int, body: dict[str, Any]) -> dict[str, Any]:
+    def add_hypothesis(self, study_id: int, node_id: int, body: dict[str, Any]) -> models.NodeSummary:
         """Add a human hypothesis under a node."""
-        return dict(self._post(f"/studies/{study_id}/nodes/{node_id}/hypotheses", body))
+        return cast(models.NodeSummary, self._post(f"/studies/{study_id}/nodes/{node_id}/hypotheses", body))
 
     def prune(self, study_id: int, node_id: int, reason: str = "") -> str:
         """Prune a node and its subtree."""
         return str(self._post(f"/studies/{study_id}/nodes/{node_id}/prune", {"reason": reason})["message"])
 
-    def approvals(self, study_id: int | None = None, state: str = "pending") -> list[dict[str, Any]]:
+    def approvals(self, study_id: int | None = None, state: str = "pending") -> list[models.Approval]:
         """Return approvals (pending by default)."""
-        return list(self._get("/approvals", study_id=study_id, state=state, limit=200)["data"])
+        page = self._get("/approvals", study_id=study_id, state=state, limit=200)
+        return cast(list[models.Approval], page["data"])
 
-    def approve(self, study_id: int, node_id: int) -> dict[str, Any]:
+    def approve(self, study_id: int, node_id: int) -> models.Approval:
         """Approve a gate-passed node."""
-        return dict(self._post(f"/studies/{study_id}/nodes/{node_id}/approve"))
+        return cast(models.Approval, self._post(f"/studies/{study_id}/nodes/{node_id}/approve"))
 
-    def reject(self, study_id: int, node_id: int, reason: str) -> dict[str, Any]:
+    def reject(self, study_id: int, node_id: int, reason: str) -> models.Approval:
         """Reject a gate-passed node with a reason."""
-        return dict(self._post(f"/studies/{study_id}/nodes/{node_id}/reject", {"reason": reason}))
+        return cast(
+            models.Approval, self._post(f"/studies/{study_id}/nodes/{node_id}/reject", {"reason": reason})
+        )
+
+    def learn(self, kind: str, params: dict[str, Any], study_id: int | None = None) -> models.LearningJob:
+        """Queue a learning job on the gpu queue."""
+        body = {"kind": kind, "params": params, "study_id": study_id}
+        return cast(models.LearningJob, self._post("/learning/jobs", body))
+
+    def learning_job(self, job_id: int) -> models.LearningJob:
+        """Return a learning job with its events."""
+        return cast(models.LearningJob, self._get(f"/learning/jobs/{job_id}"))

@@ -1,0 +1,149 @@
+"""The JSON bodies the API answers with, as typed dictionaries (times are ISO-8601 strings).
+
+They mirror the API's response schemas field for field (`tests/unit/test_client.py` keeps them equal).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypedDict, TypeVar
+
+T = TypeVar("T")
+
+
+class Page(TypedDict, Generic[T]):
+    data: list[T]
+    count: int
+
+
+class Message(TypedDict):
+    message: str
+
+
+class Study(TypedDict):
+    id: int
+    name: str
+    goal: str
+    status: str
+    stop_reason: str
+    source: str
+    policy: str
+    trunk_branch: str
+    trunk_commit: str
+    nodes: int
+    experiments_used: int
+    experiments_budget: int
+    pending_approvals: int
+    best_dev: float | None
+    baseline_dev: float | None
+    trunk_dev: float | None
+    baseline_heldout: float | None
+    trunk_heldout: float | None
+    test_queries: int
+    llm_calls: int
+    llm_tokens: int
+    llm_usd: float
+    budget_usd: float
+    budget_hours: float
+    parallel: int
+    running_jobs: int
+    gate_mode: str
+    margin: float
+    improvement_state: dict[str, Any]
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+
+
+class NodeSummary(TypedDict):
+    id: int
+    parent_id: int | None
+    depth: int
+    status: str
+    title: str
+    origin: str
+    dev_mean: float | None
+    dev_n: int
+    gain: float | None
+    gain_lcb: float | None
+    heldout_gain: float | None
+    attempts: int
+
+
+class Tree(TypedDict):
+    study_id: int
+    trunk_node_id: int | None
+    nodes: list[NodeSummary]
+
+
+class Event(TypedDict):
+    id: int
+    study_id: int
+    node_id: int | None
+    type: str
+    payload: dict[str, Any]
+    time: str
+
+
+class NodeDetail(NodeSummary):
+    hypothesis: dict[str, Any]
+    edits: dict[str, Any]
+    base_commit: str
+    branch: str
+    commit: str
+    diff_stats: dict[str, Any]
+    diff: str
+    dev_values: list[float]
+    dev_std: float | None
+    constraints: list[dict[str, Any]]
+    verification: dict[str, Any]
+    summary: str
+    failure: str
+    reflection: str
+    heldout_values: list[float]
+    gate_reason: str
+    cost: dict[str, Any]
+    receipts: list[dict[str, Any]]
+    insights: list[dict[str, Any]]
+    children: list[int]
+    history: list[Event]
+
+
+class Approval(TypedDict):
+    id: int
+    study_id: int
+    node_id: int
+    status: str
+    decided_by: str
+    reason: str
+    created_at: str
+    decided_at: str | None
+    title: str
+    dev_gain: float | None
+    dev_gain_lcb: float | None
+    dev_n: int
+    heldout_gain: float | None
+    margin: float
+    constraints: list[dict[str, Any]]
+
+
+class Progress(TypedDict):
+    baseline_dev: float | None
+    baseline_heldout: float | None
+    points: list[dict[str, Any]]
+
+
+class LearningJob(TypedDict):
+    id: int
+    study_id: int | None
+    kind: str
+    params: dict[str, Any]
+    status: str
+    progress: float
+    device: str
+    artifact: str
+    result: dict[str, Any]
+    error: str
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    events: list[dict[str, Any]]
