@@ -1,4 +1,4 @@
-"""Evaluation runs and their receipts (the metrics protocol of DESIGN §4)."""
+"""Evaluation runs and their receipts (the metrics protocol: docs/architecture.md, "The metrics protocol")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Experiment jobs: one node attempt in its own worktree (DESIGN §8).
+"""Experiment jobs: one node attempt in its own worktree (docs/architecture.md, "How a change gets in").
 
 Run as `python -m backend.engine.experiment JOB_ID TOKEN` by the local pool (and by Celery tasks later).
 A job finalises only while its token is current, so a superseded duplicate changes nothing.

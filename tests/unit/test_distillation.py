@@ -1,4 +1,4 @@
-"""Distillation math on CPU in float64 (reference §3.3), on a tiny model built here."""
+"""Distillation math on CPU in float64, on a tiny model built here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Correctness of the sparse-attention module on CPU in float64 (reference §5.3, rows 1-7)."""
+"""Correctness of the sparse-attention module on CPU in float64."""
 
 from __future__ import annotations
 

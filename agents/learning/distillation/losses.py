@@ -1,4 +1,4 @@
-"""Per-token divergences between student p and teacher q (reference §1).
+"""Per-token divergences between student p and teacher q (forward KL, reverse KL and the generalised JSD between them).
 
 forward KL(q‖p), reverse KL(p‖q), and the generalised JSD_β = β·KL(q‖M) + (1−β)·KL(p‖M) with
 M = β·q + (1−β)·p (GKD convention); β = 0 and β = 1 are special-cased to the forward and reverse

@@ -1,4 +1,4 @@
-"""SDPO and CANON training steps over a Hugging Face causal LM (reference §2).
+"""SDPO and CANON training steps over a Hugging Face causal LM.
 
 The student sees the prompt and its own rollout; the teacher is the same model (an EMA of it, a
 trust-region mix with the initial model, or a frozen snapshot) that also sees privileged text —
