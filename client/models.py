@@ -5,14 +5,7 @@ They mirror the API's response schemas field for field (`tests/unit/test_client.
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypedDict, TypeVar
-
-T = TypeVar("T")
-
-
-class Page(TypedDict, Generic[T]):
-    data: list[T]
-    count: int
+from typing import Any, TypedDict
 
 
 class Message(TypedDict):

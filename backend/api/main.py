@@ -7,6 +7,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from agents.spec import SpecError
+from agents.tree.status import IllegalStudyTransition
 from backend.api.routes import approvals, events, health, learning, studies, tree
 from backend.core import fanout
 from backend.core.config import Settings, get_settings
@@ -50,6 +51,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse(
             {"detail": {"message": f"spec.study.name: {exc}", "errors": [error]}}, status.HTTP_409_CONFLICT
         )
+
+    @app.exception_handler(IllegalStudyTransition)
+    async def illegal(request: Request, exc: IllegalStudyTransition) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status.HTTP_409_CONFLICT)
 
     @app.exception_handler(FileNotFoundError)
     @app.exception_handler(GitError)

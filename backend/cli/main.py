@@ -17,7 +17,7 @@ from rich.table import Table
 from sqlmodel import Session, col, select
 
 from agents.spec import SpecError, parse_spec
-from agents.tree.status import IllegalStudyTransition
+from agents.tree.status import IllegalStudyTransition, StudyStatus
 from backend.cli.runner import run_study
 from backend.core import db, fanout, gitops
 from backend.core.config import get_settings
@@ -150,7 +150,7 @@ def run_cmd(
         if existing is not None and fresh:
             lifecycle.discard(s, settings, existing.id or 0, thread_id(existing.id or 0))
             existing = None
-    if existing is not None and existing.status == "finished":
+    if existing is not None and existing.status == StudyStatus.FINISHED:
         console.print(
             f"study {existing.name!r} already finished; report: {existing.report_path} (use --fresh)"
         )
@@ -197,7 +197,7 @@ def run_cmd(
     with db.session(settings.db_url) as s:
         st = s.get(Study, sid)
         assert st is not None
-    if st.status == "failed":
+    if st.status == StudyStatus.FAILED:
         err.print(f"[red]error:[/] study {st.name!r} failed: {st.stop_reason}")
         raise typer.Exit(1)
     console.print(f"study {st.name!r} {status}: {st.stop_reason}")

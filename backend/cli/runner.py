@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agents.policies.base import Policy
+from agents.tree.status import StudyStatus
 from backend.cli.localpool import LocalPool
 from backend.core import db
 from backend.core.config import Settings
@@ -49,7 +50,7 @@ def run_study(
                 pool.wait_any(
                     waiting.jobs,
                     tick=tick,
-                    interrupted=lambda: study_status(settings, study_id) == "stopping",
+                    interrupted=lambda: study_status(settings, study_id) == StudyStatus.STOPPING,
                 )
             elif waiting.paused or waiting.approval_node is not None:
                 if tick:

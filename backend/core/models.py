@@ -28,7 +28,7 @@ class Study(SQLModel, table=True):
     spec_toml: str = Field(sa_column=Column(Text, nullable=False))
     source: str
     repo_path: str = ""
-    status: str = "created"  # created|running|paused|stopping|finished|failed
+    status: str = "created"  # a StudyStatus; changed only by services/lifecycle
     base_commit: str = ""
     trunk_branch: str = ""
     trunk_commit: str = ""

@@ -24,6 +24,7 @@ from agents.coordinator.graph import build_graph
 from agents.coordinator.ports import Dispatcher
 from agents.policies.base import Policy
 from agents.policies.registry import make_policy
+from agents.tree.status import StudyStatus
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Approval, Job, Study
@@ -94,7 +95,7 @@ def _resume_value(settings: Settings, study_id: int, intr: Interrupt) -> Any | N
         with db.session(settings.db_url) as s:
             rows = s.exec(select(Job).where(col(Job.id).in_(jobs), col(Job.status).in_(["done", "failed"])))
             done = sorted(j.id for j in rows if j.id is not None)
-        if done or study_status(settings, study_id) == "stopping":
+        if done or study_status(settings, study_id) == StudyStatus.STOPPING:
             return done
         return None
     if kind == "approve":
@@ -108,7 +109,7 @@ def _resume_value(settings: Settings, study_id: int, intr: Interrupt) -> Any | N
             "reason": appr.reason,
         }
     if kind == "paused":
-        return {} if study_status(settings, study_id) != "paused" else None
+        return {} if study_status(settings, study_id) != StudyStatus.PAUSED else None
     raise RuntimeError(f"unknown interrupt {intr.value!r}")
 
 

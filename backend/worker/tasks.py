@@ -12,6 +12,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 from sqlmodel import col, select
 
+from agents.tree.status import StudyStatus
 from backend.core import db, fanout
 from backend.core.config import get_settings
 from backend.core.locks import Busy, client, lease
@@ -110,7 +111,12 @@ def reconcile() -> dict[str, int]:
     dispatcher = CeleryDispatcher(settings, app)
     resent = nudged = 0
     with db.session(settings.db_url) as s:
-        active = [st.id for st in s.exec(select(Study).where(col(Study.status).in_(["running", "stopping"])))]
+        active = [
+            st.id
+            for st in s.exec(
+                select(Study).where(col(Study.status).in_([StudyStatus.RUNNING, StudyStatus.STOPPING]))
+            )
+        ]
         stale = []
         for job in s.exec(select(Job).where(col(Job.status).in_(["queued", "running"]))):
             age = (now() - (job.started_at or job.created_at)).total_seconds()

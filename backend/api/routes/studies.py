@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated
 
 from celery import Celery
@@ -11,7 +10,6 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 from sqlmodel import Session, col, func, select
 
-from agents.tree.status import IllegalStudyTransition
 from backend.api import schemas, serializers
 from backend.api.deps import MAX_ID, Approver, CeleryDep, Operator, Reader, SessionDep, SettingsDep, StudyId
 from backend.core import gitops
@@ -99,40 +97,35 @@ def read(study_id: StudyId, s: SessionDep, who: Reader) -> schemas.StudyPublic:
     return serializers.study_public(s, get_study(s, study_id))
 
 
-def _change(s: Session, study_id: int, act: Callable[[], object]) -> schemas.StudyPublic:
-    """Run a life-cycle change; answer 404 for an unknown study and 409 for an illegal change."""
-    get_study(s, study_id)
-    try:
-        act()
-    except IllegalStudyTransition as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
-    s.commit()
-    return serializers.study_public(s, get_study(s, study_id))
-
-
 @router.post("/{study_id}/pause", response_model=schemas.StudyPublic)
 def pause(study_id: StudyId, s: SessionDep, who: Operator) -> schemas.StudyPublic:
     """Pause a study: running experiments finish, nothing new starts."""
-    return _change(s, study_id, lambda: lifecycle.pause(s, study_id, by=who.name))
+    get_study(s, study_id)
+    st = lifecycle.pause(s, study_id, by=who.name)
+    s.commit()
+    return serializers.study_public(s, st)
 
 
 @router.post("/{study_id}/resume", response_model=schemas.StudyPublic)
 def resume(study_id: StudyId, s: SessionDep, celery: CeleryDep, who: Operator) -> schemas.StudyPublic:
     """Resume a paused study."""
-    out = _change(s, study_id, lambda: lifecycle.resume(s, study_id, by=who.name))
+    get_study(s, study_id)
+    st = lifecycle.resume(s, study_id, by=who.name)
+    s.commit()
     enqueue_advance(celery, study_id)
-    return out
+    return serializers.study_public(s, st)
 
 
 @router.post("/{study_id}/stop", response_model=schemas.StudyPublic)
 def stop(study_id: StudyId, s: SessionDep, celery: CeleryDep, who: Operator) -> schemas.StudyPublic:
     """Stop a study: queued experiments are revoked, running ones cancelled, the report written."""
-    queued: list[str] = []
-    out = _change(s, study_id, lambda: queued.extend(lifecycle.stop(s, study_id, by=who.name)))
+    st = get_study(s, study_id)
+    queued = lifecycle.stop(s, study_id, by=who.name)
+    s.commit()
     if queued:
         celery.control.revoke(queued)
     enqueue_advance(celery, study_id)
-    return out
+    return serializers.study_public(s, st)
 
 
 @router.post("/{study_id}/promote", response_model=schemas.Message)

@@ -12,7 +12,7 @@ from sqlmodel import Session, col, select
 
 from agents.policies import configfiles
 from agents.spec import split_search_key
-from agents.tree.status import TERMINAL
+from agents.tree.status import STUDY_ENDED, TERMINAL, StudyStatus
 from backend.api import schemas, serializers
 from backend.api.deps import MAX_ID, CeleryDep, NodeId, Operator, Reader, SessionDep, StudyId
 from backend.api.routes.studies import get_study
@@ -105,7 +105,7 @@ def add_hypothesis(
     st = get_study(s, study_id)
     parent = get_node(s, study_id, node_id)
     spec = spec_of(st)
-    if st.status not in ("created", "running", "paused"):
+    if st.status == StudyStatus.STOPPING or st.status in STUDY_ENDED:
         raise HTTPException(status.HTTP_409_CONFLICT, f"study is {st.status}")
     edits = {**st.base_values, **parent.edits}
     for key, value in body.edits.items():
