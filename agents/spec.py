@@ -153,6 +153,9 @@ class Sandbox(_Section):
     cpu_seconds: int | None = Field(default=None, ge=1)
     file_size_mb: int = Field(default=1024, ge=1)
     processes: int = Field(default=512, ge=1)
+    disk_mb: int = Field(default=2048, ge=1)  # bytes a run may add to its tree
+    tmp_mb: int = Field(default=512, ge=1)  # size of the private /tmp
+    network: bool = False  # evaluations and executor commands reach the network only if true
 
 
 class Resources(_Section):

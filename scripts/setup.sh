@@ -5,8 +5,13 @@ cd "$(dirname "$0")/.."
 if ! command -v git >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq git
 fi
-if ! command -v redis-server >/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+# Untrusted code runs in Linux namespaces through bubblewrap; setpriv (util-linux) drops to its uid.
+command -v bwrap >/dev/null || need+=(bubblewrap)
+command -v setpriv >/dev/null || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
 fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv

@@ -12,6 +12,7 @@ import redis
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.prompt import Confirm, Prompt
 from rich.table import Table
 from sqlmodel import Session, col, select
@@ -20,8 +21,9 @@ from agents.spec import SpecError, parse_spec
 from agents.tree.status import IllegalStudyTransition, StudyStatus
 from backend.cli.runner import run_study
 from backend.core import db, fanout, gitops
-from backend.core.config import get_settings
+from backend.core.config import Settings, get_settings
 from backend.core.models import Event, Job, Node, Study
+from backend.engine import sandbox, workspace
 from backend.engine.driver import thread_id
 from backend.services import lifecycle
 from backend.services.records import spec_of
@@ -34,6 +36,19 @@ app = typer.Typer(
 )
 console = Console()
 err = Console(stderr=True, soft_wrap=True)
+
+
+def _require_sandbox(settings: Settings) -> None:
+    """Refuse to start when untrusted code cannot be boxed here (warn loudly when boxing is off)."""
+    iso = workspace.isolation_of(settings)
+    if not iso.boxed:
+        err.print(f"[yellow]{sandbox.UNSANDBOXED_WARNING}[/]")
+        return
+    try:
+        sandbox.check(iso)
+    except sandbox.SandboxUnavailable as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
 
 
 def _spec_file(path: Path) -> Path:
@@ -129,6 +144,7 @@ def run_cmd(
     """Run a study to the end in this process (resuming it if it was interrupted)."""
     settings = get_settings()
     settings.ensure_dirs()
+    _require_sandbox(settings)
     spec_path = _spec_file(path)
     text = spec_path.read_text("utf-8")
     try:
@@ -312,6 +328,7 @@ def up_cmd(
     from backend.core.security import create_token
 
     settings = get_settings()
+    _require_sandbox(settings)
     stack = Stack(settings, host=host, port=port, cpu_slots=cpu_slots)
     stopping = False
 
@@ -372,6 +389,7 @@ def worker_cmd(
         err.print(f"[red]error:[/] --queues: unknown queue {bad[0]!r} (use cpu, gpu, coordinator)")
         raise typer.Exit(2)
     settings = get_settings()
+    _require_sandbox(settings)
     schedule = settings.data_dir / "beat" if beat else None
     name = queues.replace(",", "-")
     if "gpu" in queues.split(","):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -27,6 +28,11 @@ class Settings(BaseSettings):
     # Where `grove submit` finds the API (defaults to what `grove up` wrote in the data dir).
     api_url: str | None = None
     token: str | None = None
+    # How untrusted commands are boxed: "bwrap" (namespaces) or "none" (trusted local use only).
+    sandbox: Literal["bwrap", "none"] = "bwrap"
+    sandbox_bwrap: str = "bwrap"
+    # Extra read-only paths a box may see, e.g. a toolchain outside /usr (comma separated).
+    sandbox_bind: str = ""
     # Extra variable names passed through to sandboxed commands (comma separated).
     sandbox_env_passthrough: str = ""
     output_cap_bytes: int = 5_000_000

@@ -44,6 +44,7 @@ class Study(SQLModel, table=True):
     plateau_level: int = 0
     stop_reason: str = ""
     report_path: str = ""
+    sandbox: str = "bwrap"  # "none" once any run of the study went unsandboxed (GROVE_SANDBOX=none)
     created_at: datetime = Field(default_factory=now)
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -166,6 +167,7 @@ class ApiToken(SQLModel, table=True):
     roles: str = "viewer"  # comma separated: viewer, operator, approver
     token_hash: str = Field(index=True, unique=True)
     created_at: datetime = Field(default_factory=now)
+    expires_at: datetime | None = None
     revoked: bool = False
 
 

@@ -42,12 +42,8 @@ class Receipt:
         return float(self.metrics[metric])
 
 
-def _last_json_line(path: Path) -> dict[str, Any] | None:
-    try:
-        lines = path.read_text("utf-8", "replace").splitlines()
-    except FileNotFoundError:
-        return None
-    for line in reversed(lines):
+def _last_json_line(text: str) -> dict[str, Any] | None:
+    for line in reversed(text.splitlines()):
         line = line.strip()
         if not (line.startswith("{") and line.endswith("}")):
             continue
@@ -60,17 +56,27 @@ def _last_json_line(path: Path) -> dict[str, Any] | None:
     return None
 
 
-def parse_metrics(metrics_file: Path, stdout_path: Path) -> tuple[dict[str, Any] | None, str]:
-    """Read metrics from the metrics file, else the last JSON-object line of stdout."""
-    if metrics_file.exists() and metrics_file.stat().st_size > 0:
+def parse_metrics(
+    metrics: bytes | None, stdout_path: Path, stdout_tail: str = ""
+) -> tuple[dict[str, Any] | None, str]:
+    """Read metrics from the metrics file's bytes, else the last JSON-object line of stdout.
+
+    The stored stdout is capped, so its tail (the end of the whole output) is searched first.
+    """
+    if metrics:
         try:
-            value = json.loads(metrics_file.read_text("utf-8", "replace"))
+            value = json.loads(metrics.decode("utf-8", "replace"))
         except json.JSONDecodeError as exc:
             return None, f"GROVE_METRICS_FILE is not valid JSON: {exc}"
         if not isinstance(value, dict):
             return None, "GROVE_METRICS_FILE does not hold a JSON object"
         return value, ""
-    value = _last_json_line(stdout_path)
+    value = _last_json_line(stdout_tail)
+    if value is None:
+        try:
+            value = _last_json_line(stdout_path.read_text("utf-8", "replace"))
+        except FileNotFoundError:
+            value = None
     if value is None:
         return None, "no metrics: no GROVE_METRICS_FILE and no JSON object line on stdout"
     return value, ""
@@ -98,6 +104,7 @@ def evaluate(
     commit: str,
     limits: sandbox.Limits,
     evaluator_fingerprint: str,
+    isolation: sandbox.Isolation = sandbox.Isolation(),
     output_cap: int = 5_000_000,
     tail_bytes: int = 4_000,
 ) -> Receipt:
@@ -112,19 +119,26 @@ def evaluate(
         output_dir=output_dir,
         name=name,
         limits=limits,
-        env={"GROVE_SEED": str(seed), "GROVE_METRICS_FILE": str(metrics_file.resolve())},
+        isolation=isolation,
+        env={"GROVE_SEED": str(seed), "GROVE_METRICS_FILE": "{out}/metrics.json"},
+        collect=("metrics.json",),
         output_cap=output_cap,
         tail_bytes=tail_bytes,
     )
+    reported = res.exchange.get("metrics.json")
+    if reported:
+        metrics_file.write_bytes(reported)
     metrics: dict[str, Any] | None = None
     if res.timed_out:
         reason = f"timed out after {limits.timeout:g}s"
+    elif res.disk_exceeded:
+        reason = f"wrote more than {limits.disk_mb} MB"
     elif res.exit_code != 0:
         reason = f"exited with code {res.exit_code}"
         if res.signal:
             reason = f"killed by signal {res.signal}"
     else:
-        metrics, reason = parse_metrics(metrics_file, res.stdout_path)
+        metrics, reason = parse_metrics(reported, res.stdout_path, res.stdout_tail)
         if metrics is not None:
             value = metrics.get(metric)
             if value is None:

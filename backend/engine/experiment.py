@@ -91,6 +91,7 @@ def run_experiment(settings: Settings, job_id: int, token: str) -> str:
     label = f"n{node.id}-a{job.attempt}"
     path = workspace.worktree_path(settings, study, label)
     try:
+        sandbox.check(workspace.isolation_of(settings, study))
         workspace.prepare(
             repo, path, node.branch, node.base_commit, sealed=spec.files.sealed, reason=f"job {job_id}"
         )
@@ -153,7 +154,9 @@ def run_experiment(settings: Settings, job_id: int, token: str) -> str:
         return NodeStatus.EVALUATED
     except Superseded:
         raise
-    except (ImplementationError, ModelError, BudgetExhausted, GitError, OSError, ValueError) as exc:
+    except (
+        ImplementationError, ModelError, BudgetExhausted, GitError, OSError, ValueError, sandbox.SandboxUnavailable,
+    ) as exc:  # fmt: skip
         failure = f"{type(exc).__name__}: {exc}"[:2000]
         _finish(
             settings, job_id, token, NodeStatus.FAILED, failure=failure,
@@ -181,8 +184,9 @@ class SandboxRuntime:
         self.calls += 1
         limits = replace(workspace.limits_of(self.spec), timeout=timeout)
         res = sandbox.run(
-            command, cwd=self.worktree, output_dir=self.out, name=f"run{self.calls}", limits=limits
-        )
+            command, cwd=self.worktree, output_dir=self.out, name=f"run{self.calls}", limits=limits,
+            isolation=workspace.isolation_of(self.settings, self.study), output_cap=self.settings.output_cap_bytes,
+        )  # fmt: skip
         text = res.stdout_tail + ("\n[stderr]\n" + res.stderr_tail if res.stderr_tail.strip() else "")
         return res.exit_code, text[-6000:]
 
@@ -192,7 +196,7 @@ class SandboxRuntime:
         r = evaluation.evaluate(
             kind="dev", command=self.spec.evaluate.dev, worktree=self.worktree, output_dir=self.out,
             seed=0, metric=self.spec.objective.metric, commit="working tree", limits=workspace.limits_of(self.spec),
-            evaluator_fingerprint="",
+            evaluator_fingerprint="", isolation=workspace.isolation_of(self.settings, self.study),
         )  # fmt: skip
         if r.ok:
             return f"dev evaluation ok: {json.dumps(r.metrics)}"

@@ -1,29 +1,66 @@
-"""Run commands in a sandbox: own process group, limits, scrubbed environment, capped output.
+"""Run untrusted commands in a box: Linux namespaces through bubblewrap, limits, capped output.
 
-Every evaluation and every command an executor runs goes through `run`.
+Every evaluation and every command an executor runs goes through `run`. In the box a command
+sees its tree at `/grove/tree` (read-write, `.git` masked), an exchange folder at `/grove/out`,
+the system and Python installs read-only, a private size-capped `/tmp`, a fresh `/proc` of its
+own PID namespace, no network unless asked for, and nothing else: not Grove's data, clones,
+other trees, home directory or processes. When Grove runs as root the box runs as an
+unprivileged uid leased for the run, so that the process limit holds. See docs/security.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import fcntl
+import glob
 import os
+import random
 import re
 import resource
+import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 SAFE_ENV = (
-    "PATH", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR", "VIRTUAL_ENV", "PYTHONHASHSEED",
+    "PATH", "LANG", "LANGUAGE", "TERM", "TZ", "VIRTUAL_ENV", "PYTHONHASHSEED",
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE",
     "OPENBLAS_L2_SIZE", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
 )  # fmt: skip
 SECRET = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
+TREE, OUT = "/grove/tree", "/grove/out"
+# What a box sees of /etc: enough for the dynamic linker, locales, TLS roots and user names.
+ETC = (
+    "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "ssl", "ca-certificates",
+    "passwd", "group", "nsswitch.conf", "hosts", "mime.types", "fonts", "timezone", "os-release",
+)  # fmt: skip
+# Runs as pid 2 of the box: the command gets /dev/null as stdin; fd 0 is Grove's status pipe.
+# Counting /proc after the command tells how many processes it left behind (pid 1 and 2 are ours).
+WRAPPER = (
+    '("$@" </dev/null); rc=$?; n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; '
+    'echo "grove-exit $rc $n" >&0; exit $rc'
+)
+FIX = (
+    "install bubblewrap (apt install bubblewrap) and allow unprivileged user namespaces "
+    "(sysctl kernel.unprivileged_userns_clone=1, and on Ubuntu "
+    "kernel.apparmor_restrict_unprivileged_userns=0; in Docker run with --security-opt "
+    "seccomp=unconfined or a profile that allows clone/unshare), or, for trusted code on your own "
+    "machine only, set GROVE_SANDBOX=none"
+)
+
+
+class SandboxUnavailable(RuntimeError):
+    """This machine cannot create the namespaces the sandbox needs."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +70,26 @@ class Limits:
     memory_mb: int | None = 4096
     file_size_mb: int | None = 1024
     processes: int | None = 512
+    disk_mb: int | None = 2048  # bytes the command may add to its tree and exchange folder
+    tmp_mb: int = 512  # size of the private /tmp
+    network: bool = False
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How commands are boxed on this machine (from Grove's settings, never from a spec)."""
+
+    mode: Literal["bwrap", "none"] = "bwrap"
+    bwrap: str = "bwrap"
+    binds: tuple[str, ...] = ()  # extra read-only paths (a toolchain outside /usr)
+    passthrough: tuple[str, ...] = ()  # extra variable names a box gets (never secret-looking ones)
+    uid_base: int = 200_000
+    uid_slots: int = 1000
+
+    @property
+    def boxed(self) -> bool:
+        """Return whether commands run in namespaces."""
+        return self.mode != "none"
 
 
 @dataclass
@@ -48,11 +105,14 @@ class Result:
     truncated: bool = False
     signal: int | None = None
     stdout_bytes: int = field(default=0)
+    strays: int | None = None  # processes still running when the command ended (all were killed)
+    disk_exceeded: bool = False
+    exchange: dict[str, bytes] = field(default_factory=dict)  # files collected from /grove/out
 
     @property
     def ok(self) -> bool:
-        """Return whether the command exited 0 within its time."""
-        return self.exit_code == 0 and not self.timed_out
+        """Return whether the command exited 0 within its time and limits."""
+        return self.exit_code == 0 and not self.timed_out and not self.disk_exceeded
 
 
 def scrubbed_env(extra: Mapping[str, str] | None = None, passthrough: tuple[str, ...] = ()) -> dict[str, str]:
@@ -78,6 +138,8 @@ def _limiter(limits: Limits):  # type: ignore[no-untyped-def]
                 value = min(value, hard)
             resource.setrlimit(kind, (value, value))
 
+        with contextlib.suppress(OSError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if limits.cpu_seconds:
             cap(resource.RLIMIT_CPU, limits.cpu_seconds)
         if limits.memory_mb:
@@ -123,6 +185,165 @@ def kill_all() -> None:
         _kill_group(pgid)
 
 
+# uids and ownership --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _lease_uid(iso: Isolation) -> Iterator[int | None]:
+    """Hold an unprivileged uid no other box on this machine uses now (None unless root)."""
+    if os.geteuid() != 0 or not iso.boxed:
+        yield None
+        return
+    locks = Path(tempfile.gettempdir()) / "grove-sandbox-uids"
+    locks.mkdir(mode=0o700, exist_ok=True)
+    start = random.randrange(iso.uid_slots)
+    for i in range(iso.uid_slots):
+        slot = (start + i) % iso.uid_slots
+        fh = open(locks / str(slot), "a")  # noqa: SIM115 - held for the whole run
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            continue
+        try:
+            yield iso.uid_base + slot
+        finally:
+            fh.close()
+        return
+    raise SandboxUnavailable(f"all {iso.uid_slots} sandbox uids are in use")
+
+
+def _chown_tree(root: Path, uid: int, gid: int, skip: str = ".git") -> None:
+    """Give a tree to a uid without following symbolic links (which may point anywhere)."""
+    os.lchown(root, uid, gid)
+    for top, dirs, files in os.walk(root, followlinks=False):
+        if top == str(root):
+            dirs[:] = [d for d in dirs if d != skip]
+            files = [f for f in files if f != skip]
+        for name in (*dirs, *files):
+            with contextlib.suppress(FileNotFoundError):
+                os.lchown(os.path.join(top, name), uid, gid)
+
+
+def _usage(*roots: Path) -> int:
+    total = 0
+    stack = [str(r) for r in roots]
+    while stack:
+        with contextlib.suppress(OSError), os.scandir(stack.pop()) as it:
+            for e in it:
+                with contextlib.suppress(OSError):
+                    st = e.stat(follow_symlinks=False)
+                    total += st.st_blocks * 512
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+    return total
+
+
+def _read_regular(path: Path, cap: int = 1_000_000) -> bytes | None:
+    """Read a file the box wrote, refusing links and special files (they could point at Grove's)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return fh.read(cap)
+
+
+# the box ------------------------------------------------------------------------------------
+
+
+def _dirs(path: str) -> list[str]:
+    """Return bwrap arguments creating a path's ancestors traversable (bwrap copies 0700 otherwise)."""
+    args: list[str] = []
+    for parent in reversed(Path(path).parents):
+        if str(parent) != "/":
+            args += ["--perms", "0755", "--dir", str(parent)]
+    return args
+
+
+def _system_binds(iso: Isolation) -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    for name in ETC:
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, *iso.binds}
+    for p in sorted(str(Path(x).resolve()) for x in prefixes if x):
+        if not p.startswith("/usr/") and os.path.exists(p):
+            args += [*_dirs(p), "--ro-bind", p, p]
+    for dev in sorted(glob.glob("/dev/nvidia*")):
+        args += ["--dev-bind-try", dev, dev]
+    return args
+
+
+def _bwrap_argv(
+    iso: Isolation, limits: Limits, tree: Path, out: Path, argv: list[str], uid: int | None
+) -> list[str]:
+    # As root, bwrap sets the box up with root's rights and `setpriv` then drops to the leased uid;
+    # otherwise a user namespace maps Grove's own uid into the box.
+    args = [
+        iso.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+        "--die-with-parent", "--new-session", "--hostname", "grove-sandbox",
+    ]  # fmt: skip
+    if uid is None:
+        args.append("--unshare-user")
+    if not limits.network:
+        args.append("--unshare-net")
+    else:
+        args += ["--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
+    args += _system_binds(iso)
+    size = str(limits.tmp_mb * 1024 * 1024)
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for tmp in ("/tmp", "/dev/shm"):
+        args += ["--perms", "1777", "--size", size, "--tmpfs", tmp]
+    args += [*_dirs(TREE), "--bind", str(tree), TREE, "--bind", str(out), OUT]
+    dotgit = tree / ".git"
+    if dotgit.is_dir() and not dotgit.is_symlink():
+        args += ["--tmpfs", f"{TREE}/.git", "--remount-ro", f"{TREE}/.git"]
+    elif dotgit.exists() or dotgit.is_symlink():
+        args += ["--ro-bind", "/dev/null", f"{TREE}/.git"]
+    args += ["--remount-ro", "/", "--chdir", TREE, "--"]
+    if uid is not None:
+        args += [
+            "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all", "--no-new-privs", "--",
+        ]  # fmt: skip
+    return [*args, "/bin/sh", "-c", WRAPPER, "grove-sandbox", *argv]
+
+
+@lru_cache(maxsize=8)
+def _probe(iso: Isolation) -> str:
+    if not shutil.which(iso.bwrap):
+        return f"bubblewrap ({iso.bwrap!r}) is not installed"
+    with tempfile.TemporaryDirectory() as tmp:
+        res = run(
+            ["true"], cwd=Path(tmp), output_dir=Path(tmp) / "o", isolation=iso, limits=Limits(timeout=60)
+        )
+    if res.ok:
+        return ""
+    return f"bubblewrap cannot create namespaces here: {(res.stderr_tail or res.stdout_tail).strip()[-500:]}"
+
+
+def check(iso: Isolation) -> None:
+    """Raise SandboxUnavailable, saying how to fix it, unless boxes can be created here."""
+    if not iso.boxed:
+        return
+    problem = _probe(iso)
+    if problem:
+        raise SandboxUnavailable(f"Grove cannot sandbox untrusted code: {problem}. To fix it, {FIX}.")
+
+
+UNSANDBOXED_WARNING = (
+    "WARNING: GROVE_SANDBOX=none: evaluations and executor commands run unsandboxed, as Grove's own "
+    "user, with access to its data, keys and network. Use this only for code you trust."
+)
+
+
 def run(
     command: str | list[str],
     *,
@@ -130,27 +351,82 @@ def run(
     output_dir: Path,
     name: str = "run",
     limits: Limits = Limits(),
+    isolation: Isolation = Isolation(),
     env: Mapping[str, str] | None = None,
     passthrough: tuple[str, ...] = (),
+    collect: tuple[str, ...] = (),
     output_cap: int = 5_000_000,
     tail_bytes: int = 4_000,
 ) -> Result:
-    """Run a shell command inside `cwd` under the sandbox and return its captured result."""
+    """Run a command on the tree `cwd` in a box and return its captured result.
+
+    `env` values may name `{out}`, the exchange folder as the command sees it; the files named
+    in `collect` are read back from it (regular files only) into `Result.exchange`.
+    """
     output_dir.mkdir(parents=True, exist_ok=True)
     out_path, err_path = output_dir / f"{name}.stdout", output_dir / f"{name}.stderr"
     text = command if isinstance(command, str) else subprocess.list2cmdline(command)
-    argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+    inner = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+    tree = cwd.resolve()
+    exchange = Path(tempfile.mkdtemp(prefix="grove-out-"))
+    with _lease_uid(isolation) as uid:
+        try:
+            return _run(
+                text, inner, tree, exchange, uid, out_path, err_path, limits, isolation, env,
+                passthrough, collect, output_cap, tail_bytes,
+            )  # fmt: skip
+        finally:
+            if uid is not None:
+                _chown_tree(tree, os.getuid(), os.getgid())
+            shutil.rmtree(exchange, ignore_errors=True)
+
+
+def _run(
+    text: str,
+    inner: list[str],
+    tree: Path,
+    exchange: Path,
+    uid: int | None,
+    out_path: Path,
+    err_path: Path,
+    limits: Limits,
+    iso: Isolation,
+    env: Mapping[str, str] | None,
+    passthrough: tuple[str, ...],
+    collect: tuple[str, ...],
+    output_cap: int,
+    tail_bytes: int,
+) -> Result:
+    boxed = iso.boxed
+    out_seen = OUT if boxed else str(exchange)
+    extra = {k: v.replace("{out}", out_seen) for k, v in (env or {}).items()}
+    if boxed:
+        extra = {"HOME": "/tmp", "TMPDIR": "/tmp", **extra}
+    full_env = scrubbed_env(extra, (*passthrough, *iso.passthrough))
+    if uid is not None:
+        _chown_tree(tree, uid, uid)
+        os.chown(exchange, uid, uid)
+    status_r, status_w = os.pipe()
+    if boxed:
+        argv = _bwrap_argv(iso, limits, tree, exchange, inner, uid)
+        stdin: int = status_w
+    else:
+        argv, stdin = inner, subprocess.DEVNULL
+    baseline = _usage(tree, exchange) if limits.disk_mb else 0
     started = time.monotonic()
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=scrubbed_env(env, passthrough),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        preexec_fn=_limiter(limits),
-    )
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=tree if not boxed else "/",
+            env=full_env,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_limiter(limits),
+        )
+    finally:
+        os.close(status_w)
     _running.add(proc.pid)
     caps = [
         _Capture(proc.stdout, out_path, output_cap, tail_bytes),
@@ -158,19 +434,52 @@ def run(
     ]
     for c in caps:
         c.start()
-    timed_out = False
+    timed_out = disk_exceeded = False
+    deadline = started + limits.timeout
     try:
-        proc.wait(timeout=limits.timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
+        while True:
+            try:
+                proc.wait(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    timed_out = True
+                    break
+                if limits.disk_mb and _usage(tree, exchange) - baseline > limits.disk_mb * 1024 * 1024:
+                    disk_exceeded = True
+                    break
     finally:
-        # The whole group goes, so grandchildren cannot outlive the command.
+        # The whole group goes (and, boxed, the PID namespace with it), so nothing outlives the run.
         _kill_group(proc.pid)
         proc.wait()
         _running.discard(proc.pid)
     for c in caps:
         c.join(timeout=10)
+    with os.fdopen(status_r, "rb") as fh:
+        status = fh.read(200).decode("ascii", "replace").split()
+    reported = len(status) == 3 and status[0] == "grove-exit"
+    strays = int(status[2]) - 2 if reported else None
     code = proc.returncode
+    if reported and 128 < code <= 128 + 64:
+        code = 128 - code  # the box's shell reports a signal as 128+n; report it as -n like Popen
+    stderr_tail = caps[1].tail.decode("utf-8", "replace")
+    notes = []
+    if strays:
+        notes.append(
+            f"{strays} process(es) were still running when the command ended; the sandbox killed them"
+        )
+    if disk_exceeded:
+        notes.append(f"the command wrote more than {limits.disk_mb} MB; it was stopped")
+    if notes:
+        note = "".join(f"\n[grove: {n}]" for n in notes) + "\n"
+        with open(err_path, "a") as fh:
+            fh.write(note)
+        stderr_tail = (stderr_tail + note)[-tail_bytes:]
+    got = {}
+    for fname in collect:
+        data = _read_regular(exchange / fname)
+        if data is not None:
+            got[fname] = data
     return Result(
         command=text,
         exit_code=None if timed_out else code,
@@ -179,8 +488,11 @@ def run(
         stdout_path=out_path,
         stderr_path=err_path,
         stdout_tail=caps[0].tail.decode("utf-8", "replace"),
-        stderr_tail=caps[1].tail.decode("utf-8", "replace"),
+        stderr_tail=stderr_tail,
         truncated=any(c.total > output_cap for c in caps),
         signal=-code if code is not None and code < 0 else None,
         stdout_bytes=caps[0].total,
+        strays=strays,
+        disk_exceeded=disk_exceeded,
+        exchange=got,
     )

@@ -15,6 +15,7 @@ from backend.core.config import Settings
 from backend.core.gitops import Repo, git
 from backend.core.models import Job, ReceiptRow, Study
 from backend.engine import evaluation, sandbox
+from backend.services.records import mark_unsandboxed
 
 
 def repo_of(study: Study) -> Repo:
@@ -81,6 +82,30 @@ def limits_of(spec: Spec) -> sandbox.Limits:
         memory_mb=spec.sandbox.memory_mb,
         file_size_mb=spec.sandbox.file_size_mb,
         processes=spec.sandbox.processes,
+        disk_mb=spec.sandbox.disk_mb,
+        tmp_mb=spec.sandbox.tmp_mb,
+        network=spec.sandbox.network,
+    )
+
+
+def isolation_of(settings: Settings, study: Study | None = None) -> sandbox.Isolation:
+    """Return how this machine boxes untrusted commands (Grove's settings, never the spec's).
+
+    Given the study the commands run for, an unsandboxed machine is recorded on it.
+    """
+    if settings.sandbox == "none" and study is not None and study.sandbox != "none":
+        with db.session(settings.db_url) as s:
+            mark_unsandboxed(s, study.id or 0)
+        study.sandbox = "none"
+
+    def items(value: str) -> tuple[str, ...]:
+        return tuple(p.strip() for p in value.split(",") if p.strip())
+
+    return sandbox.Isolation(
+        mode=settings.sandbox,
+        bwrap=settings.sandbox_bwrap,
+        binds=items(settings.sandbox_bind),
+        passthrough=items(settings.sandbox_env_passthrough),
     )
 
 
@@ -113,6 +138,7 @@ def run_repeats(
             commit=commit,
             limits=limits_of(spec),
             evaluator_fingerprint=fp,
+            isolation=isolation_of(settings, study),
             output_cap=settings.output_cap_bytes,
             tail_bytes=settings.tail_bytes,
         )

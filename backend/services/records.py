@@ -58,3 +58,12 @@ def add_insight(s: Session, study_id: int, node_id: int, text: str, cites: list[
 def spec_of(study: Study) -> Spec:
     """Return a study's parsed spec."""
     return parse_spec(study.spec_toml)
+
+
+def mark_unsandboxed(s: Session, study_id: int) -> None:
+    """Record, once, that a study's code ran without the sandbox (GROVE_SANDBOX=none)."""
+    study = s.get(Study, study_id)
+    if study is not None and study.sandbox != "none":
+        study.sandbox = "none"
+        s.add(study)
+        add_event(s, study_id, "study.unsandboxed", reason="GROVE_SANDBOX=none on the machine that ran it")

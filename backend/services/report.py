@@ -44,6 +44,14 @@ def render(s: Session, study_id: int) -> str:
         f"**Status:** {st.status} — {st.stop_reason or 'running'}  ",
         f"**Policy:** {spec.policy_kind} · **gate:** {spec.gate.mode}, margin {spec.gate.margin:g}, "
         f"{spec.gate.test_repeats} test repeats",
+        "**Sandbox:** "
+        + (
+            "namespaces (bubblewrap)"
+            if st.sandbox != "none"
+            else "**unsandboxed** (GROVE_SANDBOX=none): evaluations and executor commands ran as Grove's "
+            "own user, with access to its data, keys and network"
+        )
+        + "  ",
         "",
         "## Baseline → final",
         "",

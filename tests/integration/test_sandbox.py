@@ -1,60 +1,98 @@
 from __future__ import annotations
 
 import os
+import sys
+import uuid
 from pathlib import Path
+
+import pytest
 
 from backend.engine import sandbox
 from tests.conftest import wait_for
 
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    return "\nState:\tZ" not in state
+BOXED = sandbox.Isolation()
+NONE = sandbox.Isolation(mode="none")
 
 
-def test_timeout_kills_the_whole_group_including_grandchildren(tmp_path: Path) -> None:
+def host_processes_with(marker: str) -> list[int]:
+    """Return host pids whose command line holds `marker` (zombies excluded)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (d / "status").read_text()
+        except OSError:
+            continue
+        if marker in cmd and "\nState:\tZ" not in state:
+            found.append(int(d.name))
+    return found
+
+
+@pytest.mark.parametrize("iso", [BOXED, NONE], ids=["bwrap", "none"])
+def test_timeout_kills_every_process_of_the_run(tmp_path: Path, iso: sandbox.Isolation) -> None:
+    marker = f"30{uuid.uuid4().int % 10**6}"
     res = sandbox.run(
-        "sleep 300 & echo $! > grandchild.pid; sleep 300",
+        f"sleep {marker} & sleep {marker}",
         cwd=tmp_path,
         output_dir=tmp_path / "out",
         limits=sandbox.Limits(timeout=1.0),
+        isolation=iso,
     )
     assert res.timed_out and res.exit_code is None and not res.ok
-    pid = int((tmp_path / "grandchild.pid").read_text())
-    wait_for(lambda: not alive(pid), timeout=10)
+    wait_for(lambda: not host_processes_with(f"sleep {marker}"), timeout=10)
 
 
-def test_memory_hog_is_stopped(tmp_path: Path) -> None:
+def test_detached_children_die_with_the_box_and_the_receipt_says_so(tmp_path: Path) -> None:
+    marker = f"40{uuid.uuid4().int % 10**6}"
+    res = sandbox.run(
+        f"setsid sleep {marker} & (setsid sh -c 'sleep {marker}' &) ; echo started",
+        cwd=tmp_path,
+        output_dir=tmp_path / "out",
+        limits=sandbox.Limits(timeout=30),
+    )
+    assert res.ok and res.strays == 2
+    assert "2 process(es) were still running" in res.stderr_tail
+    assert "2 process(es) were still running" in res.stderr_path.read_text()
+    assert not host_processes_with(f"sleep {marker}")
+
+
+@pytest.mark.parametrize("iso", [BOXED, NONE], ids=["bwrap", "none"])
+def test_memory_hog_is_stopped(tmp_path: Path, iso: sandbox.Isolation) -> None:
     res = sandbox.run(
         ["python3", "-c", "x = bytearray(2 * 1024**3); print('allocated')"],
         cwd=tmp_path,
         output_dir=tmp_path / "out",
         limits=sandbox.Limits(timeout=30, memory_mb=256),
+        isolation=iso,
     )
     assert res.exit_code != 0
     assert "MemoryError" in res.stderr_tail
     assert "allocated" not in res.stdout_tail
 
 
-def test_cpu_limit_kills_a_spinning_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("iso", [BOXED, NONE], ids=["bwrap", "none"])
+def test_cpu_limit_kills_a_spinning_process(tmp_path: Path, iso: sandbox.Isolation) -> None:
     res = sandbox.run(
         ["python3", "-c", "while True: pass"],
         cwd=tmp_path,
         output_dir=tmp_path / "out",
         limits=sandbox.Limits(timeout=60, cpu_seconds=1),
+        isolation=iso,
     )
     assert not res.timed_out and res.signal is not None  # SIGXCPU or SIGKILL from RLIMIT_CPU
 
 
-def test_environment_is_scrubbed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("iso", [BOXED, NONE], ids=["bwrap", "none"])
+def test_environment_is_scrubbed(tmp_path: Path, iso: sandbox.Isolation) -> None:
     os.environ["OPENAI_API_KEY"] = "sk-secret-1"
     os.environ["GROVE_ADMIN_TOKEN"] = "grove-secret-2"
     os.environ["MY_SERVICE_PASSWORD"] = "pw-secret-3"
     try:
-        res = sandbox.run("env; pwd", cwd=tmp_path, output_dir=tmp_path / "out", env={"GROVE_SEED": "4"})
+        res = sandbox.run(
+            "env; pwd", cwd=tmp_path, output_dir=tmp_path / "out", env={"GROVE_SEED": "4"}, isolation=iso
+        )
     finally:
         for k in ("OPENAI_API_KEY", "GROVE_ADMIN_TOKEN", "MY_SERVICE_PASSWORD"):
             del os.environ[k]
@@ -63,7 +101,7 @@ def test_environment_is_scrubbed(tmp_path: Path) -> None:
     for secret in ("sk-secret-1", "grove-secret-2", "pw-secret-3", "OPENAI_API_KEY"):
         assert secret not in out
     assert "GROVE_SEED=4" in out
-    assert out.strip().endswith(str(tmp_path))
+    assert out.strip().endswith(sandbox.TREE if iso.boxed else str(tmp_path))
 
 
 def test_output_is_stored_capped_with_a_tail(tmp_path: Path) -> None:
@@ -82,9 +120,68 @@ def test_output_is_stored_capped_with_a_tail(tmp_path: Path) -> None:
 
 
 def test_python_is_groves_interpreter(tmp_path: Path) -> None:
-    import sys
-
     res = sandbox.run(
         "python -c 'import sys; print(sys.executable)'", cwd=tmp_path, output_dir=tmp_path / "o"
     )
     assert res.ok and Path(res.stdout_tail.strip()).parent == Path(sys.executable).parent
+
+
+def test_the_tree_is_writable_and_stays_groves_after_the_run(tmp_path: Path) -> None:
+    (tmp_path / "model.txt").write_text("old")
+    res = sandbox.run(
+        "cat model.txt && echo && echo new > model.txt && mkdir -p sub && echo x > sub/made.txt && id -u",
+        cwd=tmp_path,
+        output_dir=tmp_path / "o",
+    )
+    assert res.ok, res.stderr_tail
+    assert res.stdout_tail.startswith("old")
+    if os.geteuid() == 0:
+        assert int(res.stdout_tail.split()[-1]) >= BOXED.uid_base  # never root inside
+    assert (tmp_path / "model.txt").read_text() == "new\n"
+    for p in (tmp_path, tmp_path / "model.txt", tmp_path / "sub", tmp_path / "sub" / "made.txt"):
+        assert p.stat().st_uid == os.geteuid()
+
+
+def test_exchange_files_are_collected_but_links_are_not_followed(tmp_path: Path) -> None:
+    secret = tmp_path.parent / f"grove-secret-{uuid.uuid4().hex}.json"
+    secret.write_text('{"token": "must-not-leak"}')
+    try:
+        res = sandbox.run(
+            f'echo \'{{"m": 1}}\' > "$OUT_DIR/good.json"; ln -s {secret} "$OUT_DIR/link.json"',
+            cwd=tmp_path,
+            output_dir=tmp_path / "o",
+            env={"OUT_DIR": "{out}"},
+            collect=("good.json", "link.json"),
+            isolation=NONE,
+        )
+    finally:
+        secret.unlink()
+    assert res.ok
+    assert res.exchange == {"good.json": b'{"m": 1}\n'}
+
+
+def test_writing_past_the_disk_cap_stops_the_run(tmp_path: Path) -> None:
+    res = sandbox.run(
+        "for i in $(seq 100); do head -c 1048576 /dev/zero > f$i; done; sleep 30",
+        cwd=tmp_path,
+        output_dir=tmp_path / "o",
+        limits=sandbox.Limits(timeout=60, disk_mb=5),
+    )
+    assert res.disk_exceeded and not res.ok and not res.timed_out
+    assert "wrote more than 5 MB" in res.stderr_tail
+
+
+def test_private_tmp_is_size_capped(tmp_path: Path) -> None:
+    res = sandbox.run(
+        "head -c 8388608 /dev/zero > /tmp/big",
+        cwd=tmp_path,
+        output_dir=tmp_path / "o",
+        limits=sandbox.Limits(timeout=30, tmp_mb=2),
+    )
+    assert res.exit_code != 0 and "No space left" in res.stderr_tail
+
+
+def test_check_refuses_a_machine_without_bubblewrap() -> None:
+    with pytest.raises(sandbox.SandboxUnavailable, match=r"apt install bubblewrap.*GROVE_SANDBOX=none"):
+        sandbox.check(sandbox.Isolation(bwrap="/nonexistent/bwrap"))
+    sandbox.check(BOXED)
