@@ -14,10 +14,12 @@ from agents import globs
 from agents.policies import configfiles
 
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+KEY_ENV = re.compile(r"^GROVE_KEY_[A-Z0-9_]+$")
+WEEK = 7 * 24 * 3600
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class StudySection(_Section):
@@ -41,7 +43,7 @@ class Objective(_Section):
 class Evaluate(_Section):
     dev: str = Field(min_length=1)
     test: str = Field(min_length=1)
-    timeout: float = Field(default=600, gt=0)
+    timeout: float = Field(default=600, gt=0, le=WEEK)
     repeats: int = Field(default=3, ge=1, le=100)
 
 
@@ -108,31 +110,33 @@ class SearchDim(_Section):
 
 
 class Budget(_Section):
-    experiments: int = Field(default=30, ge=1)
+    experiments: int = Field(default=30, ge=1, le=100_000)
     parallel: int = Field(default=2, ge=1, le=64)
-    hours: float = Field(default=2.0, gt=0)
-    usd: float = Field(default=5.0, ge=0)
+    hours: float = Field(default=2.0, gt=0, le=24 * 366)
+    usd: float = Field(default=5.0, ge=0, le=1_000_000)
 
 
 class Gate(_Section):
     mode: Literal["approve", "auto", "review"] = "approve"
     margin: float = Field(default=0.0, ge=0)
     test_repeats: int = Field(default=3, ge=1, le=100)
-    max_test_runs: int = Field(default=10, ge=1)
+    max_test_runs: int = Field(default=10, ge=1, le=10_000)
 
 
 class PolicySection(_Section):
     kind: Literal["search", "llm"] | None = None
     model: str | None = None
     api_base: str | None = None  # an OpenAI-compatible server (vLLM, llama.cpp, Ollama's /v1)
+    # The variable holding the key for `api_base` when the operator has not allow-listed it.
+    api_key_env: str | None = Field(default=None, pattern=KEY_ENV.pattern)
     input_usd_per_mtok: float | None = Field(default=None, ge=0)  # prices for models litellm does not know
     output_usd_per_mtok: float | None = Field(default=None, ge=0)
-    max_turns: int = Field(default=30, ge=1)
-    max_tokens: int = Field(default=400_000, ge=1000)
-    executor_minutes: float = Field(default=30.0, gt=0)
+    max_turns: int = Field(default=30, ge=1, le=10_000)
+    max_tokens: int = Field(default=400_000, ge=1000, le=1_000_000_000)
+    executor_minutes: float = Field(default=30.0, gt=0, le=WEEK / 60)
     seed: int = 0
     children: int = Field(default=3, ge=1, le=16)
-    max_depth: int = Field(default=6, ge=1)
+    max_depth: int = Field(default=6, ge=1, le=1000)
 
 
 class Plateau(_Section):
@@ -149,12 +153,12 @@ class Plateau(_Section):
 
 
 class Sandbox(_Section):
-    memory_mb: int = Field(default=4096, ge=16)
-    cpu_seconds: int | None = Field(default=None, ge=1)
-    file_size_mb: int = Field(default=1024, ge=1)
-    processes: int = Field(default=512, ge=1)
-    disk_mb: int = Field(default=2048, ge=1)  # bytes a run may add to its tree
-    tmp_mb: int = Field(default=512, ge=1)  # size of the private /tmp
+    memory_mb: int = Field(default=4096, ge=16, le=16 * 1024 * 1024)
+    cpu_seconds: int | None = Field(default=None, ge=1, le=WEEK)
+    file_size_mb: int = Field(default=1024, ge=1, le=16 * 1024 * 1024)
+    processes: int = Field(default=512, ge=1, le=65_536)
+    disk_mb: int = Field(default=2048, ge=1, le=16 * 1024 * 1024)  # bytes a run may add to its tree
+    tmp_mb: int = Field(default=512, ge=1, le=1024 * 1024)  # size of the private /tmp
     network: bool = False  # evaluations and executor commands reach the network only if true
 
 
@@ -281,6 +285,8 @@ def parse_spec(text: str, source: str = "grove.toml") -> Spec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError([SpecIssue(key="", message=f"not valid TOML: {exc}")], source) from exc
+    except RecursionError:
+        raise SpecError([SpecIssue(key="", message="not valid TOML: nested too deeply")], source) from None
     try:
         return Spec.model_validate(data)
     except ValidationError as exc:

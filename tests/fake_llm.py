@@ -34,7 +34,7 @@ class FakeLLM:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                status, payload = fake.answer(body)
+                status, payload = fake.answer(body, self.headers.get("Authorization", ""))
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -59,10 +59,10 @@ class FakeLLM:
         match = re.search(r"ROLE: (\w+)", system)
         return match.group(1) if match else "unknown"
 
-    def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def answer(self, body: dict[str, Any], authorization: str = "") -> tuple[int, dict[str, Any]]:
         with self.lock:
             role = self.role_of(body)
-            self.requests.append({"role": role, "body": body})
+            self.requests.append({"role": role, "body": body, "authorization": authorization})
             queue = self.script.get(role, [])
             step = queue.pop(0) if queue else DEFAULTS.get(role, {"content": ""})
         if "status" in step:

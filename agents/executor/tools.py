@@ -7,14 +7,18 @@ writes outside `files.editable` are refused with an observation the model can ac
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+import regex
 
 from agents import globs
 
 MAX_READ = 20_000
 MAX_LIST = 400
+GREP_SECONDS = 5.0  # a pattern with catastrophic backtracking gets this long, in all
 
 
 class Submitted(Exception):
@@ -147,19 +151,29 @@ class Toolbox:
         return f"edited {path}"
 
     def t_grep(self, pattern: str, path: str = ".") -> str:
-        rx = re.compile(pattern)
-        base = resolve_inside(self.root, path) if path not in ("", ".") else self.root.resolve()
-        files = (
-            [base]
-            if base.is_file()
-            else sorted(p for p in base.rglob("*") if p.is_file() and ".git" not in p.parts)
-        )
-        hits = []
+        try:
+            rx = regex.compile(pattern)
+        except regex.error as exc:
+            raise ToolRefused(f"bad regular expression: {exc}") from None
+        root = self.root.resolve()
+        base = resolve_inside(self.root, path) if path not in ("", ".") else root
+        candidates = [base] if base.is_file() else sorted(base.rglob("*"))
+        # Links are skipped: one in the tree may point anywhere on Grove's machine.
+        files = [p for p in candidates if p.is_file() and not p.is_symlink() and ".git" not in p.parts]
+        hits: list[str] = []
+        deadline = time.monotonic() + GREP_SECONDS
         for f in files:
             try:
                 for i, line in enumerate(f.read_text("utf-8").splitlines(), 1):
-                    if rx.search(line):
+                    left = deadline - time.monotonic()
+                    if left <= 0 or rx.search(line, timeout=left):
+                        if left <= 0:
+                            raise TimeoutError
                         hits.append(f"{self._rel(f)}:{i}: {line[:200]}")
+            except TimeoutError:  # before OSError, its base class
+                return "\n".join(
+                    [*hits[:200], f"[grep stopped: the pattern took over {GREP_SECONDS:g} s; simplify it]"]
+                )
             except (UnicodeDecodeError, OSError):
                 continue
             if len(hits) >= 200:

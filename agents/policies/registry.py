@@ -34,13 +34,11 @@ def make_policy(spec: Spec, ledger: object | None = None) -> Policy:
             "input_cost_per_token": (spec.policy.input_usd_per_mtok or 0.0) / 1e6,
             "output_cost_per_token": (spec.policy.output_usd_per_mtok or 0.0) / 1e6,
         }
-    api_base = os.environ.get("GROVE_LLM_API_BASE") or spec.policy.api_base
+    api_base, api_key = endpoint(spec, model)
     config = ModelConfig(
         model=model,
         api_base=api_base,
-        # Local OpenAI-compatible servers want some key; hosted providers read theirs from the environment.
-        api_key=os.environ.get("GROVE_LLM_API_KEY")
-        or ("local" if api_base and not _provider_key(model) else None),
+        api_key=api_key,
         prices=prices,
         retries=int(os.environ.get("GROVE_LLM_RETRIES", "3")),
         backoff=float(os.environ.get("GROVE_LLM_BACKOFF", "1.0")),
@@ -49,6 +47,27 @@ def make_policy(spec: Spec, ledger: object | None = None) -> Policy:
         turns=spec.policy.max_turns, tokens=spec.policy.max_tokens, seconds=spec.policy.executor_minutes * 60
     )
     return LlmPolicy(LitellmModel(config, ledger), limits)  # type: ignore[arg-type]
+
+
+def endpoint(spec: Spec, model: str) -> tuple[str | None, str | None]:
+    """Return the base URL and key for the model calls (docs/security.md, "Keys").
+
+    The operator's `GROVE_LLM_API_BASE`, and spec bases listed in `GROVE_LLM_API_BASES`, get the
+    server's keys. Any other spec base gets the key in the spec's `api_key_env` (a `GROVE_KEY_*`
+    variable) or a placeholder: an explicit key keeps litellm from sending the provider's.
+    """
+    server = os.environ.get("GROVE_LLM_API_BASE")
+    base = server or spec.policy.api_base
+    allowed = {
+        b.strip().rstrip("/") for b in os.environ.get("GROVE_LLM_API_BASES", "").split(",") if b.strip()
+    }
+    if base and not server and base.rstrip("/") not in allowed:
+        named = spec.policy.api_key_env
+        return base, (os.environ.get(named) if named else None) or "no-key"
+    # Local OpenAI-compatible servers want some key; hosted providers read theirs from the environment.
+    return base, os.environ.get("GROVE_LLM_API_KEY") or (
+        "local" if base and not _provider_key(model) else None
+    )
 
 
 def _provider_key(model: str) -> str | None:

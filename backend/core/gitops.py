@@ -23,7 +23,38 @@ GIT_ENV = {
     "GIT_COMMITTER_NAME": "Grove",
     "GIT_COMMITTER_EMAIL": "grove@localhost",
     "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_ATTR_NOSYSTEM": "1",
+    "GIT_PAGER": "cat",
 }
+# Command-line config outranks every config file, nested repositories' included (git passes it on),
+# so nothing a repository writes into a config can make Grove's git run a program.
+SAFE_CONFIG = (
+    ("core.fsmonitor", "false"),
+    ("core.hooksPath", "/dev/null"),
+    ("core.sshCommand", "ssh -o BatchMode=yes"),
+    ("core.askPass", "/bin/false"),
+    ("credential.helper", ""),
+    ("diff.external", ""),
+    ("submodule.recurse", "false"),
+    ("protocol.allow", "never"),
+    ("protocol.https.allow", "always"),
+    ("protocol.ssh.allow", "always"),
+    ("protocol.git.allow", "always"),
+    ("protocol.file.allow", "always"),
+)
+# The only variables of Grove's own environment a git command sees.
+KEEP_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SSH_AUTH_SOCK")
+
+
+def git_env() -> dict[str, str]:
+    """Return the minimal environment every git command of Grove's runs with."""
+    env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
+    env.update(GIT_ENV)
+    env["GIT_CONFIG_COUNT"] = str(len(SAFE_CONFIG))
+    for i, (key, value) in enumerate(SAFE_CONFIG):
+        env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
+    return env
 
 
 class GitError(RuntimeError):
@@ -40,10 +71,12 @@ class MergeConflict(GitError):
 
 def git(*args: str, cwd: Path | None = None, check: bool = True, timeout: float = 300) -> str:
     """Run a git command and return its stdout."""
-    env = {**os.environ, **GIT_ENV}
-    env.pop("GIT_DIR", None)
-    env.pop("GIT_WORK_TREE", None)
-    proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run(
+            ["git", *args], cwd=cwd, env=git_env(), capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        raise GitError(list(args), -1, f"timed out after {timeout:g}s") from None
     if check and proc.returncode != 0:
         raise GitError(list(args), proc.returncode, proc.stderr or proc.stdout)
     return proc.stdout
@@ -107,17 +140,19 @@ class Repo:
 
     def changed_files(self, old: str, new: str) -> list[str]:
         """Return paths that differ between two commits (renames as delete + add)."""
-        out = self.git("diff", "--name-only", "--no-renames", "-z", old, new)
+        out = self.git(
+            "diff", "--no-ext-diff", "--no-textconv", "--name-only", "--no-renames", "-z", old, new
+        )
         return [p for p in out.split("\0") if p]
 
     def diff(self, old: str, new: str) -> str:
         """Return the unified diff between two commits."""
-        return self.git("diff", "--no-color", old, new)
+        return self.git("diff", "--no-ext-diff", "--no-textconv", "--no-color", old, new)
 
     def diff_stats(self, old: str, new: str) -> dict[str, int]:
         """Return files, insertions and deletions between two commits."""
         files = ins = dels = 0
-        for line in self.git("diff", "--numstat", old, new).splitlines():
+        for line in self.git("diff", "--no-ext-diff", "--no-textconv", "--numstat", old, new).splitlines():
             a, d, _ = line.split("\t", 2)
             files += 1
             ins += int(a) if a.isdigit() else 0
@@ -130,7 +165,7 @@ class Repo:
             ["git", "merge-base", "--is-ancestor", commit, of],
             cwd=self.path,
             capture_output=True,
-            env={**os.environ, **GIT_ENV},
+            env=git_env(),
         )
         return proc.returncode == 0
 
@@ -179,7 +214,7 @@ class Repo:
     def commit_all(self, worktree: Path, message: str) -> str | None:
         """Stage everything in a worktree and commit; return the new commit or None if clean."""
         git("add", "-A", cwd=worktree)
-        if not git("status", "--porcelain", cwd=worktree).strip():
+        if not git("status", "--porcelain", "--ignore-submodules=all", cwd=worktree).strip():
             return None
         git("commit", "-q", "--no-verify", "-m", message, cwd=worktree)
         return git("rev-parse", "HEAD", cwd=worktree).strip()
@@ -192,7 +227,7 @@ class Repo:
                 cwd=worktree,
                 capture_output=True,
                 text=True,
-                env={**os.environ, **GIT_ENV},
+                env=git_env(),
             )
             if proc.returncode != 0:
                 git("merge", "--abort", cwd=worktree, check=False)
@@ -200,7 +235,7 @@ class Repo:
         return git("rev-parse", "HEAD", cwd=worktree).strip()
 
 
-def clone(source: str, dest: Path) -> Repo:
+def clone(source: str, dest: Path, timeout: float = 600) -> Repo:
     """Make Grove's own clone of a repository: a URL or git path is cloned, a plain folder imported.
 
     A folder that is not the top of a git work tree (e.g. an example inside another repository)
@@ -212,14 +247,14 @@ def clone(source: str, dest: Path) -> Repo:
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     if is_url(source):
-        git("clone", "--quiet", "--no-local", source, str(tmp), timeout=3600)
+        git("clone", "--quiet", "--no-local", "--", source, str(tmp), timeout=timeout)
     else:
         src = Path(source).expanduser().resolve()
         if not src.is_dir():
             raise FileNotFoundError(f"repository {source!r} does not exist or is not a directory")
         top = toplevel(src)
         if top == src:
-            git("clone", "--quiet", "--no-local", str(src), str(tmp), timeout=3600)
+            git("clone", "--quiet", "--no-local", "--", str(src), str(tmp), timeout=timeout)
             # Local branches of the source become local branches of the clone.
             for ref in git(
                 "for-each-ref", "--format=%(refname:short)", "refs/remotes/origin", cwd=tmp

@@ -270,6 +270,7 @@ def _system_binds(iso: Isolation) -> list[str]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
+    args += _dirs("/etc/passwd")
     for name in ETC:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, *iso.binds}

@@ -1,0 +1,243 @@
+"""Attacks from inside one sandboxed command, each asserted to fail (docs/security.md, "Attacks tried")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+from backend.core import gitops
+from backend.core.config import Settings
+from backend.engine import evaluation, sandbox, workspace
+from tests.conftest import make_repo, wait_for
+
+SEALED = "SEALED-BYTES-" + uuid.uuid4().hex
+
+
+def box(command: str, tree: Path, **limits: object) -> sandbox.Result:
+    """Run a shell command in a box on `tree` and return its result."""
+    return sandbox.run(
+        command,
+        cwd=tree,
+        output_dir=tree.parent / f"out-{uuid.uuid4().hex[:6]}",
+        limits=sandbox.Limits(**{"timeout": 60.0, **limits}),  # type: ignore[arg-type]
+    )
+
+
+def seen(res: sandbox.Result) -> str:
+    """Return everything a run printed, tails and stored files."""
+    return res.stdout_tail + res.stderr_tail + res.stdout_path.read_text() + res.stderr_path.read_text()
+
+
+def dev_tree(settings: Settings, tmp_path: Path) -> tuple[gitops.Repo, Path]:
+    """Return Grove's clone of a repository with a sealed file, and a dev worktree of it."""
+    origin = make_repo(
+        tmp_path / "origin",
+        {"eval.py": "print('{\"score\": 1}')\n", "data/test/secret.txt": SEALED + "\n", "model.txt": "m\n"},
+    )
+    repo = gitops.clone(str(origin), settings.data_dir / "repos" / "victim")
+    path = workspace.worktree_path(settings, _study(), "n1-a1")
+    workspace.prepare(repo, path, "grove/victim/n1", repo.rev("main"), sealed=["data/test/**"], reason="t")
+    return repo, path
+
+
+def _study():  # type: ignore[no-untyped-def]
+    from backend.core.models import Study
+
+    return Study(name="victim", spec_toml="", source="")
+
+
+def test_sealed_history_clone_and_data_are_unreachable_from_a_dev_tree(
+    settings: Settings, tmp_path: Path
+) -> None:
+    repo, tree = dev_tree(settings, tmp_path)
+    (settings.data_dir / "grove.db").write_text("HELD-OUT 777.125")
+    res = box(
+        "git show HEAD:data/test/secret.txt; git log -p --all; git cat-file --batch-all-objects --batch;"
+        "cat data/test/secret.txt; cat .git; cat .git/config; git config core.fsmonitor 'touch /tmp/x';"
+        f"echo hooked > .git/hooks/pre-commit; ls -la {repo.path} {repo.path}/.git/objects;"
+        f"cat {settings.data_dir}/grove.db; ls {settings.worktrees_dir} {tmp_path / 'origin'};"
+        f"cat {tmp_path / 'origin' / 'data/test/secret.txt'}; echo done",
+        tree,
+    )
+    out = seen(res)
+    assert res.stdout_tail.strip().endswith("done")
+    assert SEALED not in out and "777.125" not in out
+    assert "not a git repository" in out and "No such file or directory" in out
+    assert (repo.path / ".git" / "config").read_text().count("fsmonitor") == 0
+    assert not (repo.path / ".git" / "hooks" / "pre-commit").exists()
+
+
+def test_host_processes_and_their_keys_are_invisible(tmp_path: Path) -> None:
+    key = "sk-" + uuid.uuid4().hex
+    os.environ["OPENAI_API_KEY"] = key
+    try:
+        res = box(
+            "ls /proc | grep -c '^[0-9]'; cat /proc/*/environ | tr '\\0' '\\n'; cat /proc/1/environ;"
+            "ls /proc/1/root/ /proc/self/root/root; readlink /proc/1/cwd; ls /proc/1/root/work /root/.grove;"
+            f"cat /proc/self/root{tmp_path}/host.txt; echo done",
+            tmp_path,
+        )
+    finally:
+        del os.environ["OPENAI_API_KEY"]
+    out = seen(res)
+    assert res.stdout_tail.strip().endswith("done")
+    assert key not in out
+    assert int(res.stdout_tail.split()[0]) <= 6  # the box's own processes only
+
+
+def test_loopback_services_are_unreachable_without_network(tmp_path: Path, redis_url: str) -> None:
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    probe = (
+        "import socket\n"
+        f"for host, port in (('127.0.0.1', {port}), ('127.0.0.1', 5432), ('127.0.0.1', 8000)):\n"
+        "    try:\n"
+        "        socket.create_connection((host, port), timeout=2).close(); print('CONNECTED', port)\n"
+        "    except OSError as exc:\n"
+        "        print('refused', port, exc)\n"
+        "import os\n"
+        "print('unix socket', os.path.exists('/var/run/postgresql/.s.PGSQL.5432'))\n"
+    )
+    (tmp_path / "probe.py").write_text(probe)
+    closed = box("python probe.py", tmp_path)
+    assert closed.ok and "CONNECTED" not in closed.stdout_tail and "unix socket False" in closed.stdout_tail
+    opened = box("python probe.py", tmp_path, network=True)  # the same probe does see Redis with network on
+    assert f"CONNECTED {port}" in opened.stdout_tail
+
+
+def test_writes_outside_the_tree_fail_or_stay_in_the_box(settings: Settings, tmp_path: Path) -> None:
+    marker = uuid.uuid4().hex
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    targets = [Path("/pwned-" + marker), Path("/usr/pwned-" + marker), Path("/tmp/grove-pwned-" + marker),
+               settings.data_dir / f"pwned-{marker}", tree.parent / f"pwned-{marker}"]  # fmt: skip
+    res = box("; ".join(f"echo x > {t}" for t in targets) + "; echo x > ../escape; echo done", tree)
+    assert res.stdout_tail.strip().endswith("done")
+    for t in [*targets, tree.parent / "escape"]:
+        assert not t.exists(), t
+
+
+def test_fork_bomb_and_process_flood_are_contained(tmp_path: Path) -> None:
+    marker = f"50{uuid.uuid4().int % 10**6}"
+    res = box(f"for i in $(seq 300); do sleep {marker} & done; wait", tmp_path, timeout=5, processes=40)
+    assert "fork" in res.stderr_tail.lower()  # the process limit refused further forks
+    wait_for(lambda: not _alive_with(f"sleep {marker}"), timeout=10)
+    bomb = box("f() { f | f & }; f; sleep 2", tmp_path, timeout=5, processes=40)
+    assert bomb.timed_out or bomb.exit_code is not None
+    if os.geteuid() == 0:
+        wait_for(lambda: not _sandbox_uids_alive(), timeout=15)
+
+
+def _alive_with(marker: str) -> bool:
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and marker in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode():
+                return "\nState:\tZ" not in (d / "status").read_text()
+        except OSError:
+            continue
+    return False
+
+
+def _sandbox_uids_alive() -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            status = (d / "status").read_text() if d.name.isdigit() else ""
+        except OSError:
+            continue
+        uid = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("Uid:")), 0)
+        if uid >= sandbox.Isolation().uid_base and "\nState:\tZ" not in status:
+            out.append(int(d.name))
+    return out
+
+
+def test_metrics_link_to_a_grove_file_is_not_read(tmp_path: Path) -> None:
+    secret = tmp_path / "up.json"
+    secret.write_text('{"score": 99, "token": "grove_must_not_leak"}')
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for iso in (sandbox.Isolation(), sandbox.Isolation(mode="none")):
+        r = evaluation.evaluate(
+            kind="dev", command=f'ln -s {secret} "$GROVE_METRICS_FILE"; echo \'{{"score": 1}}\'', worktree=tree,
+            output_dir=tmp_path / "out", seed=0, metric="score", commit="c", limits=sandbox.Limits(timeout=30),
+            evaluator_fingerprint="", isolation=iso,
+        )  # fmt: skip
+        assert r.ok and r.metrics == {"score": 1}, (iso, r)
+        assert "grove_must_not_leak" not in str(r.to_dict())
+
+
+def test_repository_links_to_host_files_resolve_to_nothing(settings: Settings, tmp_path: Path) -> None:
+    from agents.executor.tools import Toolbox
+
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text(SEALED)
+    origin = make_repo(tmp_path / "origin", {"eval.py": "print(1)\n"})
+    os.symlink(secret, origin / "leak.txt")
+    subprocess.run(["git", "add", "leak.txt"], cwd=origin, check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "link"], cwd=origin, check=True
+    )
+    repo = gitops.clone(str(origin), settings.data_dir / "repos" / "links")
+    tree = workspace.prepare(repo, tmp_path / "wt", "b", repo.rev("main"), sealed=None, reason="t")
+    assert (tree / "leak.txt").is_symlink()
+    res = box("cat leak.txt; echo done", tree)
+    assert SEALED not in seen(res) and "No such file" in res.stderr_tail
+    tools = Toolbox(root=tree, editable=["*"], runtime=_NoRuntime())
+    assert tools.call("read", {"path": "leak.txt"}).startswith("refused")
+    assert tools.call("grep", {"pattern": "SEALED"}) == "no matches"
+    assert tools.call("write", {"path": "leak.txt", "content": "x"}).startswith("refused")
+    assert secret.read_text() == SEALED
+
+
+class _NoRuntime:
+    def run(self, command: str, timeout: float) -> tuple[int | None, str]:
+        raise AssertionError("not used")
+
+    def evaluate_dev(self) -> str:
+        raise AssertionError("not used")
+
+
+def test_nested_repository_config_cannot_run_a_program_in_groves_git(
+    settings: Settings, tmp_path: Path
+) -> None:
+    repo, tree = dev_tree(settings, tmp_path)
+    marker = Path(f"/tmp/grove-fsmonitor-{uuid.uuid4().hex}")
+    hook = Path(f"/tmp/grove-hook-{uuid.uuid4().hex}")
+    res = box(
+        f"git init -q sub && git -C sub config core.fsmonitor 'touch {marker}; false' && "
+        f"printf '#!/bin/sh\\ntouch {hook}\\n' > sub/.git/hooks/pre-commit && chmod +x sub/.git/hooks/pre-commit && "
+        "echo m > sub/f && git -C sub add f && git -C sub -c user.name=x -c user.email=x@x commit -qm x && echo ok",
+        tree,
+    )
+    assert res.ok and "ok" in res.stdout_tail, res.stderr_tail
+    repo.commit_all(tree, "an executor's change")
+    for args in (("status",), ("diff", "HEAD"), ("add", "-A"), ("commit", "-qm", "x")):
+        gitops.git(*args, cwd=tree, check=False)
+        gitops.git(*args, cwd=tree / "sub", check=False)
+    assert not marker.exists() and not hook.exists()
+    # The same nested config does run its program under a plain git: the attack is real.
+    subprocess.run(["git", "status"], cwd=tree / "sub", capture_output=True, env={"PATH": os.environ["PATH"]})
+    try:
+        assert marker.exists()
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def test_grep_tool_survives_a_catastrophic_pattern(tmp_path: Path) -> None:
+    from agents.executor.tools import Toolbox
+
+    (tmp_path / "a.txt").write_text("a" * 60 + "!\n")
+    tools = Toolbox(root=tmp_path, editable=["*"], runtime=_NoRuntime())
+    assert "grep stopped: the pattern took over" in tools.call("grep", {"pattern": "(a|aa)+$"})
+    assert tools.call("grep", {"pattern": "a!$"}).startswith("a.txt:1:")
+
+
+def test_a_metrics_line_after_50_mb_of_output_is_found(tmp_path: Path) -> None:
+    r = evaluation.evaluate(
+        kind="dev", worktree=tmp_path, output_dir=tmp_path / "out", seed=0, metric="score", commit="c",
+        command="python -c \"import sys; sys.stdout.write('x' * 50_000_000 + chr(10)); print('{\\\"score\\\": 2}')\"",
+        limits=sandbox.Limits(timeout=60), evaluator_fingerprint="",
+    )  # fmt: skip
+    assert r.ok and r.metrics == {"score": 2}, r.reason
+    assert Path(r.stdout_path).stat().st_size < 6_000_000
