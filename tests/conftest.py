@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -15,6 +16,9 @@ import pytest
 import uvicorn
 
 from backend.core.config import PROJECT_ROOT, Settings
+
+# The API accepts local repositories only under configured roots: the tests' own temporary folders.
+os.environ.setdefault("GROVE_REPO_ROOTS", f"{tempfile.gettempdir()},{PROJECT_ROOT}")
 
 TINY_EVAL = """\
 import json, os, sys, time, tomllib

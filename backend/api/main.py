@@ -8,12 +8,13 @@ from fastapi.responses import JSONResponse
 
 from agents.spec import SpecError
 from agents.tree.status import IllegalStudyTransition
+from backend.api.limits import BodyLimit
 from backend.api.routes import approvals, events, health, learning, studies, tree
 from backend.core import fanout
 from backend.core.config import Settings, get_settings
 from backend.core.gitops import GitError
 from backend.services.spec_errors import repository_error
-from backend.services.studies import StudyExists
+from backend.services.studies import SourceRefused, StudyExists
 from backend.worker.celery_app import make_app
 
 API_PREFIX = "/api/v1"
@@ -30,6 +31,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         generate_unique_id_function=lambda r: f"{r.tags[0]}-{r.name}" if r.tags else r.name,
     )
     app.state.settings = settings
+    app.state.sse_open = {}
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.state.celery = make_app(settings)
     fanout.enable(settings.redis_url)
     api = APIRouter(prefix=API_PREFIX)
@@ -50,6 +53,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         error = {"key": "spec.study.name", "message": str(exc)}
         return JSONResponse(
             {"detail": {"message": f"spec.study.name: {exc}", "errors": [error]}}, status.HTTP_409_CONFLICT
+        )
+
+    @app.exception_handler(SourceRefused)
+    async def refused(request: Request, exc: SourceRefused) -> JSONResponse:
+        error = {"key": "repository", "message": str(exc).removeprefix("repository: ")}
+        return JSONResponse(
+            {"detail": {"message": str(exc), "errors": [error]}}, status.HTTP_422_UNPROCESSABLE_CONTENT
         )
 
     @app.exception_handler(IllegalStudyTransition)

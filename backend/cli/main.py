@@ -343,9 +343,11 @@ def up_cmd(
         token = create_token(settings, ["operator", "approver"], "grove-up")
         api = f"http://{host}:{port}/api/v1"
         board = stack.start_dashboard(env, dashboard_port, token) if dashboard else None
-        (settings.data_dir / "up.json").write_text(
-            json.dumps({"api": api, "token": token, "dashboard": board})
-        )
+        up = settings.data_dir / "up.json"
+        up.unlink(missing_ok=True)
+        fd = os.open(up, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # it holds a token
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps({"api": api, "token": token, "dashboard": board}))
         console.print(f"Grove is up.\n  API      {api}\n  docs     http://{host}:{port}/docs")
         if board:
             console.print(f"  dashboard {board}")
@@ -517,17 +519,48 @@ app.add_typer(token_app, name="token")
 def token_create(
     role: Annotated[list[str], typer.Option("--role", help="viewer, operator or approver (repeatable)")],
     name: Annotated[str, typer.Option(help="who the token is for")] = "",
+    expires_days: Annotated[
+        float | None, typer.Option(help="the token stops working after this many days")
+    ] = None,
 ) -> None:
     """Issue a bearer token with the given roles and print it once."""
     from backend.core.security import create_token
 
     roles = [r for item in role for r in item.split(",") if r]
+    if expires_days is not None and not 0 < expires_days < 36_500:
+        err.print("[red]error:[/] --expires-days: give a number of days between 0 and 36500")
+        raise typer.Exit(2)
     try:
-        token = create_token(get_settings(), roles, name)
+        token = create_token(get_settings(), roles, name, expires_days=expires_days)
     except ValueError as exc:
         err.print(f"[red]error:[/] --role: {exc}")
         raise typer.Exit(2) from None
     console.print(token, markup=False, highlight=False)
+
+
+@token_app.command("list")
+def token_list() -> None:
+    """List tokens (never their secret): id, name, roles, created, expiry, state."""
+    from backend.core.security import list_tokens
+
+    table = Table("id", "name", "roles", "created", "expires", "state")
+    for t, state in list_tokens(get_settings()):
+        expires = t.expires_at.isoformat(timespec="minutes") if t.expires_at else "never"
+        table.add_row(str(t.id), t.name, t.roles, t.created_at.isoformat(timespec="minutes"), expires, state)
+    console.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(token: Annotated[str, typer.Argument(help="the token's id or name")]) -> None:
+    """Revoke a token by id or name; requests with it get 401 from then on."""
+    from backend.core.security import revoke_token
+
+    try:
+        n = revoke_token(get_settings(), token)
+    except LookupError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    console.print(f"revoked {n} token(s) matching {token!r}")
 
 
 @app.command("migrate")

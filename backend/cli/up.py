@@ -122,6 +122,10 @@ class Stack:
             **os.environ,
             "GROVE_DATA_DIR": str(self.settings.data_dir.resolve()),
             "GROVE_WORKTREES_DIR": str(self.settings.worktrees_dir.resolve()),
+            # Local repositories over the API: under the folder `grove up` started in, and `grove submit`'s
+            # imports, unless the operator chose other roots.
+            "GROVE_REPO_ROOTS": self.settings.repo_roots
+            or f"{Path.cwd().resolve()},{(self.settings.data_dir / 'imports').resolve()}",
         }
         if self.settings.database_url:
             env["GROVE_DATABASE_URL"] = self.settings.database_url

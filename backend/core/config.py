@@ -38,6 +38,14 @@ class Settings(BaseSettings):
     output_cap_bytes: int = 5_000_000
     tail_bytes: int = 4_000
     stale_worktree_hours: float = 24.0
+    # Requests with a larger body get 413; each token may hold this many event streams open.
+    max_body_bytes: int = 2_000_000
+    sse_per_token: int = 8
+    # Folders under which the API accepts local repository paths (comma separated; none by default).
+    repo_roots: str = ""
+    # If set, the hosts repository URLs given over the API may name (comma separated).
+    git_allowed_hosts: str = ""
+    clone_timeout: float = 600.0
 
     @property
     def db_url(self) -> str:

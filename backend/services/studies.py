@@ -6,6 +6,7 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from sqlmodel import Session, select
 
@@ -73,6 +74,33 @@ def _check_new(s: Session, spec: Spec, source_repo: str, allow_plain_folder: boo
         raise StudyExists(f"study {spec.study.name!r} already exists")
 
 
+class SourceRefused(ValueError):
+    """A repository source the server's settings do not allow over the API."""
+
+
+def check_source(settings: Settings, source: str) -> None:
+    """Refuse a repository given over the API unless the operator's settings allow it.
+
+    Local paths (and file:// URLs) must lie under a `GROVE_REPO_ROOTS` folder; URLs must use
+    https, ssh or git, and name a `GROVE_GIT_ALLOWED_HOSTS` host when that is set.
+    """
+    if source.startswith("-"):
+        raise SourceRefused("repository: must not start with '-'")
+    if source.startswith("file://") or not gitops.is_url(source):
+        path = Path(source.removeprefix("file://")).expanduser().resolve()
+        roots = [Path(r).expanduser().resolve() for r in settings.repo_roots.split(",") if r.strip()]
+        if not any(path.is_relative_to(r) for r in roots):
+            where = ", ".join(str(r) for r in roots) if roots else "no folder (GROVE_REPO_ROOTS is not set)"
+            raise SourceRefused(f"repository: local paths over the API must lie under {where}")
+        return
+    parts = urlsplit(source if "://" in source else "ssh://" + source.replace(":", "/", 1))
+    if parts.scheme not in ("https", "ssh", "git"):
+        raise SourceRefused(f"repository: scheme {parts.scheme!r} is not allowed (use https, ssh or git)")
+    hosts = {h.strip().lower() for h in settings.git_allowed_hosts.split(",") if h.strip()}
+    if hosts and (parts.hostname or "").lower() not in hosts:
+        raise SourceRefused(f"repository: host {parts.hostname!r} is not in GROVE_GIT_ALLOWED_HOSTS")
+
+
 def check_study(s: Session, spec_text: str, source_repo: str) -> Spec:
     """Check everything `create_study` checks for a served study, creating nothing."""
     spec = parse_spec(spec_text, "grove.toml")
@@ -96,7 +124,7 @@ def create_study(
     name = spec.study.name
     dest = (settings.data_dir / "repos" / name).resolve()
     shutil.rmtree(dest, ignore_errors=True)
-    repo = gitops.clone(source_repo, dest)
+    repo = gitops.clone(source_repo, dest, timeout=settings.clone_timeout)
     try:
         base = check_spec(spec, repo, spec_source)
         values = base_values(spec, repo, base)

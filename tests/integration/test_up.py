@@ -42,6 +42,7 @@ def test_grove_up_serves_a_study_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         api = f"http://127.0.0.1:{port}/api/v1"
         assert httpx.get(f"{api}/health").json() == {"status": "ok", "database": "ok", "redis": "ok"}
         assert f"dashboard http://127.0.0.1:{board}" in text
+        assert (tmp_path / "data" / "up.json").stat().st_mode & 0o077 == 0  # it holds a token
         assert httpx.get(f"http://127.0.0.1:{board}/_stcore/health").text == "ok"
         repo = make_repo(tmp_path / "r", tiny_files(name="up-study", experiments=3))
         headers = {"Authorization": f"Bearer {token}"}

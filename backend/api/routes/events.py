@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 import redis.asyncio as aioredis
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from sqlmodel import Session
 
@@ -48,12 +48,28 @@ def event_log(
     return _page(s, study_id, after, limit)
 
 
+async def stream_slot(request: Request, settings: SettingsDep, who: Reader) -> AsyncIterator[None]:
+    """Hold one of the caller's event-stream slots while its stream is open; 429 past the cap."""
+    open_: dict[str, int] = request.app.state.sse_open
+    if open_.get(who.name, 0) >= settings.sse_per_token:
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            f"at most {settings.sse_per_token} open event streams per token",
+        )
+    open_[who.name] = open_.get(who.name, 0) + 1
+    try:
+        yield
+    finally:
+        open_[who.name] -= 1
+
+
 @router.get("/events", response_class=EventSourceResponse)
 async def stream(
     study_id: StudyId,
     s: SessionDep,
     settings: SettingsDep,
     who: Reader,
+    slot: Annotated[None, Depends(stream_slot)],
     last_event_id: Annotated[str | None, Header()] = None,
     after: Cursor = 0,
 ) -> AsyncIterator[ServerSentEvent]:

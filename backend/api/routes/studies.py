@@ -16,7 +16,7 @@ from backend.core import gitops
 from backend.core.config import Settings
 from backend.core.models import Study
 from backend.services import lifecycle, report
-from backend.services.studies import NotPromotable, check_study, create_study
+from backend.services.studies import NotPromotable, check_source, check_study, create_study
 from backend.services.studies import promote as promote_trunk
 from backend.worker.dispatch import enqueue_advance
 
@@ -34,6 +34,7 @@ def get_study(s: Session, study_id: int) -> Study:
 def _create(
     s: Session, settings: Settings, celery: Celery, spec: str, repository: str
 ) -> schemas.StudyPublic:
+    check_source(settings, repository)
     st = create_study(s, settings, spec, repository, allow_plain_folder=False)
     s.commit()
     enqueue_advance(celery, st.id or 0)
@@ -72,8 +73,11 @@ async def create_form(
 
 
 @router.post("/validate", response_model=schemas.Message)
-def validate(body: schemas.StudyCreate, s: SessionDep, who: Operator) -> schemas.Message:
+def validate(
+    body: schemas.StudyCreate, s: SessionDep, settings: SettingsDep, who: Operator
+) -> schemas.Message:
     """Check a grove.toml text against a repository without creating anything."""
+    check_source(settings, body.repository)
     spec = check_study(s, body.spec, body.repository)
     return schemas.Message(message=f"valid: study {spec.study.name!r} can be created")
 

@@ -1,0 +1,253 @@
+"""Abuse at the service's edges: bodies, streams, tokens, repository sources, specs and model keys."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlmodel import select
+
+from agents.spec import SpecError, parse_spec
+from backend.api.main import create_app
+from backend.core import db
+from backend.core.config import PROJECT_ROOT, Settings
+from backend.core.models import ApiToken, now
+from backend.core.security import create_token, lookup
+from backend.services.studies import create_study
+from tests.conftest import free_port, make_repo, serve, tiny_files
+from tests.fake_llm import FakeLLM
+
+
+@pytest.fixture
+def api(tmp_path: Path, redis_url: str) -> Iterator[tuple[str, Settings]]:
+    """Serve the API over loopback with small caps and repository roots under `tmp_path/allowed`."""
+    settings = Settings(
+        data_dir=tmp_path / "data", worktrees_dir=tmp_path / "wt", redis_url=redis_url, max_body_bytes=20_000,
+        sse_per_token=2, repo_roots=str(tmp_path / "allowed"), git_allowed_hosts="git.example.org",
+    )  # fmt: skip
+    settings.ensure_dirs()
+    port = free_port()
+    server, thread = serve(create_app(settings), port)
+    yield f"http://127.0.0.1:{port}/api/v1", settings
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def bearer(settings: Settings, *roles: str, name: str = "t") -> dict[str, str]:
+    return {"Authorization": f"Bearer {create_token(settings, list(roles), name)}"}
+
+
+def test_a_body_over_the_cap_is_413_whether_announced_or_streamed(api: tuple[str, Settings]) -> None:
+    url, settings = api
+    headers = bearer(settings, "operator")
+    big = {"spec": "x" * 50_000, "repository": "/nowhere"}
+    assert httpx.post(f"{url}/studies", json=big, headers=headers).status_code == 413
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"spec": "'
+        for _ in range(100):
+            yield b"x" * 1000
+        yield b'", "repository": "/nowhere"}'
+
+    resp = httpx.post(
+        f"{url}/studies", content=chunks(), headers={**headers, "Content-Type": "application/json"}
+    )
+    assert resp.status_code == 413 and "over 20000 bytes" in resp.text
+    assert (
+        httpx.post(f"{url}/studies", json={"spec": "", "repository": "x"}, headers=headers).status_code == 422
+    )
+
+
+def test_event_streams_are_capped_per_token(api: tuple[str, Settings], tmp_path: Path) -> None:
+    url, settings = api
+    repo = make_repo(tmp_path / "allowed" / "r", tiny_files(name="sse-cap"))
+    with db.session(settings.db_url) as s:
+        sid = create_study(s, settings, (repo / "grove.toml").read_text(), str(repo)).id
+    headers = bearer(settings, "viewer", name="watcher")
+    other = bearer(settings, "viewer", name="someone-else")
+    with httpx.Client(timeout=10) as client:
+        first = client.send(
+            client.build_request("GET", f"{url}/studies/{sid}/events", headers=headers), stream=True
+        )
+        second = client.send(
+            client.build_request("GET", f"{url}/studies/{sid}/events", headers=headers), stream=True
+        )
+        try:
+            assert first.status_code == second.status_code == 200
+            third = client.get(f"{url}/studies/{sid}/events", headers=headers)
+            assert third.status_code == 429 and "at most 2 open event streams" in third.text
+            with client.stream("GET", f"{url}/studies/{sid}/events", headers=other) as theirs:
+                assert theirs.status_code == 200  # the cap is per token
+        finally:
+            first.close()
+        _wait_for_slot(client, f"{url}/studies/{sid}/events", headers)
+        second.close()
+
+
+def _wait_for_slot(client: httpx.Client, url: str, headers: dict[str, str]) -> None:
+    """A closed stream frees its slot once the server notices the disconnect."""
+    from tests.conftest import wait_for
+
+    def free() -> bool:
+        with client.stream("GET", url, headers=headers) as resp:
+            return resp.status_code == 200
+
+    wait_for(free, timeout=30)
+
+
+def test_tokens_can_be_listed_revoked_and_expire(api: tuple[str, Settings]) -> None:
+    url, settings = api
+    env = {
+        **os.environ,
+        "GROVE_DATA_DIR": str(settings.data_dir),
+        "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
+    }
+
+    def grove(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "backend.cli.main", *args], cwd=PROJECT_ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    made = grove("token", "create", "--role", "viewer", "--name", "alice", "--expires-days", "30")
+    token = made.stdout.strip()
+    assert made.returncode == 0 and token.startswith("grove_")
+    headers = {"Authorization": f"Bearer {token}"}
+    assert httpx.get(f"{url}/studies", headers=headers).status_code == 200
+    listed = grove("token", "list")
+    assert "alice" in listed.stdout and "live" in listed.stdout and token not in listed.stdout
+    assert grove("token", "revoke", "alice").returncode == 0
+    assert httpx.get(f"{url}/studies", headers=headers).status_code == 401
+    assert "revoked" in grove("token", "list").stdout
+    assert grove("token", "revoke", "nobody").returncode == 1
+    assert grove("token", "create", "--role", "viewer", "--expires-days", "0").returncode == 2
+
+    late = create_token(settings, ["viewer"], "late", expires_days=1)
+    with db.session(settings.db_url) as s:
+        assert lookup(s, late) is not None
+        row = s.exec(select(ApiToken).where(ApiToken.name == "late")).one()
+        row.expires_at = now()
+        s.add(row)
+    assert httpx.get(f"{url}/studies", headers={"Authorization": f"Bearer {late}"}).status_code == 401
+    assert "expired" in grove("token", "list").stdout
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("{tmp}/outside", "must lie under"),
+        ("file://{tmp}/outside", "must lie under"),
+        ("{tmp}/allowed/../outside", "must lie under"),
+        ("--upload-pack=touch /tmp/x", "must not start with '-'"),
+        ("ext::sh -c touch% /tmp/pwned", "must lie under"),
+        ("http://git.example.org/r.git", "scheme 'http' is not allowed"),
+        ("https://evil.example.com/r.git", "not in GROVE_GIT_ALLOWED_HOSTS"),
+        ("git@evil.example.com:r.git", "not in GROVE_GIT_ALLOWED_HOSTS"),
+    ],
+)
+def test_repository_sources_over_the_api_are_limited(
+    api: tuple[str, Settings], tmp_path: Path, source: str, message: str
+) -> None:
+    url, settings = api
+    repo = make_repo(tmp_path / "outside", tiny_files(name="outside"))
+    body = {"spec": (repo / "grove.toml").read_text(), "repository": source.format(tmp=tmp_path)}
+    for path in ("/studies", "/studies/validate"):
+        resp = httpx.post(f"{url}{path}", json=body, headers=bearer(settings, "operator"))
+        assert resp.status_code == 422, resp.text
+        detail = resp.json()["detail"]
+        assert detail["errors"][0]["key"] == "repository" and message in detail["message"]
+    inside = make_repo(tmp_path / "allowed" / "ok", tiny_files(name="inside"))
+    ok = {"spec": (inside / "grove.toml").read_text(), "repository": str(inside)}
+    assert (
+        httpx.post(f"{url}/studies/validate", json=ok, headers=bearer(settings, "operator")).status_code
+        == 200
+    )
+
+
+@pytest.mark.parametrize(
+    ("patch", "key"),
+    [
+        (("timeout = 60", "timeout = inf"), "evaluate.timeout"),
+        (("timeout = 60", "timeout = nan"), "evaluate.timeout"),
+        (("timeout = 60", "timeout = 1e12"), "evaluate.timeout"),
+        (("margin = 0.5", "margin = inf"), "gate.margin"),
+        (("parallel = 2", "parallel = 2\nhours = 1e308"), "budget.hours"),
+        (("[policy]", "[sandbox]\nmemory_mb = 99999999999\n\n[policy]"), "sandbox.memory_mb"),
+        (("[policy]", "[sandbox]\nprocesses = 10000000\n\n[policy]"), "sandbox.processes"),
+        (("children = 2", 'children = 2\napi_key_env = "OPENAI_API_KEY"'), "policy.api_key_env"),
+    ],
+)
+def test_spec_numbers_must_be_finite_and_sane(
+    api: tuple[str, Settings], tmp_path: Path, patch: Any, key: str
+) -> None:
+    url, settings = api
+    text = tiny_files(name="absurd")["grove.toml"].replace(*patch)
+    with pytest.raises(SpecError) as err:
+        parse_spec(text)
+    assert [i.key for i in err.value.issues] == [key]
+    repo = make_repo(tmp_path / "allowed" / "r", tiny_files(name="absurd"))
+    resp = httpx.post(
+        f"{url}/studies", json={"spec": text, "repository": str(repo)}, headers=bearer(settings, "operator")
+    )
+    assert resp.status_code == 422 and resp.json()["detail"]["errors"][0]["key"] == f"spec.{key}"
+
+
+def test_a_deeply_nested_spec_is_a_clear_error(api: tuple[str, Settings], tmp_path: Path) -> None:
+    url, settings = api
+    text = "a = " + "[" * 5000 + "]" * 5000
+    with pytest.raises(SpecError, match="nested too deeply"):
+        parse_spec(text)
+    repo = make_repo(tmp_path / "allowed" / "r", tiny_files(name="deep"))
+    resp = httpx.post(
+        f"{url}/studies", json={"spec": text, "repository": str(repo)}, headers=bearer(settings, "operator")
+    )
+    assert resp.status_code == 422 and "nested too deeply" in resp.text
+
+
+class _Ledger:
+    def check(self) -> None:
+        """Allow every call."""
+
+    def record(self, *args: object) -> None:
+        """Keep nothing."""
+
+
+def _authorization_sent(spec_extra: str, env: dict[str, str]) -> str:
+    """Return the Authorization header a model call for a spec with this [policy] tail sends."""
+    from agents.policies.llm.model import LitellmModel, ModelConfig
+    from agents.policies.registry import endpoint
+
+    with FakeLLM({}) as attacker:
+        files = tiny_files(name="keys")
+        text = files["grove.toml"].replace(
+            'kind = "search"', f'kind = "search"\napi_base = "{attacker.url}"{spec_extra}'
+        )
+        spec = parse_spec(text)
+        saved = {k: os.environ.get(k) for k in (*env, "GROVE_LLM_API_BASE")}
+        os.environ.pop("GROVE_LLM_API_BASE", None)
+        os.environ.update({k: v.replace("{url}", attacker.url) for k, v in env.items()})
+        try:
+            base, key = endpoint(spec, "openai/fake-model")
+            LitellmModel(
+                ModelConfig(model="openai/fake-model", api_base=base, api_key=key, retries=0), _Ledger()
+            ).complete(
+                "ideator", [{"role": "system", "content": "ROLE: ideator"}, {"role": "user", "content": "hi"}]
+            )
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        return str(attacker.requests[-1]["authorization"])
+
+
+def test_a_spec_api_base_never_gets_the_server_key_unless_allow_listed() -> None:
+    key = "sk-server-" + os.urandom(6).hex()
+    assert _authorization_sent("", {"OPENAI_API_KEY": key}) == "Bearer no-key"
+    assert _authorization_sent("", {"OPENAI_API_KEY": key, "GROVE_LLM_API_BASES": "{url}"}) == f"Bearer {key}"
+    own = '\napi_key_env = "GROVE_KEY_MINE"'
+    assert _authorization_sent(own, {"OPENAI_API_KEY": key, "GROVE_KEY_MINE": "mine"}) == "Bearer mine"
+    _ = threading  # the fake server runs in a thread of this process
