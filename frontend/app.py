@@ -12,6 +12,7 @@ from frontend import ui
 HERE = Path(__file__).parent
 
 st.set_page_config(page_title="Grove", page_icon=":material/park:", layout="wide")
+ui.guard()
 
 ui.PAGES.update(
     studies=st.Page(

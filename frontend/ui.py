@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import streamlit as st
 
@@ -12,6 +14,42 @@ from client import ApiError, Forbidden, Grove, Unauthorized, Unreachable, from_e
 
 FINISHED = ("finished", "failed")
 PAGES: dict[str, Any] = {}
+
+
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def allowed_hosts() -> frozenset[str]:
+    """Return the host names the dashboard answers to: loopback and `GROVE_DASHBOARD_HOSTS`."""
+    extra = os.environ.get("GROVE_DASHBOARD_HOSTS", "")
+    return LOCAL_HOSTS | {h.strip().lower() for h in extra.split(",") if h.strip()}
+
+
+def _hostname(netloc: str) -> str:
+    return (urlsplit(f"//{netloc}").hostname or "").lower()
+
+
+def host_allowed(headers: Mapping[str, str], allowed: frozenset[str]) -> bool:
+    """Return whether a request's Host (and Origin, if any) name an allowed host (DNS rebinding)."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    host = lowered.get("host")
+    if host is None:
+        return True  # not from a browser: browsers always send Host
+    if _hostname(host) not in allowed:
+        return False
+    origin = lowered.get("origin")
+    return not origin or _hostname(urlsplit(origin).netloc) in allowed
+
+
+def guard() -> None:
+    """Stop rendering for a request addressed to a host name the dashboard does not answer to."""
+    headers = dict(st.context.headers)
+    if not host_allowed(headers, allowed_hosts()):
+        st.error(
+            f"Refused: this dashboard does not answer to host {headers.get('Host', '')!r}. "
+            "Open it as localhost or 127.0.0.1, or list the name in GROVE_DASHBOARD_HOSTS."
+        )
+        st.stop()
 
 
 def connection() -> tuple[str, str]:

@@ -105,6 +105,7 @@ def evaluate(
     limits: sandbox.Limits,
     evaluator_fingerprint: str,
     isolation: sandbox.Isolation = sandbox.Isolation(),
+    readonly: tuple[str, ...] = (),
     output_cap: int = 5_000_000,
     tail_bytes: int = 4_000,
 ) -> Receipt:
@@ -122,6 +123,7 @@ def evaluate(
         isolation=isolation,
         env={"GROVE_SEED": str(seed), "GROVE_METRICS_FILE": "{out}/metrics.json"},
         collect=("metrics.json",),
+        readonly=readonly,
         output_cap=output_cap,
         tail_bytes=tail_bytes,
     )

@@ -283,7 +283,13 @@ def _system_binds(iso: Isolation) -> list[str]:
 
 
 def _bwrap_argv(
-    iso: Isolation, limits: Limits, tree: Path, out: Path, argv: list[str], uid: int | None
+    iso: Isolation,
+    limits: Limits,
+    tree: Path,
+    out: Path,
+    argv: list[str],
+    uid: int | None,
+    readonly: tuple[str, ...] = (),
 ) -> list[str]:
     # As root, bwrap sets the box up with root's rights and `setpriv` then drops to the leased uid;
     # otherwise a user namespace maps Grove's own uid into the box.
@@ -303,6 +309,11 @@ def _bwrap_argv(
     for tmp in ("/tmp", "/dev/shm"):
         args += ["--perms", "1777", "--size", size, "--tmpfs", tmp]
     args += [*_dirs(TREE), "--bind", str(tree), TREE, "--bind", str(out), OUT]
+    for rel in readonly:
+        path = tree / rel
+        # Regular files only: a link at that path could point anywhere on the host.
+        if path.is_file() and not path.is_symlink() and path.resolve().is_relative_to(tree):
+            args += ["--ro-bind", str(path), f"{TREE}/{rel}"]
     dotgit = tree / ".git"
     if dotgit.is_dir() and not dotgit.is_symlink():
         args += ["--tmpfs", f"{TREE}/.git", "--remount-ro", f"{TREE}/.git"]
@@ -356,13 +367,15 @@ def run(
     env: Mapping[str, str] | None = None,
     passthrough: tuple[str, ...] = (),
     collect: tuple[str, ...] = (),
+    readonly: tuple[str, ...] = (),
     output_cap: int = 5_000_000,
     tail_bytes: int = 4_000,
 ) -> Result:
     """Run a command on the tree `cwd` in a box and return its captured result.
 
     `env` values may name `{out}`, the exchange folder as the command sees it; the files named
-    in `collect` are read back from it (regular files only) into `Result.exchange`.
+    in `collect` are read back from it (regular files only) into `Result.exchange`. The tree's
+    files named in `readonly` (relative paths) cannot be changed by the command.
     """
     output_dir.mkdir(parents=True, exist_ok=True)
     out_path, err_path = output_dir / f"{name}.stdout", output_dir / f"{name}.stderr"
@@ -374,7 +387,7 @@ def run(
         try:
             return _run(
                 text, inner, tree, exchange, uid, out_path, err_path, limits, isolation, env,
-                passthrough, collect, output_cap, tail_bytes,
+                passthrough, collect, readonly, output_cap, tail_bytes,
             )  # fmt: skip
         finally:
             if uid is not None:
@@ -395,6 +408,7 @@ def _run(
     env: Mapping[str, str] | None,
     passthrough: tuple[str, ...],
     collect: tuple[str, ...],
+    readonly: tuple[str, ...],
     output_cap: int,
     tail_bytes: int,
 ) -> Result:
@@ -409,7 +423,7 @@ def _run(
         os.chown(exchange, uid, uid)
     status_r, status_w = os.pipe()
     if boxed:
-        argv = _bwrap_argv(iso, limits, tree, exchange, inner, uid)
+        argv = _bwrap_argv(iso, limits, tree, exchange, inner, uid, readonly)
         stdin: int = status_w
     else:
         argv, stdin = inner, subprocess.DEVNULL

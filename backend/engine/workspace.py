@@ -126,6 +126,8 @@ def run_repeats(
     n = spec.evaluate.repeats if kind == "dev" else spec.gate.test_repeats
     patterns = spec.files.protected + (spec.files.sealed if kind == "test" else [])
     fp = evaluation.fingerprint(worktree, patterns)
+    # In a sealed run the sealed files are read-only: code under test cannot rewrite the labels.
+    sealed = tuple(globs.select(spec.files.sealed, repo_of(study).files_at(commit))) if kind == "test" else ()
     receipts = []
     for seed in range(n):
         r = evaluation.evaluate(
@@ -139,6 +141,7 @@ def run_repeats(
             limits=limits_of(spec),
             evaluator_fingerprint=fp,
             isolation=isolation_of(settings, study),
+            readonly=sealed,
             output_cap=settings.output_cap_bytes,
             tail_bytes=settings.tail_bytes,
         )

@@ -11,11 +11,18 @@ st.title("Connection")
 api, token = ui.connection()
 st.write("The dashboard talks only to Grove's REST API. `grove up` prints the URL and a token.")
 new_api = st.text_input("API URL", value=api, key="conn_api")
+# The token in use stays on the server: the field starts empty, so no page ever carries it.
 new_token = st.text_input(
-    "Token", value=token, type="password", key="conn_token", help="from `grove token create`"
+    "Token",
+    value="",
+    type="password",
+    key="conn_token",
+    placeholder="signed in; paste another token to switch" if token else "",
+    help="from `grove token create`",
 )
 if st.button("Connect", key="connect", type="primary"):
-    probe = Grove(new_api, new_token.strip())
+    chosen = new_token.strip() or token  # an empty field keeps the token in use
+    probe = Grove(new_api, chosen)
     try:
         probe.health()
         n = probe.check()
@@ -27,7 +34,7 @@ if st.button("Connect", key="connect", type="primary"):
         else:
             st.error(str(exc))
     else:
-        st.session_state.api_url, st.session_state.token = new_api.rstrip("/"), new_token.strip()
+        st.session_state.api_url, st.session_state.token = new_api.rstrip("/"), chosen
         st.success(f"Connected to {new_api}: {n} studies visible.")
     finally:
         probe.close()

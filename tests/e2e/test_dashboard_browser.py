@@ -150,3 +150,22 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
         timeout=30_000
     )
     shot(page, "06-study-merged")
+
+
+def test_dashboard_refuses_a_rebound_host_and_never_sends_its_token(stack: dict[str, str]) -> None:
+    port = stack["dashboard"].rsplit(":", 1)[1].strip("/")
+    rules = "--host-resolver-rules=MAP rebind.test 127.0.0.1"  # what a DNS-rebinding page would achieve
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=chromium(), headless=True, args=[*CHROMIUM_ARGS, rules])
+        try:
+            page = b.new_page()
+            page.set_default_timeout(30_000)
+            page.goto(f"http://rebind.test:{port}/")
+            expect(page.get_by_text("Refused: this dashboard does not answer to host")).to_be_visible()
+            expect(page.get_by_text("Studies", exact=True)).to_have_count(0)
+            page.goto(f"http://127.0.0.1:{port}/connection")
+            expect(page.get_by_text("API URL")).to_be_visible()
+            wait_for(lambda: "signed in" in page.content(), timeout=30)
+            assert stack["token"] not in page.content()
+        finally:
+            b.close()

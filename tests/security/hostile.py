@@ -41,6 +41,17 @@ if MODE != "test":  # a test run holds the sealed files by design
     report("git-history", holds_secret(sh(
         "git show HEAD:data/test/secret.txt; git log -p --all; git cat-file --batch-all-objects --batch;"
         "cat data/test/secret.txt")[1]))
+if MODE == "test":  # rewrite the sealed labels to inflate the held-out score
+    tampered = []
+    for attempt in (lambda: open("data/test/offset.txt", "w").write("1e9\n"),
+                    lambda: os.remove("data/test/offset.txt"),
+                    lambda: os.rename("data/test/secret.txt", "stolen.txt")):
+        try:
+            attempt()
+            tampered.append(True)
+        except OSError:
+            pass
+    report("sealed-tamper", bool(tampered))
 try:
     gitdir = open(".git").read().split("gitdir:")[-1].strip()
 except OSError:
@@ -101,7 +112,7 @@ else:
 print(json.dumps({"score": score, "size": x}))
 """
 
-ATTACKS = ("git-history", "git-dir", "grove-paths", "proc-environ", "proc-root", "loopback-services",
+ATTACKS = ("git-history", "sealed-tamper", "git-dir", "grove-paths", "proc-environ", "proc-root", "loopback-services",
            "git-config", "write-outside", "repository-link", "metrics-link")  # fmt: skip
 
 
@@ -200,3 +211,8 @@ def attack_lines(text: str) -> dict[str, str]:
         if len(parts) == 3 and parts[0] == "ATTACK":
             out[parts[1]] = parts[2]
     return out
+
+
+def expected(kind: str) -> set[str]:
+    """Return the attacks a run of this kind tries: test runs hold the sealed files, dev runs do not."""
+    return set(ATTACKS) - ({"git-history"} if kind == "test" else {"sealed-tamper"})

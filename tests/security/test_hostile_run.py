@@ -13,7 +13,7 @@ from sqlmodel import select
 from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.models import Event, Node, ReceiptRow, Study
-from tests.security.hostile import ATTACKS, attack_lines, hostile_repo
+from tests.security.hostile import attack_lines, expected, hostile_repo
 
 
 def test_hostile_evaluator_under_grove_run(settings: Settings, tmp_path: Path) -> None:
@@ -46,8 +46,7 @@ def test_hostile_evaluator_under_grove_run(settings: Settings, tmp_path: Path) -
             Path(r.stdout_path).read_text() + Path(r.stderr_path).read_text() + r.stdout_tail + r.stderr_tail
         )
         outcomes = attack_lines(out)
-        expected = set(ATTACKS) - ({"git-history"} if r.kind == "test" else set())
-        assert set(outcomes) == expected, (r.kind, outcomes, out[-2000:])
+        assert set(outcomes) == expected(r.kind), (r.kind, outcomes, out[-2000:])
         assert all(v == "blocked" for v in outcomes.values()), outcomes
         assert "token" not in json.dumps(r.metrics or {}) and (r.metrics or {}).get("score") != 1e9
         for secret in h.secrets:
@@ -62,3 +61,4 @@ def test_hostile_evaluator_under_grove_run(settings: Settings, tmp_path: Path) -
     assert "777." not in json.dumps([e.payload for e in events])
     assert h.host_leftovers() == []
     assert "namespaces (bubblewrap)" in report
+    assert all(700 < v < 800 for v in study.trunk_heldout + study.baseline_heldout)  # labels untouched

@@ -16,7 +16,7 @@ from backend.services.studies import create_study
 from backend.worker.celery_app import make_app
 from tests.conftest import TINY_SPEC, Service, git, sqlite_service, wait_for
 from tests.fake_llm import FakeLLM
-from tests.security.hostile import ATTACKS, Hostile, attack_lines, hostile_repo
+from tests.security.hostile import Hostile, attack_lines, expected, hostile_repo
 
 SPEC = f"""\
 {TINY_SPEC.split("[[constraints]]")[0].format(name="hostile-llm")}
@@ -125,7 +125,7 @@ def test_hostile_executor_on_celery_workers(hostile_service: tuple[Service, Host
     executor = [c for c in calls if c.role == "executor"]
     transcript = json.dumps(executor[-1].messages)
     outcomes = attack_lines(transcript.replace("\\n", "\n"))
-    assert set(outcomes) == set(ATTACKS) and set(outcomes.values()) == {"blocked"}, outcomes
+    assert set(outcomes) == expected("dev") and set(outcomes.values()) == {"blocked"}, outcomes
     assert "not a git repository" in transcript
     assert transcript.count("refused") >= 3  # .git, leak.txt, .git/hooks
     assert "grep stopped: the pattern took over" in transcript
