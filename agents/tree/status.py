@@ -57,6 +57,7 @@ def check_transition(node_id: int, old: NodeStatus | str, new: NodeStatus | str)
 
 
 class StudyStatus(StrEnum):
+    CLONING = "cloning"
     CREATED = "created"
     RUNNING = "running"
     PAUSED = "paused"
@@ -68,6 +69,8 @@ class StudyStatus(StrEnum):
 St = StudyStatus
 
 STUDY_TRANSITIONS: dict[StudyStatus, frozenset[StudyStatus]] = {
+    # A study from a URL is cloned off the request path: cloning -> created, or failed with the reason.
+    St.CLONING: frozenset({St.CREATED, St.FAILED}),
     # created -> running when the baseline is measured.
     St.CREATED: frozenset({St.RUNNING, St.PAUSED, St.STOPPING, St.FAILED}),
     St.RUNNING: frozenset({St.PAUSED, St.STOPPING, St.FINISHED, St.FAILED}),

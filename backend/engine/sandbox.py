@@ -301,13 +301,15 @@ def _bwrap_argv(
         args.append("--unshare-user")
     if not limits.network:
         args.append("--unshare-net")
-    else:
-        args += ["--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
-    args += _system_binds(iso)
+    # The private /tmp comes first: read-only binds of paths under the host's /tmp (a venv there)
+    # are then made inside it rather than hidden by it.
     size = str(limits.tmp_mb * 1024 * 1024)
     args += ["--proc", "/proc", "--dev", "/dev"]
     for tmp in ("/tmp", "/dev/shm"):
         args += ["--perms", "1777", "--size", size, "--tmpfs", tmp]
+    args += _system_binds(iso)
+    if limits.network:
+        args += ["--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
     args += [*_dirs(TREE), "--bind", str(tree), TREE, "--bind", str(out), OUT]
     for rel in readonly:
         path = tree / rel

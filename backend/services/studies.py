@@ -16,6 +16,7 @@ from agents.tree.status import NodeStatus, StudyStatus
 from backend.core import gitops
 from backend.core.config import Settings
 from backend.core.models import Node, Study
+from backend.services import lifecycle
 from backend.services.records import add_event
 
 
@@ -63,7 +64,8 @@ def validate(spec_text: str, source_repo: str, source: str = "grove.toml") -> Sp
     return spec
 
 
-def _check_new(s: Session, spec: Spec, source_repo: str, allow_plain_folder: bool) -> None:
+def check_new(s: Session, spec: Spec, source_repo: str, allow_plain_folder: bool = False) -> None:
+    """Refuse a new study whose source is not a repository or whose name is taken."""
     if not allow_plain_folder and not gitops.is_url(source_repo):
         path = Path(source_repo).expanduser()
         if not path.is_dir():
@@ -104,7 +106,7 @@ def check_source(settings: Settings, source: str) -> None:
 def check_study(s: Session, spec_text: str, source_repo: str) -> Spec:
     """Check everything `create_study` checks for a served study, creating nothing."""
     spec = parse_spec(spec_text, "grove.toml")
-    _check_new(s, spec, source_repo, allow_plain_folder=False)
+    check_new(s, spec, source_repo, allow_plain_folder=False)
     return validate(spec_text, source_repo)
 
 
@@ -118,13 +120,51 @@ def create_study(
     allow_plain_folder: bool = True,
 ) -> Study:
     """Create a study: check the spec, clone the repository, create trunk and the root node."""
-    settings.ensure_dirs()
+    study = register_study(
+        s, spec_text, source_repo, allow_plain_folder=allow_plain_folder, spec_source=spec_source
+    )
+    return clone_study(s, settings, study, spec_source=spec_source)
+
+
+def register_study(
+    s: Session,
+    spec_text: str,
+    source_repo: str,
+    *,
+    allow_plain_folder: bool = False,
+    spec_source: str = "grove.toml",
+    announce: bool = True,
+) -> Study:
+    """Check a spec and record its study as `cloning`; `clone_study` finishes it (off the request path)."""
     spec = parse_spec(spec_text, spec_source)
-    _check_new(s, spec, source_repo, allow_plain_folder)
-    name = spec.study.name
+    check_new(s, spec, source_repo, allow_plain_folder)
+    study = Study(
+        name=spec.study.name,
+        goal=spec.study.goal,
+        spec_toml=spec_text,
+        source=source_repo,
+        status=str(StudyStatus.CLONING),
+        seed=spec.policy.seed,
+    )
+    s.add(study)
+    s.flush()
+    if announce:
+        add_event(s, study.id or 0, "study.cloning", None, name=study.name, source=source_repo)
+    return study
+
+
+def clone_study(s: Session, settings: Settings, study: Study, *, spec_source: str = "grove.toml") -> Study:
+    """Clone a `cloning` study's repository, check the spec against it, make trunk and the root node.
+
+    Raises (SpecError, GitError, FileNotFoundError) leave Grove's clone removed; the caller either
+    rolls the study back (a request) or fails it with the reason (a background clone).
+    """
+    settings.ensure_dirs()
+    spec = parse_spec(study.spec_toml, spec_source)
+    name = study.name
     dest = (settings.data_dir / "repos" / name).resolve()
     shutil.rmtree(dest, ignore_errors=True)
-    repo = gitops.clone(source_repo, dest, timeout=settings.clone_timeout)
+    repo = gitops.clone(study.source, dest, timeout=settings.clone_timeout)
     try:
         base = check_spec(spec, repo, spec_source)
         values = base_values(spec, repo, base)
@@ -133,21 +173,9 @@ def create_study(
         raise
     trunk = f"grove/{name}/trunk"
     repo.set_branch(trunk, base)
-    study = Study(
-        name=name,
-        goal=spec.study.goal,
-        spec_toml=spec_text,
-        source=source_repo,
-        repo_path=str(dest),
-        status=str(StudyStatus.CREATED),
-        base_commit=base,
-        trunk_branch=trunk,
-        trunk_commit=base,
-        base_values=values,
-        seed=spec.policy.seed,
-    )
+    study.repo_path, study.base_commit = str(dest), base
+    study.trunk_branch, study.trunk_commit, study.base_values = trunk, base, values
     s.add(study)
-    s.flush()
     root = Node(
         study_id=study.id or 0,
         depth=0,
@@ -169,8 +197,7 @@ def create_study(
     s.flush()
     study.trunk_node_id = root.id
     s.add(study)
-    add_event(s, study.id or 0, "study.created", None, name=name, base=base, source=source_repo)
-    return study
+    return lifecycle.change(s, study.id or 0, StudyStatus.CREATED, name=name, base=base, source=study.source)
 
 
 def get_by_name(s: Session, name: str) -> Study | None:

@@ -12,13 +12,18 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 from sqlmodel import col, select
 
+from agents.spec import SpecError
 from agents.tree.status import StudyStatus
 from backend.core import db, fanout
 from backend.core.config import get_settings
+from backend.core.gitops import GitError
 from backend.core.locks import Busy, client, lease
 from backend.core.models import Job, Study, now
 from backend.engine import experiment, learning
 from backend.engine.driver import Driver
+from backend.services import lifecycle
+from backend.services.spec_errors import repository_error
+from backend.services.studies import clone_study
 from backend.worker.celery_app import app
 from backend.worker.dispatch import CeleryDispatcher, enqueue_advance
 
@@ -42,6 +47,28 @@ def pin_gpu() -> None:
     choices = [d for d in devices.split(",") if d]
     index = getattr(current_process(), "index", 0) or 0
     os.environ["CUDA_VISIBLE_DEVICES"] = choices[index % len(choices)]
+
+
+@app.task(name="coordinator.clone")
+def clone(study_id: int) -> str:
+    """Clone a study's repository off the request path: it becomes created (and starts), or failed."""
+    settings = get_settings()
+    try:
+        with db.session(settings.db_url) as s:
+            st = s.get(Study, study_id)
+            if st is None or st.status != StudyStatus.CLONING:
+                return "skipped"
+            clone_study(s, settings, st)
+    except (SpecError, GitError, FileNotFoundError, OSError, ValueError) as exc:
+        with db.session(settings.db_url) as s:
+            lifecycle.fail(
+                s,
+                study_id,
+                str(repository_error(exc)["message"]) if not isinstance(exc, SpecError) else str(exc),
+            )
+        return "failed"
+    enqueue_advance(app, study_id)
+    return "created"
 
 
 @app.task(name="coordinator.advance", bind=True)

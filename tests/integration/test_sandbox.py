@@ -185,3 +185,19 @@ def test_check_refuses_a_machine_without_bubblewrap() -> None:
     with pytest.raises(sandbox.SandboxUnavailable, match=r"apt install bubblewrap.*GROVE_SANDBOX=none"):
         sandbox.check(sandbox.Isolation(bwrap="/nonexistent/bwrap"))
     sandbox.check(BOXED)
+
+
+def test_an_interpreter_under_the_hosts_tmp_still_runs_in_the_box(tmp_path: Path) -> None:
+    # CI clones the project (and its venv) under /tmp; the box's own /tmp must not hide it.
+    venv = tmp_path / "venv"
+    import venv as venv_module
+
+    venv_module.create(venv, with_pip=False, symlinks=True)
+    res = sandbox.run(
+        [str(venv / "bin" / "python"), "-c", "import sys; print(sys.prefix)"],
+        cwd=tmp_path,
+        output_dir=tmp_path / "o",
+        isolation=sandbox.Isolation(binds=(str(venv),)),
+    )
+    assert res.ok, res.stderr_tail
+    assert res.stdout_tail.strip() == str(venv)

@@ -10,13 +10,21 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 from sqlmodel import Session, col, func, select
 
+from agents.spec import parse_spec
 from backend.api import schemas, serializers
 from backend.api.deps import MAX_ID, Approver, CeleryDep, Operator, Reader, SessionDep, SettingsDep, StudyId
 from backend.core import gitops
 from backend.core.config import Settings
 from backend.core.models import Study
 from backend.services import lifecycle, report
-from backend.services.studies import NotPromotable, check_source, check_study, create_study
+from backend.services.studies import (
+    NotPromotable,
+    check_new,
+    check_source,
+    check_study,
+    create_study,
+    register_study,
+)
 from backend.services.studies import promote as promote_trunk
 from backend.worker.dispatch import enqueue_advance
 
@@ -35,6 +43,12 @@ def _create(
     s: Session, settings: Settings, celery: Celery, spec: str, repository: str
 ) -> schemas.StudyPublic:
     check_source(settings, repository)
+    if gitops.is_url(repository) and not repository.startswith("file://"):
+        # A remote may be slow: the study is `cloning` until a coordinator worker has its clone.
+        st = register_study(s, spec, repository)
+        s.commit()
+        celery.send_task("coordinator.clone", args=[st.id])
+        return serializers.study_public(s, st)
     st = create_study(s, settings, spec, repository, allow_plain_folder=False)
     s.commit()
     enqueue_advance(celery, st.id or 0)
@@ -78,6 +92,13 @@ def validate(
 ) -> schemas.Message:
     """Check a grove.toml text against a repository without creating anything."""
     check_source(settings, body.repository)
+    if gitops.is_url(body.repository) and not body.repository.startswith("file://"):
+        spec = parse_spec(body.spec)
+        check_new(s, spec, body.repository)
+        return schemas.Message(
+            message=f"valid: study {spec.study.name!r} can be created; the repository is cloned and "
+            "checked in the background when it is"
+        )
     spec = check_study(s, body.spec, body.repository)
     return schemas.Message(message=f"valid: study {spec.study.name!r} can be created")
 

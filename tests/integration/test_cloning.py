@@ -1,0 +1,130 @@
+"""Studies from a git URL are cloned off the request path: `cloning` -> created, or failed with the reason."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backend.api.main import create_app
+from backend.core.security import create_token
+from tests.conftest import Service, free_port, make_repo, serve, sqlite_service, tiny_files, wait_for
+
+
+@pytest.fixture
+def remote(tmp_path: Path) -> Iterator[str]:
+    """Serve repositories under `tmp_path/remote` with `git daemon` on loopback; yield its git:// URL."""
+    base = tmp_path / "remote"
+    base.mkdir()
+    port = free_port()
+    proc = subprocess.Popen(
+        ["git", "daemon", "--reuseaddr", "--export-all", f"--base-path={base}", "--listen=127.0.0.1",
+         f"--port={port}", str(base)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    def up() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    wait_for(up, timeout=20)
+    yield f"git://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def silent() -> Iterator[str]:
+    """A git:// server that accepts connections and never answers (a remote that hangs)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        sock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(sock.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"git://127.0.0.1:{sock.getsockname()[1]}"
+    stop.set()
+    thread.join(timeout=5)
+    for c in held:
+        c.close()
+    sock.close()
+
+
+@pytest.fixture
+def api(tmp_path: Path, redis_url: str) -> Iterator[tuple[str, dict[str, str], Service]]:
+    svc = sqlite_service(tmp_path / "svc", redis_url, db_number=13)
+    svc.env["GROVE_CLONE_TIMEOUT"] = "5"
+    svc.start_worker("clone-coord", "coordinator", 2)
+    svc.start_worker("clone-cpu", "cpu", 2)
+    port = free_port()
+    server, thread = serve(create_app(svc.settings), port)
+    headers = {"Authorization": f"Bearer {create_token(svc.settings, ['operator'], 'cloner')}"}
+    try:
+        yield f"http://127.0.0.1:{port}/api/v1", headers, svc
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        svc.stop()
+
+
+def status(url: str, headers: dict[str, str], sid: int) -> dict[str, object]:
+    body: dict[str, object] = httpx.get(f"{url}/studies/{sid}", headers=headers).json()
+    return body
+
+
+def test_a_study_from_a_url_is_cloned_in_the_background(
+    api: tuple[str, dict[str, str], Service], remote: str, silent: str, tmp_path: Path
+) -> None:
+    url, headers, _ = api
+    make_repo(tmp_path / "remote" / "tiny", tiny_files(name="from-url", experiments=2))
+    spec = (tmp_path / "remote" / "tiny" / "grove.toml").read_text()
+
+    hanging = httpx.post(
+        f"{url}/studies",
+        json={"spec": spec.replace("from-url", "hangs"), "repository": f"{silent}/r"},
+        headers=headers,
+    )
+    assert hanging.status_code == 201 and hanging.json()["status"] == "cloning", hanging.text
+    hid = hanging.json()["id"]
+    # The API answers while that clone hangs.
+    assert status(url, headers, hid)["status"] == "cloning"
+    check = httpx.post(
+        f"{url}/studies/validate", json={"spec": spec, "repository": f"{remote}/tiny"}, headers=headers
+    )
+    assert check.status_code == 200 and "cloned and checked in the background" in check.text
+
+    good = httpx.post(f"{url}/studies", json={"spec": spec, "repository": f"{remote}/tiny"}, headers=headers)
+    assert good.status_code == 201, good.text
+    gid = good.json()["id"]
+    missing = httpx.post(
+        f"{url}/studies", json={"spec": spec.replace("from-url", "missing"), "repository": f"{remote}/nope"},
+        headers=headers,
+    )  # fmt: skip
+    mid = missing.json()["id"]
+
+    wait_for(lambda: status(url, headers, gid)["status"] == "finished", timeout=180)
+    wait_for(lambda: status(url, headers, mid)["status"] == "failed", timeout=60)
+    wait_for(lambda: status(url, headers, hid)["status"] == "failed", timeout=60)
+    assert "repository: git could not read it" in str(status(url, headers, mid)["stop_reason"])
+    assert "timed out after 5s" in str(status(url, headers, hid)["stop_reason"])
+    types = [e["type"] for e in httpx.get(f"{url}/studies/{gid}/events/log", headers=headers).json()]
+    assert types[:3] == ["study.cloning", "study.created", "study.started"]
+    assert status(url, headers, gid)["trunk_heldout"]
