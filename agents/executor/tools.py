@@ -7,6 +7,7 @@ writes outside `files.editable` are refused with an observation the model can ac
 from __future__ import annotations
 
 import re
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from agents import globs
 
 MAX_READ = 20_000
 MAX_LIST = 400
+MAX_FILE = 5_000_000  # bytes: larger files are not read into Grove's process
 GREP_SECONDS = 5.0  # a pattern with catastrophic backtracking gets this long, in all
 
 
@@ -102,8 +104,17 @@ class Toolbox:
             return f"error: bad arguments for {name}: {exc}"
         except ToolRefused as exc:
             return f"refused: {exc}"
-        except (OSError, UnicodeDecodeError, re.error) as exc:
+        except (OSError, UnicodeDecodeError, re.error, RuntimeError) as exc:  # RuntimeError: a link loop
             return f"error: {type(exc).__name__}: {exc}"
+
+    def _text(self, target: Path, rel: str) -> str:
+        """Return a regular file's text, refusing FIFOs, devices and files too large to read."""
+        st = target.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ToolRefused(f"{rel}: not a regular file")
+        if st.st_size > MAX_FILE:
+            raise ToolRefused(f"{rel}: {st.st_size} bytes is too large to read (limit {MAX_FILE})")
+        return target.read_text("utf-8")
 
     def _rel(self, path: Path) -> str:
         return path.relative_to(self.root.resolve()).as_posix()
@@ -114,6 +125,8 @@ class Toolbox:
             raise ToolRefused(
                 f"{rel} is not editable; you may change only files matching {', '.join(self.editable)}"
             )
+        if target.exists() and not stat.S_ISREG(target.stat().st_mode):
+            raise ToolRefused(f"{rel}: not a regular file")
         return target
 
     def t_list(self, path: str = ".") -> str:
@@ -128,7 +141,7 @@ class Toolbox:
         target = resolve_inside(self.root, path)
         if not target.is_file():
             raise ToolRefused(f"{path}: no such file")
-        lines = target.read_text("utf-8").splitlines()
+        lines = self._text(target, path).splitlines()
         chunk = lines[max(start, 1) - 1 : end]
         text = "\n".join(f"{i}\t{line}" for i, line in enumerate(chunk, start=max(start, 1)))
         return text[:MAX_READ] + ("\n[truncated]" if len(text) > MAX_READ else "")
@@ -143,7 +156,7 @@ class Toolbox:
         target = self._writable(path)
         if not target.is_file():
             raise ToolRefused(f"{path}: no such file")
-        text = target.read_text("utf-8")
+        text = self._text(target, path)
         count = text.count(search) if search else 0
         if count != 1:
             raise ToolRefused(f"{path}: `search` must match exactly once, it matches {count} times")
@@ -164,6 +177,9 @@ class Toolbox:
         deadline = time.monotonic() + GREP_SECONDS
         for f in files:
             try:
+                st = f.stat()
+                if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE:
+                    continue
                 for i, line in enumerate(f.read_text("utf-8").splitlines(), 1):
                     left = deadline - time.monotonic()
                     if left <= 0 or rx.search(line, timeout=left):

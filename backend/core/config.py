@@ -31,6 +31,8 @@ class Settings(BaseSettings):
     # How untrusted commands are boxed: "bwrap" (namespaces) or "none" (trusted local use only).
     sandbox: Literal["bwrap", "none"] = "bwrap"
     sandbox_bwrap: str = "bwrap"
+    # Whether a spec's `[sandbox] network = true` is honoured (the box then shares the host's network).
+    sandbox_network: bool = False
     # Extra read-only paths a box may see, e.g. a toolchain outside /usr (comma separated).
     sandbox_bind: str = ""
     # Extra variable names passed through to sandboxed commands (comma separated).

@@ -35,7 +35,6 @@ SAFE_CONFIG = (
     ("core.sshCommand", "ssh -o BatchMode=yes"),
     ("core.askPass", "/bin/false"),
     ("credential.helper", ""),
-    ("diff.external", ""),
     ("submodule.recurse", "false"),
     ("protocol.allow", "never"),
     ("protocol.https.allow", "always"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -85,11 +86,17 @@ def parse_metrics(
 def fingerprint(root: Path, patterns: list[str]) -> str:
     """Return a SHA-256 over the files under `root` that match the patterns (path and content)."""
     h = hashlib.sha256()
-    files = sorted(p for p in root.rglob("*") if p.is_file() and ".git" not in p.relative_to(root).parts)
-    for p in files:
+    # Links are hashed by their target's name, never followed: one may point at any host file.
+    entries = sorted(
+        p
+        for p in root.rglob("*")
+        if (p.is_symlink() or p.is_file()) and ".git" not in p.relative_to(root).parts
+    )
+    for p in entries:
         rel = p.relative_to(root).as_posix()
         if globs.match_any(patterns, rel):
-            h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
+            body = os.readlink(p).encode() if p.is_symlink() else p.read_bytes()
+            h.update(rel.encode() + b"\0" + body + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -106,6 +113,7 @@ def evaluate(
     evaluator_fingerprint: str,
     isolation: sandbox.Isolation = sandbox.Isolation(),
     readonly: tuple[str, ...] = (),
+    disk_base: int | None = None,
     output_cap: int = 5_000_000,
     tail_bytes: int = 4_000,
 ) -> Receipt:
@@ -124,6 +132,7 @@ def evaluate(
         env={"GROVE_SEED": str(seed), "GROVE_METRICS_FILE": "{out}/metrics.json"},
         collect=("metrics.json",),
         readonly=readonly,
+        disk_base=disk_base,
         output_cap=output_cap,
         tail_bytes=tail_bytes,
     )

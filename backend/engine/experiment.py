@@ -178,6 +178,8 @@ class SandboxRuntime:
         self.spec = spec_of(study)
         self.out = workspace.output_dir(settings, study, label) / "tools"
         self.calls = 0
+        # `disk_mb` bounds what the whole attempt adds to its tree, not each command alone.
+        self.disk_base = sandbox.usage(worktree)
 
     def run(self, command: str, timeout: float) -> tuple[int | None, str]:
         """Run a command in the sandbox; return its exit code (None on timeout) and output tail."""
@@ -186,6 +188,7 @@ class SandboxRuntime:
         res = sandbox.run(
             command, cwd=self.worktree, output_dir=self.out, name=f"run{self.calls}", limits=limits,
             isolation=workspace.isolation_of(self.settings, self.study), output_cap=self.settings.output_cap_bytes,
+            disk_base=self.disk_base,
         )  # fmt: skip
         text = res.stdout_tail + ("\n[stderr]\n" + res.stderr_tail if res.stderr_tail.strip() else "")
         return res.exit_code, text[-6000:]
@@ -197,6 +200,7 @@ class SandboxRuntime:
             kind="dev", command=self.spec.evaluate.dev, worktree=self.worktree, output_dir=self.out,
             seed=0, metric=self.spec.objective.metric, commit="working tree", limits=workspace.limits_of(self.spec),
             evaluator_fingerprint="", isolation=workspace.isolation_of(self.settings, self.study),
+            disk_base=self.disk_base,
         )  # fmt: skip
         if r.ok:
             return f"dev evaluation ok: {json.dumps(r.metrics)}"

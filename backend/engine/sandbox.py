@@ -32,6 +32,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
+from backend.engine import seccomp
+
 SAFE_ENV = (
     "PATH", "LANG", "LANGUAGE", "TERM", "TZ", "VIRTUAL_ENV", "PYTHONHASHSEED",
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE",
@@ -83,6 +85,7 @@ class Isolation:
     bwrap: str = "bwrap"
     binds: tuple[str, ...] = ()  # extra read-only paths (a toolchain outside /usr)
     passthrough: tuple[str, ...] = ()  # extra variable names a box gets (never secret-looking ones)
+    network: bool = True  # whether a run whose limits ask for the network may have it
     uid_base: int = 200_000
     uid_slots: int = 1000
 
@@ -213,19 +216,54 @@ def _lease_uid(iso: Isolation) -> Iterator[int | None]:
     raise SandboxUnavailable(f"all {iso.uid_slots} sandbox uids are in use")
 
 
-def _chown_tree(root: Path, uid: int, gid: int, skip: str = ".git") -> None:
-    """Give a tree to a uid without following symbolic links (which may point anywhere)."""
-    os.lchown(root, uid, gid)
-    for top, dirs, files in os.walk(root, followlinks=False):
-        if top == str(root):
-            dirs[:] = [d for d in dirs if d != skip]
-            files = [f for f in files if f != skip]
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    """Give a tree (its top `.git` excepted) to a uid, never following links; walks by descriptor."""
+    with contextlib.suppress(OSError):
+        os.lchown(root, uid, gid)
+    for top, dirs, files, dfd in os.fwalk(root, follow_symlinks=False):
+        at_top = top == str(root)
         for name in (*dirs, *files):
-            with contextlib.suppress(FileNotFoundError):
-                os.lchown(os.path.join(top, name), uid, gid)
+            if at_top and name == ".git":
+                continue
+            with contextlib.suppress(OSError):
+                os.chown(name, uid, gid, dir_fd=dfd, follow_symlinks=False)
+        if at_top and ".git" in dirs:
+            dirs.remove(".git")
 
 
-def _usage(*roots: Path) -> int:
+def _scrub(root: Path) -> list[str]:
+    """Remove what a box may leave for Grove's own tools to trip on; return what went.
+
+    Nested `.git` entries (a repository whose config would make Grove's git run a program),
+    FIFOs, sockets and device nodes (git cannot track them; reading one blocks).
+    """
+    removed: list[str] = []
+    for top, dirs, files, dfd in os.fwalk(root, follow_symlinks=False):
+        gone: set[str] = set()
+        for name in (*dirs, *files):
+            if top == str(root) and name == ".git":
+                gone.add(name)  # Grove's own: not walked, not removed
+                continue
+            try:
+                mode = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode
+            except OSError:
+                continue
+            special = stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            if name != ".git" and not special:
+                continue
+            with contextlib.suppress(OSError):
+                if stat.S_ISDIR(mode):
+                    shutil.rmtree(name, dir_fd=dfd)
+                else:
+                    os.unlink(name, dir_fd=dfd)
+                removed.append(os.path.relpath(os.path.join(top, name), root))
+            gone.add(name)
+        dirs[:] = [d for d in dirs if d not in gone]
+    return removed
+
+
+def usage(*roots: Path) -> int:
+    """Return the bytes (allocated blocks) under some folders, links not followed."""
     total = 0
     stack = [str(r) for r in roots]
     while stack:
@@ -290,6 +328,7 @@ def _bwrap_argv(
     argv: list[str],
     uid: int | None,
     readonly: tuple[str, ...] = (),
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     # As root, bwrap sets the box up with root's rights and `setpriv` then drops to the leased uid;
     # otherwise a user namespace maps Grove's own uid into the box.
@@ -299,7 +338,8 @@ def _bwrap_argv(
     ]  # fmt: skip
     if uid is None:
         args.append("--unshare-user")
-    if not limits.network:
+    networked = limits.network and iso.network
+    if not networked:
         args.append("--unshare-net")
     # The private /tmp comes first: read-only binds of paths under the host's /tmp (a venv there)
     # are then made inside it rather than hidden by it.
@@ -308,19 +348,23 @@ def _bwrap_argv(
     for tmp in ("/tmp", "/dev/shm"):
         args += ["--perms", "1777", "--size", size, "--tmpfs", tmp]
     args += _system_binds(iso)
-    if limits.network:
+    if networked:
         args += ["--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
     args += [*_dirs(TREE), "--bind", str(tree), TREE, "--bind", str(out), OUT]
-    for rel in readonly:
-        path = tree / rel
-        # Regular files only: a link at that path could point anywhere on the host.
-        if path.is_file() and not path.is_symlink() and path.resolve().is_relative_to(tree):
-            args += ["--ro-bind", str(path), f"{TREE}/{rel}"]
+    # A sealed file is protected with the whole top-level entry that holds it: binding only the file
+    # would let the command rename its folder away and put another file in its place.
+    for top in sorted({rel.split("/", 1)[0] for rel in readonly}):
+        path = tree / top
+        # Never a link: it could point anywhere on the host.
+        if (path.is_file() or path.is_dir()) and not path.is_symlink():
+            args += ["--ro-bind", str(path), f"{TREE}/{top}"]
     dotgit = tree / ".git"
     if dotgit.is_dir() and not dotgit.is_symlink():
         args += ["--tmpfs", f"{TREE}/.git", "--remount-ro", f"{TREE}/.git"]
     elif dotgit.exists() or dotgit.is_symlink():
         args += ["--ro-bind", "/dev/null", f"{TREE}/.git"]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     args += ["--remount-ro", "/", "--chdir", TREE, "--"]
     if uid is not None:
         args += [
@@ -370,6 +414,7 @@ def run(
     passthrough: tuple[str, ...] = (),
     collect: tuple[str, ...] = (),
     readonly: tuple[str, ...] = (),
+    disk_base: int | None = None,
     output_cap: int = 5_000_000,
     tail_bytes: int = 4_000,
 ) -> Result:
@@ -377,7 +422,8 @@ def run(
 
     `env` values may name `{out}`, the exchange folder as the command sees it; the files named
     in `collect` are read back from it (regular files only) into `Result.exchange`. The tree's
-    files named in `readonly` (relative paths) cannot be changed by the command.
+    files named in `readonly` (relative paths) cannot be changed by the command. `disk_mb` counts
+    from `disk_base` bytes (the tree's size when a series of runs began) if given, else from now.
     """
     output_dir.mkdir(parents=True, exist_ok=True)
     out_path, err_path = output_dir / f"{name}.stdout", output_dir / f"{name}.stderr"
@@ -385,16 +431,20 @@ def run(
     inner = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
     tree = cwd.resolve()
     exchange = Path(tempfile.mkdtemp(prefix="grove-out-"))
-    with _lease_uid(isolation) as uid:
-        try:
-            return _run(
-                text, inner, tree, exchange, uid, out_path, err_path, limits, isolation, env,
-                passthrough, collect, readonly, output_cap, tail_bytes,
-            )  # fmt: skip
-        finally:
-            if uid is not None:
-                _chown_tree(tree, os.getuid(), os.getgid())
-            shutil.rmtree(exchange, ignore_errors=True)
+    try:
+        with _lease_uid(isolation) as uid:
+            try:
+                return _run(
+                    text, inner, tree, exchange, uid, out_path, err_path, limits, isolation, env,
+                    passthrough, collect, readonly, disk_base, output_cap, tail_bytes,
+                )  # fmt: skip
+            finally:
+                # The box is gone (its PID namespace with it): nothing races these walks.
+                _scrub(tree)
+                if uid is not None:
+                    _chown_tree(tree, os.getuid(), os.getgid())
+    finally:
+        shutil.rmtree(exchange, ignore_errors=True)
 
 
 def _run(
@@ -411,6 +461,7 @@ def _run(
     passthrough: tuple[str, ...],
     collect: tuple[str, ...],
     readonly: tuple[str, ...],
+    disk_base: int | None,
     output_cap: int,
     tail_bytes: int,
 ) -> Result:
@@ -424,12 +475,19 @@ def _run(
         _chown_tree(tree, uid, uid)
         os.chown(exchange, uid, uid)
     status_r, status_w = os.pipe()
+    keep: list[int] = []
     if boxed:
-        argv = _bwrap_argv(iso, limits, tree, exchange, inner, uid, readonly)
+        program = seccomp.program()
+        if program is not None:
+            filter_r, filter_w = os.pipe()
+            os.write(filter_w, program)
+            os.close(filter_w)
+            keep.append(filter_r)
+        argv = _bwrap_argv(iso, limits, tree, exchange, inner, uid, readonly, keep[0] if keep else None)
         stdin: int = status_w
     else:
         argv, stdin = inner, subprocess.DEVNULL
-    baseline = _usage(tree, exchange) if limits.disk_mb else 0
+    baseline = usage(tree, exchange) if disk_base is None and limits.disk_mb else disk_base or 0
     started = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -441,9 +499,12 @@ def _run(
             stderr=subprocess.PIPE,
             start_new_session=True,
             preexec_fn=_limiter(limits),
+            pass_fds=tuple(keep),
         )
     finally:
         os.close(status_w)
+        for fd in keep:
+            os.close(fd)
     _running.add(proc.pid)
     caps = [
         _Capture(proc.stdout, out_path, output_cap, tail_bytes),
@@ -462,7 +523,7 @@ def _run(
                 if time.monotonic() >= deadline:
                     timed_out = True
                     break
-                if limits.disk_mb and _usage(tree, exchange) - baseline > limits.disk_mb * 1024 * 1024:
+                if limits.disk_mb and usage(tree, exchange) - baseline > limits.disk_mb * 1024 * 1024:
                     disk_exceeded = True
                     break
     finally:

@@ -106,6 +106,7 @@ def isolation_of(settings: Settings, study: Study | None = None) -> sandbox.Isol
         bwrap=settings.sandbox_bwrap,
         binds=items(settings.sandbox_bind),
         passthrough=items(settings.sandbox_env_passthrough),
+        network=settings.sandbox_network,
     )
 
 

@@ -121,13 +121,24 @@ def create_study(
 ) -> Study:
     """Create a study: check the spec, clone the repository, create trunk and the root node."""
     study = register_study(
-        s, spec_text, source_repo, allow_plain_folder=allow_plain_folder, spec_source=spec_source
-    )
+        s, settings, spec_text, source_repo, allow_plain_folder=allow_plain_folder, spec_source=spec_source,
+        announce=False,
+    )  # fmt: skip
     return clone_study(s, settings, study, spec_source=spec_source)
+
+
+def check_operator_limits(settings: Settings, spec: Spec, source: str = "grove.toml") -> None:
+    """Refuse what a spec may ask for only with the operator's leave (network access)."""
+    if spec.sandbox.network and not settings.sandbox_network:
+        message = (
+            "this server does not give studies network access (the operator sets GROVE_SANDBOX_NETWORK=true)"
+        )
+        raise SpecError([SpecIssue(key="sandbox.network", message=message)], source)
 
 
 def register_study(
     s: Session,
+    settings: Settings,
     spec_text: str,
     source_repo: str,
     *,
@@ -137,6 +148,7 @@ def register_study(
 ) -> Study:
     """Check a spec and record its study as `cloning`; `clone_study` finishes it (off the request path)."""
     spec = parse_spec(spec_text, spec_source)
+    check_operator_limits(settings, spec, spec_source)
     check_new(s, spec, source_repo, allow_plain_folder)
     study = Study(
         name=spec.study.name,

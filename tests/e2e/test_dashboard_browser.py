@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
 from backend.core.config import PROJECT_ROOT
 from tests.conftest import free_port, git, spawn_up, wait_for
@@ -51,11 +51,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
+def playwright() -> Iterator[Playwright]:
     with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+        yield pw
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    b = playwright.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_ARGS)
+    yield b
+    b.close()
 
 
 def example_repository(dest: Path) -> Path:
@@ -152,20 +157,21 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
     shot(page, "06-study-merged")
 
 
-def test_dashboard_refuses_a_rebound_host_and_never_sends_its_token(stack: dict[str, str]) -> None:
+def test_dashboard_refuses_a_rebound_host_and_never_sends_its_token(
+    stack: dict[str, str], playwright: Playwright
+) -> None:
     port = stack["dashboard"].rsplit(":", 1)[1].strip("/")
     rules = "--host-resolver-rules=MAP rebind.test 127.0.0.1"  # what a DNS-rebinding page would achieve
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=chromium(), headless=True, args=[*CHROMIUM_ARGS, rules])
-        try:
-            page = b.new_page()
-            page.set_default_timeout(30_000)
-            page.goto(f"http://rebind.test:{port}/")
-            expect(page.get_by_text("Refused: this dashboard does not answer to host")).to_be_visible()
-            expect(page.get_by_text("Studies", exact=True)).to_have_count(0)
-            page.goto(f"http://127.0.0.1:{port}/connection")
-            expect(page.get_by_text("API URL")).to_be_visible()
-            wait_for(lambda: "signed in" in page.content(), timeout=30)
-            assert stack["token"] not in page.content()
-        finally:
-            b.close()
+    b = playwright.chromium.launch(executable_path=chromium(), headless=True, args=[*CHROMIUM_ARGS, rules])
+    try:
+        page = b.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(f"http://rebind.test:{port}/")
+        expect(page.get_by_text("Refused: this dashboard does not answer to host")).to_be_visible()
+        expect(page.get_by_text("Studies", exact=True)).to_have_count(0)
+        page.goto(f"http://127.0.0.1:{port}/connection")
+        expect(page.get_by_text("API URL")).to_be_visible()
+        wait_for(lambda: "signed in" in page.content(), timeout=30)
+        assert stack["token"] not in page.content()
+    finally:
+        b.close()

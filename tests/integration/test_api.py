@@ -144,9 +144,11 @@ def test_auth_rules(service: Service, client: TestClient, tmp_path: Path) -> Non
         (lambda spec, repo: (spec, str(repo / "missing")), 422, "repository: "),
         (lambda spec, repo: (spec, str(repo / "data")), 422, "is not the top of a git repository"),
         (
+            # Plain http is refused up front; an unreachable https/git URL fails its background clone
+            # (tests/integration/test_cloning.py).
             lambda spec, repo: (spec, "http://127.0.0.1:9/nothing.git"),
             422,
-            "repository: git could not read it",
+            "repository: scheme 'http' is not allowed",
         ),
         (
             lambda spec, repo: (spec.replace("editable = [", 'editable = ["nope/*", '), str(repo)),

@@ -203,21 +203,32 @@ def test_nested_repository_config_cannot_run_a_program_in_groves_git(
 ) -> None:
     repo, tree = dev_tree(settings, tmp_path)
     marker = Path(f"/tmp/grove-fsmonitor-{uuid.uuid4().hex}")
-    hook = Path(f"/tmp/grove-hook-{uuid.uuid4().hex}")
-    res = box(
+    nested = (
         f"git init -q sub && git -C sub config core.fsmonitor 'touch {marker}; false' && "
-        f"printf '#!/bin/sh\\ntouch {hook}\\n' > sub/.git/hooks/pre-commit && chmod +x sub/.git/hooks/pre-commit && "
-        "echo m > sub/f && git -C sub add f && git -C sub -c user.name=x -c user.email=x@x commit -qm x && echo ok",
-        tree,
+        f"git -C sub config filter.x.clean 'sh -c \"touch {marker}; cat\"' && echo '* filter=x' > sub/.gitattributes && "
+        "echo m > sub/f && git -C sub add f && git -C sub -c user.name=x -c user.email=x@x commit -qm x && "
+        "echo changed > sub/f && mkfifo pipe && python -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\" && "
+        "echo ok"
     )
+    res = box(nested, tree)
     assert res.ok and "ok" in res.stdout_tail, res.stderr_tail
-    repo.commit_all(tree, "an executor's change")
-    for args in (("status",), ("diff", "HEAD"), ("add", "-A"), ("commit", "-qm", "x")):
+    # After the box: no nested repository, FIFO or socket is left for Grove's own tools and git.
+    assert not (tree / "sub" / ".git").exists() and (tree / "sub" / "f").exists()
+    assert not (tree / "pipe").exists() and not (tree / "sock").exists()
+    assert repo.commit_all(tree, "an executor's change") is not None
+    for args in (("status",), ("diff", "HEAD~1"), ("add", "-A")):
         gitops.git(*args, cwd=tree, check=False)
-        gitops.git(*args, cwd=tree / "sub", check=False)
-    assert not marker.exists() and not hook.exists()
-    # The same nested config does run its program under a plain git: the attack is real.
-    subprocess.run(["git", "status"], cwd=tree / "sub", capture_output=True, env={"PATH": os.environ["PATH"]})
+    assert not marker.exists()
+
+    # The same nested repository, built outside a box, does run its program under git: the attack
+    # is real, and what stops it is that no nested repository survives a box.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    subprocess.run(
+        ["sh", "-c", nested.replace("mkfifo pipe", "true")], cwd=outside, check=True, capture_output=True
+    )
+    marker.unlink(missing_ok=True)
+    gitops.git("add", "-A", cwd=outside / "sub", check=False)
     try:
         assert marker.exists()
     finally:
@@ -241,3 +252,59 @@ def test_a_metrics_line_after_50_mb_of_output_is_found(tmp_path: Path) -> None:
     )  # fmt: skip
     assert r.ok and r.metrics == {"score": 2}, r.reason
     assert Path(r.stdout_path).stat().st_size < 6_000_000
+
+
+def test_namespaces_mounts_and_keyrings_are_denied_inside_the_box(tmp_path: Path) -> None:
+    probe = (
+        "import ctypes, os, subprocess, threading\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "def try_(name, fn):\n"
+        "    try:\n"
+        "        fn(); print(name, 'ALLOWED')\n"
+        "    except (OSError, subprocess.CalledProcessError) as exc:\n"
+        "        print(name, 'denied', exc)\n"
+        "def call(nr, *args):\n"
+        "    if libc.syscall(nr, *args) == -1:\n"
+        "        raise OSError(ctypes.get_errno(), 'denied')\n"
+        "def check(rc):\n"
+        "    if rc == -1:\n"
+        "        raise OSError(ctypes.get_errno(), 'denied')\n"
+        "try_('unshare-user', lambda: check(libc.unshare(0x10000000)))\n"
+        "try_('unshare-mount', lambda: check(libc.unshare(0x00020000)))\n"
+        "keyring = {'x86_64': 248, 'aarch64': 217}[os.uname().machine]\n"
+        "try_('add-key', lambda: call(keyring, b'user', b'grove-leak', b'secret', 6, -2))\n"
+        "try_('unshare-cmd', lambda: subprocess.run(['unshare', '-Ur', 'true'], check=True, capture_output=True))\n"
+        "t = threading.Thread(target=lambda: None); t.start(); t.join(); print('threads ok')\n"
+        "print(subprocess.run(['echo', 'children ok'], capture_output=True, text=True).stdout.strip())\n"
+    )
+    (tmp_path / "probe.py").write_text(probe)
+    res = box("python probe.py", tmp_path)
+    out = res.stdout_tail
+    assert res.ok, res.stderr_tail
+    assert "ALLOWED" not in out and out.count("denied") >= 3, out
+    assert "threads ok" in out and "children ok" in out
+
+
+def test_sealed_files_cannot_be_swapped_in_a_sealed_run(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "labels.csv").write_text("REAL\n")
+    (tmp_path / "top.csv").write_text("REAL\n")
+    res = sandbox.run(
+        "echo FAKE > data/labels.csv; mv data data_old; mkdir -p data && echo FAKE > data/labels.csv;"
+        "echo FAKE > top.csv; mv top.csv x.csv; rm -f top.csv; echo FAKE > data/new.csv; cat data/labels.csv top.csv",
+        cwd=tmp_path,
+        output_dir=tmp_path.parent / "o-swap",
+        readonly=("data/labels.csv", "top.csv"),
+    )
+    assert res.stdout_tail.split() == ["REAL", "REAL"], res.stdout_tail + res.stderr_tail
+    assert (tmp_path / "data" / "labels.csv").read_text() == "REAL\n" and not (tmp_path / "data_old").exists()
+
+
+def test_one_attempts_commands_share_one_disk_budget(tmp_path: Path) -> None:
+    start = sandbox.usage(tmp_path)
+    for i in range(3):
+        res = sandbox.run(
+            f"head -c 3000000 /dev/zero > f{i}; sleep 2", cwd=tmp_path, output_dir=tmp_path.parent / f"o-disk{i}",
+            limits=sandbox.Limits(timeout=30, disk_mb=5), disk_base=start,
+        )  # fmt: skip
+        assert res.disk_exceeded == (i >= 1), (i, res.stderr_tail)

@@ -45,7 +45,7 @@ def _create(
     check_source(settings, repository)
     if gitops.is_url(repository) and not repository.startswith("file://"):
         # A remote may be slow: the study is `cloning` until a coordinator worker has its clone.
-        st = register_study(s, spec, repository)
+        st = register_study(s, settings, spec, repository)
         s.commit()
         celery.send_task("coordinator.clone", args=[st.id])
         return serializers.study_public(s, st)
