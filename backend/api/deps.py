@@ -52,6 +52,7 @@ CeleryDep = Annotated[Celery, Depends(get_celery)]
 class Principal:
     name: str
     roles: frozenset[str]
+    token_id: int | None = None
 
 
 def principal(
@@ -65,7 +66,7 @@ def principal(
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, "invalid or revoked token", headers={"WWW-Authenticate": "Bearer"}
         )
-    return Principal(row.name or f"token-{row.id}", frozenset(row.roles.split(",")))
+    return Principal(row.name or f"token-{row.id}", frozenset(row.roles.split(",")), row.id)
 
 
 def require(role: str | None) -> Callable[..., Principal]:

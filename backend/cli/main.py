@@ -166,6 +166,12 @@ def run_cmd(
         if existing is not None and fresh:
             lifecycle.discard(s, settings, existing.id or 0, thread_id(existing.id or 0))
             existing = None
+    if existing is not None and existing.status == StudyStatus.CLONING:
+        err.print(
+            f"[red]error:[/] study {existing.name!r} was created over the API and is still being cloned by "
+            "the service; follow it there, or use --fresh to replace it here"
+        )
+        raise typer.Exit(1)
     if existing is not None and existing.status == StudyStatus.FINISHED:
         console.print(
             f"study {existing.name!r} already finished; report: {existing.report_path} (use --fresh)"

@@ -34,7 +34,6 @@ SAFE_CONFIG = (
     ("core.hooksPath", "/dev/null"),
     ("core.sshCommand", "ssh -o BatchMode=yes"),
     ("core.askPass", "/bin/false"),
-    ("credential.helper", ""),
     ("submodule.recurse", "false"),
     ("protocol.allow", "never"),
     ("protocol.https.allow", "always"),
@@ -42,14 +41,21 @@ SAFE_CONFIG = (
     ("protocol.git.allow", "always"),
     ("protocol.file.allow", "always"),
 )
-# The only variables of Grove's own environment a git command sees.
-KEEP_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SSH_AUTH_SOCK")
+# The only variables of Grove's own environment a git command sees: the operator's, for reaching
+# remotes (proxies, CA bundles, ssh agent and command).
+KEEP_ENV = (
+    "PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SSH_AUTH_SOCK", "GIT_SSH_COMMAND",
+    "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy",
+    "GIT_SSL_CAINFO", "GIT_SSL_CAPATH", "SSL_CERT_FILE", "SSL_CERT_DIR",
+)  # fmt: skip
 
 
 def git_env() -> dict[str, str]:
     """Return the minimal environment every git command of Grove's runs with."""
     env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
     env.update(GIT_ENV)
+    # An operator's git config (credential helpers, url rewrites) may be named; SAFE_CONFIG still wins.
+    env["GIT_CONFIG_GLOBAL"] = os.environ.get("GROVE_GIT_CONFIG") or "/dev/null"
     env["GIT_CONFIG_COUNT"] = str(len(SAFE_CONFIG))
     for i, (key, value) in enumerate(SAFE_CONFIG):
         env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
@@ -100,6 +106,11 @@ class Repo:
     """Grove's own clone of a target repository."""
 
     path: Path
+
+    def __post_init__(self) -> None:
+        # An empty path (a study not yet cloned) would be "." : some other repository entirely.
+        if not self.path.is_absolute():
+            raise GitError([], -1, f"no repository at {str(self.path)!r} (the study has no clone yet)")
 
     def git(self, *args: str, check: bool = True) -> str:
         """Run git in this repository."""

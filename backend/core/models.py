@@ -44,7 +44,8 @@ class Study(SQLModel, table=True):
     plateau_level: int = 0
     stop_reason: str = ""
     report_path: str = ""
-    sandbox: str = "bwrap"  # "none" once any run of the study went unsandboxed (GROVE_SANDBOX=none)
+    # "bwrap"; "none" once any run went unsandboxed (GROVE_SANDBOX=none); "unknown" from before sandboxing.
+    sandbox: str = "bwrap"
     created_at: datetime = Field(default_factory=now)
     started_at: datetime | None = None
     finished_at: datetime | None = None

@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import fcntl
 import glob
+import json
 import os
 import random
 import re
@@ -26,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -191,74 +192,122 @@ def kill_all() -> None:
 # uids and ownership --------------------------------------------------------------------------
 
 
+def _lock_dir() -> Path:
+    """Return the folder of uid lease locks: Grove's own, private, never a link."""
+    base = Path("/run") if os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
+    path = base / f"grove-sandbox-uids-{os.geteuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise SandboxUnavailable(f"{path} is not a private folder of Grove's user; remove it")
+    return path
+
+
 @contextlib.contextmanager
 def _lease_uid(iso: Isolation) -> Iterator[int | None]:
     """Hold an unprivileged uid no other box on this machine uses now (None unless root)."""
     if os.geteuid() != 0 or not iso.boxed:
         yield None
         return
-    locks = Path(tempfile.gettempdir()) / "grove-sandbox-uids"
-    locks.mkdir(mode=0o700, exist_ok=True)
+    locks = _lock_dir()
     start = random.randrange(iso.uid_slots)
     for i in range(iso.uid_slots):
         slot = (start + i) % iso.uid_slots
-        fh = open(locks / str(slot), "a")  # noqa: SIM115 - held for the whole run
+        fd = os.open(locks / str(slot), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            fh.close()
+            os.close(fd)
             continue
         try:
             yield iso.uid_base + slot
         finally:
-            fh.close()
+            os.close(fd)
         return
     raise SandboxUnavailable(f"all {iso.uid_slots} sandbox uids are in use")
 
 
+MAX_DEPTH = 200  # no real repository nests deeper; a deeper tree is a box's attack on Grove's walks
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _walk(root: Path, visit: Callable[[int, str, os.stat_result, str], bool]) -> None:
+    """Visit each entry under `root` (its top `.git` excepted) by directory descriptor, links unfollowed.
+
+    Iterative and depth-first, holding one descriptor per level. `visit(dir_fd, name, st, rel)`
+    gets the entry's path relative to `root` and returns whether to descend into a directory.
+    """
+    try:
+        top = os.open(root, _DIR)
+    except OSError:
+        return
+    stack: list[tuple[int, Iterator[str], str]] = [(top, iter(sorted(os.listdir(top))), "")]
+    while stack:
+        dfd, names, prefix = stack[-1]
+        name = next(names, None)
+        if name is None:
+            os.close(dfd)
+            stack.pop()
+            continue
+        if not prefix and name == ".git":
+            continue
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            continue
+        rel = f"{prefix}{name}"
+        if visit(dfd, name, st, rel) and stat.S_ISDIR(st.st_mode):
+            with contextlib.suppress(OSError):
+                child = os.open(name, _DIR, dir_fd=dfd)
+                stack.append((child, iter(sorted(os.listdir(child))), rel + "/"))
+
+
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
-    """Give a tree (its top `.git` excepted) to a uid, never following links; walks by descriptor."""
+    """Give a tree (its top `.git` excepted) to a uid, never following links."""
     with contextlib.suppress(OSError):
         os.lchown(root, uid, gid)
-    for top, dirs, files, dfd in os.fwalk(root, follow_symlinks=False):
-        at_top = top == str(root)
-        for name in (*dirs, *files):
-            if at_top and name == ".git":
-                continue
-            with contextlib.suppress(OSError):
-                os.chown(name, uid, gid, dir_fd=dfd, follow_symlinks=False)
-        if at_top and ".git" in dirs:
-            dirs.remove(".git")
+
+    def visit(dfd: int, name: str, st: os.stat_result, rel: str) -> bool:
+        with contextlib.suppress(OSError):
+            os.chown(name, uid, gid, dir_fd=dfd, follow_symlinks=False)
+        return True
+
+    _walk(root, visit)
 
 
-def _scrub(root: Path) -> list[str]:
-    """Remove what a box may leave for Grove's own tools to trip on; return what went.
+def _scrub(root: Path) -> int:
+    """Remove what a box may leave for Grove's own tools to trip on; return how many entries went.
 
-    Nested `.git` entries (a repository whose config would make Grove's git run a program),
-    FIFOs, sockets and device nodes (git cannot track them; reading one blocks).
+    Nested `.git` entries (a repository whose config would make Grove's git run a program), FIFOs,
+    sockets and device nodes (git cannot track them; reading one blocks), and folders nested past
+    MAX_DEPTH (they would exhaust recursive walks). Folders are moved out of the tree, then deleted.
     """
-    removed: list[str] = []
-    for top, dirs, files, dfd in os.fwalk(root, follow_symlinks=False):
-        gone: set[str] = set()
-        for name in (*dirs, *files):
-            if top == str(root) and name == ".git":
-                gone.add(name)  # Grove's own: not walked, not removed
-                continue
-            try:
-                mode = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode
-            except OSError:
-                continue
-            special = stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-            if name != ".git" and not special:
-                continue
-            with contextlib.suppress(OSError):
-                if stat.S_ISDIR(mode):
-                    shutil.rmtree(name, dir_fd=dfd)
-                else:
-                    os.unlink(name, dir_fd=dfd)
-                removed.append(os.path.relpath(os.path.join(top, name), root))
-            gone.add(name)
-        dirs[:] = [d for d in dirs if d not in gone]
+    quarantine = Path(tempfile.mkdtemp(prefix=".grove-scrub-", dir=root.parent))
+    qfd = os.open(quarantine, _DIR)
+    removed = 0
+
+    def visit(dfd: int, name: str, st: os.stat_result, rel: str) -> bool:
+        nonlocal removed
+        mode = st.st_mode
+        special = stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        deep = stat.S_ISDIR(mode) and rel.count("/") + 1 >= MAX_DEPTH
+        if name != ".git" and not special and not deep:
+            return True
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(mode):
+                os.rename(name, str(removed), src_dir_fd=dfd, dst_dir_fd=qfd)
+            else:
+                os.unlink(name, dir_fd=dfd)
+            removed += 1
+        return False
+
+    try:
+        _walk(root, visit)
+    finally:
+        os.close(qfd)
+        # GNU rm walks without recursion or path-length limits.
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(quarantine)], check=False)
     return removed
 
 
@@ -290,6 +339,48 @@ def _read_regular(path: Path, cap: int = 1_000_000) -> bytes | None:
 
 
 # the box ------------------------------------------------------------------------------------
+
+
+def _readonly_mounts(tree: Path, readonly: tuple[str, ...]) -> list[str]:
+    """Return bwrap arguments that keep the listed files (relative paths) from being changed.
+
+    Each file is bound read-only with the highest folder above it that holds only listed files.
+    Every folder above such a unit is bound onto itself: a mount point cannot be renamed, so
+    no folder can be moved away and replaced by one holding other files. Links are never bound.
+    """
+    if not readonly:
+        return []
+    listed = set(readonly)
+    under: dict[str, set[str]] = {}  # folder -> every non-folder entry below it
+
+    def visit(dfd: int, name: str, st: os.stat_result, rel: str) -> bool:
+        if stat.S_ISDIR(st.st_mode):
+            return True
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            under.setdefault("/".join(parts[:i]), set()).add(rel)
+        return False
+
+    _walk(tree, visit)
+    units: set[str] = set()
+    for rel in listed:
+        if (tree / rel).is_symlink() or not (tree / rel).is_file():
+            continue
+        unit, parts = rel, rel.split("/")
+        for i in range(len(parts) - 1, 0, -1):
+            folder = "/".join(parts[:i])
+            if (tree / folder).is_symlink() or not under.get(folder, set()) <= listed:
+                break
+            unit = folder
+        units.add(unit)
+    units = {u for u in units if not any(u.startswith(v + "/") for v in units)}
+    guards = {"/".join(u.split("/")[:i]) for u in units for i in range(1, u.count("/") + 1)}
+    args: list[str] = []
+    for folder in sorted(guards, key=lambda g: g.count("/")):
+        args += ["--bind", str(tree / folder), f"{TREE}/{folder}"]
+    for unit in sorted(units):
+        args += ["--ro-bind", str(tree / unit), f"{TREE}/{unit}"]
+    return args
 
 
 def _dirs(path: str) -> list[str]:
@@ -329,6 +420,7 @@ def _bwrap_argv(
     uid: int | None,
     readonly: tuple[str, ...] = (),
     seccomp_fd: int | None = None,
+    info_fd: int | None = None,
 ) -> list[str]:
     # As root, bwrap sets the box up with root's rights and `setpriv` then drops to the leased uid;
     # otherwise a user namespace maps Grove's own uid into the box.
@@ -351,20 +443,11 @@ def _bwrap_argv(
     if networked:
         args += ["--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
     args += [*_dirs(TREE), "--bind", str(tree), TREE, "--bind", str(out), OUT]
-    # A sealed file is protected with the whole top-level entry that holds it: binding only the file
-    # would let the command rename its folder away and put another file in its place.
-    for top in sorted({rel.split("/", 1)[0] for rel in readonly}):
-        path = tree / top
-        # Never a link: it could point anywhere on the host.
-        if (path.is_file() or path.is_dir()) and not path.is_symlink():
-            args += ["--ro-bind", str(path), f"{TREE}/{top}"]
-    dotgit = tree / ".git"
-    if dotgit.is_dir() and not dotgit.is_symlink():
-        args += ["--tmpfs", f"{TREE}/.git", "--remount-ro", f"{TREE}/.git"]
-    elif dotgit.exists() or dotgit.is_symlink():
-        args += ["--ro-bind", "/dev/null", f"{TREE}/.git"]
+    args += _readonly_mounts(tree, readonly)
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
+    if info_fd is not None:
+        args += ["--info-fd", str(info_fd)]
     args += ["--remount-ro", "/", "--chdir", TREE, "--"]
     if uid is not None:
         args += [
@@ -375,6 +458,25 @@ def _bwrap_argv(
 
 
 @lru_cache(maxsize=8)
+def _await_box_end(info_r: int, timeout: float = 10.0) -> None:
+    """Wait until the box's first process (and so its whole PID namespace) is gone; close the pipe."""
+    with os.fdopen(info_r, "rb") as fh:
+        raw = fh.read(4096)
+    try:
+        pid = int(json.loads(raw or b"{}").get("child-pid", 0))
+    except (ValueError, AttributeError):
+        return
+    deadline = time.monotonic() + timeout
+    while pid and time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return
+        if "\nState:\tZ" in state:
+            return  # a pid-1 zombie outlives only its namespace's last process
+        time.sleep(0.01)
+
+
 def _probe(iso: Isolation) -> str:
     if not shutil.which(iso.bwrap):
         return f"bubblewrap ({iso.bwrap!r}) is not installed"
@@ -475,21 +577,23 @@ def _run(
         _chown_tree(tree, uid, uid)
         os.chown(exchange, uid, uid)
     status_r, status_w = os.pipe()
-    keep: list[int] = []
-    if boxed:
-        program = seccomp.program()
-        if program is not None:
-            filter_r, filter_w = os.pipe()
-            os.write(filter_w, program)
-            os.close(filter_w)
-            keep.append(filter_r)
-        argv = _bwrap_argv(iso, limits, tree, exchange, inner, uid, readonly, keep[0] if keep else None)
-        stdin: int = status_w
-    else:
-        argv, stdin = inner, subprocess.DEVNULL
-    baseline = usage(tree, exchange) if disk_base is None and limits.disk_mb else disk_base or 0
-    started = time.monotonic()
+    info_r, info_w = os.pipe()  # bwrap writes the box's first process id here
+    keep: list[int] = [info_w] if boxed else []
     try:
+        if boxed:
+            program = seccomp.program()
+            seccomp_fd = None
+            if program is not None:
+                seccomp_fd, filter_w = os.pipe()
+                os.write(filter_w, program)
+                os.close(filter_w)
+                keep.append(seccomp_fd)
+            argv = _bwrap_argv(iso, limits, tree, exchange, inner, uid, readonly, seccomp_fd, info_w)
+            stdin: int = status_w
+        else:
+            argv, stdin = inner, subprocess.DEVNULL
+        baseline = usage(tree, exchange) if disk_base is None and limits.disk_mb else disk_base or 0
+        started = time.monotonic()
         proc = subprocess.Popen(
             argv,
             cwd=tree if not boxed else "/",
@@ -501,8 +605,14 @@ def _run(
             preexec_fn=_limiter(limits),
             pass_fds=tuple(keep),
         )
+    except BaseException:
+        os.close(status_r)
+        os.close(info_r)
+        raise
     finally:
         os.close(status_w)
+        if not boxed:
+            os.close(info_w)
         for fd in keep:
             os.close(fd)
     _running.add(proc.pid)
@@ -531,6 +641,7 @@ def _run(
         _kill_group(proc.pid)
         proc.wait()
         _running.discard(proc.pid)
+        _await_box_end(info_r)
     for c in caps:
         c.join(timeout=10)
     with os.fdopen(status_r, "rb") as fh:

@@ -127,8 +127,12 @@ def run_repeats(
     n = spec.evaluate.repeats if kind == "dev" else spec.gate.test_repeats
     patterns = spec.files.protected + (spec.files.sealed if kind == "test" else [])
     fp = evaluation.fingerprint(worktree, patterns)
-    # In a sealed run the sealed files are read-only: code under test cannot rewrite the labels.
-    sealed = tuple(globs.select(spec.files.sealed, repo_of(study).files_at(commit))) if kind == "test" else ()
+    # The evaluator's files (and, in a sealed run, the sealed files) are read-only in every run:
+    # code under test cannot rewrite the labels, nor the evaluator for the next seed.
+    files = repo_of(study).files_at(commit)
+    readonly = tuple(
+        globs.select(spec.files.protected + (spec.files.sealed if kind == "test" else []), files)
+    )
     receipts = []
     for seed in range(n):
         r = evaluation.evaluate(
@@ -142,7 +146,7 @@ def run_repeats(
             limits=limits_of(spec),
             evaluator_fingerprint=fp,
             isolation=isolation_of(settings, study),
-            readonly=sealed,
+            readonly=readonly,
             output_cap=settings.output_cap_bytes,
             tail_bytes=settings.tail_bytes,
         )
@@ -166,10 +170,10 @@ def _row(r: evaluation.Receipt) -> dict[str, object]:
 
 def remove_study_worktrees(settings: Settings, study: Study) -> list[Path]:
     """Remove every worktree of a study (when it has finished nothing may still use one)."""
-    repo = repo_of(study)
     base = (settings.worktrees_dir / study.name).resolve()
     removed = []
-    if (Path(study.repo_path) / ".git").exists():
+    if study.repo_path and (Path(study.repo_path) / ".git").exists():
+        repo = repo_of(study)
         for wt in repo.worktrees():
             path = Path(wt["worktree"])
             if path.is_relative_to(base):
@@ -190,9 +194,9 @@ def janitor(settings: Settings, max_age_hours: float | None = None) -> list[Path
         studies = list(s.exec(select(Study)))
         live = {f"n{j.node_id}-a{j.attempt}" for j in s.exec(select(Job).where(Job.status == "running"))}
     for st in studies:
+        if not st.repo_path or not (Path(st.repo_path) / ".git").exists():
+            continue  # not cloned yet (or its clone failed)
         repo = repo_of(st)
-        if not (Path(st.repo_path) / ".git").exists():
-            continue
         for wt in repo.worktrees():
             path = Path(wt["worktree"])
             if not path.is_relative_to(settings.worktrees_dir.resolve()):

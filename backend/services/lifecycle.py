@@ -78,7 +78,15 @@ def resume(s: Session, study_id: int, *, by: str) -> Study:
 
 
 def stop(s: Session, study_id: int, *, by: str) -> list[str]:
-    """Ask a study to stop; return the task ids of its queued jobs, which the caller may revoke."""
+    """Ask a study to stop; return the task ids of its queued jobs, which the caller may revoke.
+
+    A study still cloning has nothing running: it ends at once, as failed.
+    """
+    if load(s, study_id).status == StudyStatus.CLONING:
+        change(
+            s, study_id, StudyStatus.FAILED, reason=f"stopped by {by or 'someone'} before its clone finished"
+        )
+        return []
     change(s, study_id, StudyStatus.STOPPING, "stopping", by=by)
     jobs = s.exec(select(Job).where(Job.study_id == study_id, Job.status == "queued"))
     return [j.token for j in jobs if j.token]
@@ -116,5 +124,6 @@ def discard(s: Session, settings: Settings, study_id: int, thread_id: str) -> No
             for table in ("checkpoints", "writes"):
                 with contextlib.suppress(sqlite3.OperationalError):
                     conn.execute(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
-    shutil.rmtree(study.repo_path, ignore_errors=True)
+    if study.repo_path:
+        shutil.rmtree(study.repo_path, ignore_errors=True)
     shutil.rmtree(settings.worktrees_dir / study.name, ignore_errors=True)

@@ -22,6 +22,14 @@ def _m(values: list[float]) -> str:
     return f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f} (n={len(values)})"
 
 
+SANDBOX = {
+    "bwrap": "namespaces (bubblewrap)",
+    "none": "**unsandboxed** (GROVE_SANDBOX=none): evaluations and executor commands ran as Grove's own "
+    "user, with access to its data, keys and network",
+    "unknown": "not recorded (the study predates sandboxing: assume unsandboxed)",
+}
+
+
 def render(s: Session, study_id: int) -> str:
     """Return the study's report as Markdown."""
     st = s.get(Study, study_id)
@@ -44,14 +52,7 @@ def render(s: Session, study_id: int) -> str:
         f"**Status:** {st.status} — {st.stop_reason or 'running'}  ",
         f"**Policy:** {spec.policy_kind} · **gate:** {spec.gate.mode}, margin {spec.gate.margin:g}, "
         f"{spec.gate.test_repeats} test repeats",
-        "**Sandbox:** "
-        + (
-            "namespaces (bubblewrap)"
-            if st.sandbox != "none"
-            else "**unsandboxed** (GROVE_SANDBOX=none): evaluations and executor commands ran as Grove's "
-            "own user, with access to its data, keys and network"
-        )
-        + "  ",
+        "**Sandbox:** " + SANDBOX.get(st.sandbox, SANDBOX["unknown"]) + "  ",
         "",
         "## Baseline → final",
         "",

@@ -83,13 +83,18 @@ class SourceRefused(ValueError):
 def check_source(settings: Settings, source: str) -> None:
     """Refuse a repository given over the API unless the operator's settings allow it.
 
-    Local paths (and file:// URLs) must lie under a `GROVE_REPO_ROOTS` folder; URLs must use
+    Local paths must lie under a `GROVE_REPO_ROOTS` folder (file: URLs are refused); URLs must use
     https, ssh or git, and name a `GROVE_GIT_ALLOWED_HOSTS` host when that is set.
     """
+    if not source.strip() or any(ord(c) < 32 or ord(c) == 127 for c in source):
+        raise SourceRefused("repository: must be a path or URL without control characters")
     if source.startswith("-"):
         raise SourceRefused("repository: must not start with '-'")
-    if source.startswith("file://") or not gitops.is_url(source):
-        path = Path(source.removeprefix("file://")).expanduser().resolve()
+    if source.lower().startswith("file:"):
+        # git decodes %2F and reads a host part; a plain path is checked as it will be cloned.
+        raise SourceRefused("repository: file: URLs are not accepted over the API; give the folder's path")
+    if not gitops.is_url(source):
+        path = Path(source).expanduser().resolve()
         roots = [Path(r).expanduser().resolve() for r in settings.repo_roots.split(",") if r.strip()]
         if not any(path.is_relative_to(r) for r in roots):
             where = ", ".join(str(r) for r in roots) if roots else "no folder (GROVE_REPO_ROOTS is not set)"
@@ -218,11 +223,13 @@ def get_by_name(s: Session, name: str) -> Study | None:
 
 
 class NotPromotable(ValueError):
-    """The study came from a plain folder: there is no origin to push its trunk to."""
+    """The study has no trunk to push, or came from a plain folder with no origin to push it to."""
 
 
 def promote(s: Session, study: Study, by: str) -> str:
     """Push trunk to the origin as branch `grove/<study>` (never a user branch); return that branch."""
+    if not study.repo_path or not study.trunk_commit:
+        raise NotPromotable(f"study {study.name!r} has no trunk yet (it is {study.status})")
     repo = gitops.Repo(Path(study.repo_path))
     if not repo.git("remote").strip():
         raise NotPromotable(

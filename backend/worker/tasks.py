@@ -6,6 +6,7 @@ Executor tasks never wait on other tasks: they end by enqueueing `coordinator.ad
 from __future__ import annotations
 
 import os
+import traceback
 
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
@@ -54,18 +55,23 @@ def clone(study_id: int) -> str:
     """Clone a study's repository off the request path: it becomes created (and starts), or failed."""
     settings = get_settings()
     try:
-        with db.session(settings.db_url) as s:
+        with (
+            lease(settings.redis_url, f"grove:clone:{study_id}", 2 * settings.lease_seconds),
+            db.session(settings.db_url) as s,
+        ):
             st = s.get(Study, study_id)
             if st is None or st.status != StudyStatus.CLONING:
                 return "skipped"
             clone_study(s, settings, st)
-    except (SpecError, GitError, FileNotFoundError, OSError, ValueError) as exc:
+    except Busy:
+        return "busy"
+    except Exception as exc:  # any failure ends the study with its reason; none leaves it cloning
+        reason = str(exc) if isinstance(exc, SpecError) else str(repository_error(exc)["message"])
+        if not isinstance(exc, SpecError | GitError | FileNotFoundError):
+            traceback.print_exc()
         with db.session(settings.db_url) as s:
-            lifecycle.fail(
-                s,
-                study_id,
-                str(repository_error(exc)["message"]) if not isinstance(exc, SpecError) else str(exc),
-            )
+            if s.get(Study, study_id) is not None:
+                lifecycle.fail(s, study_id, reason)
         return "failed"
     enqueue_advance(app, study_id)
     return "created"
@@ -75,6 +81,10 @@ def clone(study_id: int) -> str:
 def advance(self: Task, study_id: int) -> str:
     """Advance a study's graph under its lock; if another step holds the lock, try again shortly."""
     settings = get_settings()
+    with db.session(settings.db_url) as s:
+        st = s.get(Study, study_id)
+        if st is None or not st.repo_path:
+            return "not cloned"  # still cloning, or its clone failed: there is no graph to run
     try:
         with lease(settings.redis_url, f"grove:study:{study_id}", 2 * settings.lease_seconds):
             waiting = Driver(settings, study_id, CeleryDispatcher(settings, app)).advance()
@@ -144,6 +154,14 @@ def reconcile() -> dict[str, int]:
                 select(Study).where(col(Study.status).in_([StudyStatus.RUNNING, StudyStatus.STOPPING]))
             )
         ]
+        # A clone whose task was lost (broker or worker died) is sent again, once a minute at most.
+        cloning = [
+            st.id
+            for st in s.exec(select(Study).where(Study.status == StudyStatus.CLONING))
+            if (now() - st.created_at).total_seconds() > settings.lease_seconds
+            and not r.exists(f"grove:clone:{st.id}")
+            and r.set(f"grove:resent-clone:{st.id}", "1", nx=True, ex=60)
+        ]
         stale = []
         for job in s.exec(select(Job).where(col(Job.status).in_(["queued", "running"]))):
             age = (now() - (job.started_at or job.created_at)).total_seconds()
@@ -159,6 +177,9 @@ def reconcile() -> dict[str, int]:
         if job_id is not None:
             dispatcher.submit(job_id)
             resent += 1
+    for study_id in cloning:
+        app.send_task("coordinator.clone", args=[study_id])
+        resent += 1
     for study_id in active:
         if study_id is not None and not r.exists(f"grove:study:{study_id}"):
             enqueue_advance(app, study_id)

@@ -21,7 +21,8 @@ new_token = st.text_input(
     help="from `grove token create`",
 )
 if st.button("Connect", key="connect", type="primary"):
-    chosen = new_token.strip() or token  # an empty field keeps the token in use
+    # An empty field keeps the token in use, but only for the same API: never send it elsewhere.
+    chosen = new_token.strip() or (token if new_api.rstrip("/") == api.rstrip("/") else "")
     probe = Grove(new_api, chosen)
     try:
         probe.health()

@@ -104,8 +104,15 @@ def test_a_study_from_a_url_is_cloned_in_the_background(
     )
     assert hanging.status_code == 201 and hanging.json()["status"] == "cloning", hanging.text
     hid = hanging.json()["id"]
-    # The API answers while that clone hangs.
+    # The API answers while that clone hangs, and a cloning study can be stopped.
     assert status(url, headers, hid)["status"] == "cloning"
+    stopped = httpx.post(
+        f"{url}/studies", json={"spec": spec.replace("from-url", "stopped"), "repository": f"{silent}/s"},
+        headers=headers,
+    ).json()["id"]  # fmt: skip
+    assert httpx.post(f"{url}/studies/{stopped}/stop", headers=headers).status_code == 200
+    assert status(url, headers, stopped)["status"] == "failed"
+    assert "before its clone finished" in str(status(url, headers, stopped)["stop_reason"])
     check = httpx.post(
         f"{url}/studies/validate", json={"spec": spec, "repository": f"{remote}/tiny"}, headers=headers
     )

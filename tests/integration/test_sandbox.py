@@ -52,9 +52,10 @@ def test_detached_children_die_with_the_box_and_the_receipt_says_so(tmp_path: Pa
         output_dir=tmp_path / "out",
         limits=sandbox.Limits(timeout=30),
     )
-    assert res.ok and res.strays == 2
-    assert "2 process(es) were still running" in res.stderr_tail
-    assert "2 process(es) were still running" in res.stderr_path.read_text()
+    # Two sleeps at least (a shell may still stand between the second and its sleep).
+    assert res.ok and res.strays is not None and res.strays >= 2
+    note = f"{res.strays} process(es) were still running"
+    assert note in res.stderr_tail and note in res.stderr_path.read_text()
     assert not host_processes_with(f"sleep {marker}")
 
 

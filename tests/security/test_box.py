@@ -274,6 +274,16 @@ def test_namespaces_mounts_and_keyrings_are_denied_inside_the_box(tmp_path: Path
         "keyring = {'x86_64': 248, 'aarch64': 217}[os.uname().machine]\n"
         "try_('add-key', lambda: call(keyring, b'user', b'grove-leak', b'secret', 6, -2))\n"
         "try_('unshare-cmd', lambda: subprocess.run(['unshare', '-Ur', 'true'], check=True, capture_output=True))\n"
+        "clone, clone3 = {'x86_64': (56, 435), 'aarch64': (220, 435)}[os.uname().machine]\n"
+        "def fork_into_new_user_namespace():\n"
+        "    rc = libc.syscall(clone, 0x10000000 | 17, 0, 0, 0, 0)  # CLONE_NEWUSER | SIGCHLD\n"
+        "    if rc == 0:\n"
+        "        os._exit(0)\n"
+        "    if rc > 0:\n"
+        "        os.waitpid(rc, 0)\n"
+        "    check(rc)\n"
+        "try_('clone-new-user', fork_into_new_user_namespace)\n"
+        "libc.syscall(clone3, 0, 0); print('clone3 errno', ctypes.get_errno())\n"
         "t = threading.Thread(target=lambda: None); t.start(); t.join(); print('threads ok')\n"
         "print(subprocess.run(['echo', 'children ok'], capture_output=True, text=True).stdout.strip())\n"
     )
@@ -281,7 +291,8 @@ def test_namespaces_mounts_and_keyrings_are_denied_inside_the_box(tmp_path: Path
     res = box("python probe.py", tmp_path)
     out = res.stdout_tail
     assert res.ok, res.stderr_tail
-    assert "ALLOWED" not in out and out.count("denied") >= 3, out
+    assert "ALLOWED" not in out and out.count("denied") >= 4, out
+    assert "clone3 errno 38" in out  # ENOSYS: the C library falls back to clone, whose flags are checked
     assert "threads ok" in out and "children ok" in out
 
 
@@ -308,3 +319,27 @@ def test_one_attempts_commands_share_one_disk_budget(tmp_path: Path) -> None:
             limits=sandbox.Limits(timeout=30, disk_mb=5), disk_base=start,
         )  # fmt: skip
         assert res.disk_exceeded == (i >= 1), (i, res.stderr_tail)
+
+
+def test_a_tree_too_deep_for_recursive_walks_is_cut_back_after_the_box(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "keep.txt").write_text("k")
+    res = box(
+        "python -c \"import os\nfor _ in range(1500):\n    os.mkdir('d'); os.chdir('d')\n"
+        "os.mkdir('.git'); os.mkfifo('pipe')\"; echo made",
+        tree,
+    )
+    try:
+        assert res.ok and "made" in res.stdout_tail, res.stderr_tail
+        # Past MAX_DEPTH the folder went; what is left is shallow enough for any walk.
+        depth = 0
+        d = tree
+        while (d / "d").is_dir():
+            d, depth = d / "d", depth + 1
+        assert depth < sandbox.MAX_DEPTH and (tree / "keep.txt").read_text() == "k"
+        evaluation.fingerprint(tree, ["**"])
+        if os.geteuid() == 0:
+            assert all(p.stat().st_uid == 0 for p in [tree, tree / "d", d])
+    finally:
+        subprocess.run(["rm", "-rf", str(tree)], check=False)

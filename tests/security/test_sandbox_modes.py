@@ -24,11 +24,25 @@ def grove(settings: Settings, *args: str, **env: str) -> subprocess.CompletedPro
 
 def test_commands_refuse_a_machine_that_cannot_sandbox(settings: Settings, tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "r", tiny_files(name="nobox", experiments=2))
-    for args in (("run", str(repo), "--auto-approve", "--quiet"), ("worker", "--queues", "cpu")):
-        res = grove(settings, *args, GROVE_SANDBOX_BWRAP="/nonexistent/bwrap")
+    # A bubblewrap the kernel refuses, as in a container without user namespaces.
+    refused = tmp_path / "bwrap"
+    refused.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    refused.chmod(0o755)
+    cases = [
+        ("/nonexistent/bwrap", ("run", str(repo), "--auto-approve", "--quiet"), "is not installed"),
+        (
+            str(refused),
+            ("run", str(repo), "--auto-approve", "--quiet"),
+            "No permissions to create new namespace",
+        ),
+        (str(refused), ("worker", "--queues", "cpu"), "No permissions to create new namespace"),
+        (str(refused), ("up", "--port", "1", "--no-dashboard"), "No permissions to create new namespace"),
+    ]
+    for bwrap, args, why in cases:
+        res = grove(settings, *args, GROVE_SANDBOX_BWRAP=bwrap)
         assert res.returncode == 2, res.stdout + res.stderr
-        assert "cannot sandbox untrusted code" in res.stderr and "apt install bubblewrap" in res.stderr
-        assert "GROVE_SANDBOX=none" in res.stderr
+        assert "cannot sandbox untrusted code" in res.stderr and why in res.stderr
+        assert "apt install bubblewrap" in res.stderr and "GROVE_SANDBOX=none" in res.stderr
     with db.session(settings.db_url) as s:
         assert s.exec(select(Study)).first() is None  # nothing was created
 

@@ -141,9 +141,12 @@ def test_tokens_can_be_listed_revoked_and_expire(api: tuple[str, Settings]) -> N
     ("source", "message"),
     [
         ("{tmp}/outside", "must lie under"),
-        ("file://{tmp}/outside", "must lie under"),
+        ("file://{tmp}/outside", "file: URLs are not accepted"),
+        ("file://{tmp}/allowed/x/..%2F..%2Foutside", "file: URLs are not accepted"),
+        ("file://localhost/etc", "file: URLs are not accepted"),
         ("{tmp}/allowed/../outside", "must lie under"),
         ("--upload-pack=touch /tmp/x", "must not start with '-'"),
+        ("{tmp}/allowed/\u0000x", "without control characters"),
         ("ext::sh -c touch% /tmp/pwned", "must lie under"),
         ("http://git.example.org/r.git", "scheme 'http' is not allowed"),
         ("https://evil.example.com/r.git", "not in GROVE_GIT_ALLOWED_HOSTS"),

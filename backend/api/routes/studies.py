@@ -11,6 +11,7 @@ from fastapi.responses import PlainTextResponse
 from sqlmodel import Session, col, func, select
 
 from agents.spec import parse_spec
+from agents.tree.status import StudyStatus
 from backend.api import schemas, serializers
 from backend.api.deps import MAX_ID, Approver, CeleryDep, Operator, Reader, SessionDep, SettingsDep, StudyId
 from backend.core import gitops
@@ -20,6 +21,7 @@ from backend.services import lifecycle, report
 from backend.services.studies import (
     NotPromotable,
     check_new,
+    check_operator_limits,
     check_source,
     check_study,
     create_study,
@@ -43,11 +45,18 @@ def _create(
     s: Session, settings: Settings, celery: Celery, spec: str, repository: str
 ) -> schemas.StudyPublic:
     check_source(settings, repository)
-    if gitops.is_url(repository) and not repository.startswith("file://"):
+    if gitops.is_url(repository):
         # A remote may be slow: the study is `cloning` until a coordinator worker has its clone.
         st = register_study(s, settings, spec, repository)
         s.commit()
-        celery.send_task("coordinator.clone", args=[st.id])
+        try:
+            celery.send_task("coordinator.clone", args=[st.id])
+        except Exception as exc:  # the broker is down: the study must not wait for a clone forever
+            lifecycle.fail(s, st.id or 0, f"the task queue was unreachable: {exc}")
+            s.commit()
+            raise HTTPException(
+                status.HTTP_503_SERVICE_UNAVAILABLE, "the task queue is unreachable"
+            ) from None
         return serializers.study_public(s, st)
     st = create_study(s, settings, spec, repository, allow_plain_folder=False)
     s.commit()
@@ -92,7 +101,8 @@ def validate(
 ) -> schemas.Message:
     """Check a grove.toml text against a repository without creating anything."""
     check_source(settings, body.repository)
-    if gitops.is_url(body.repository) and not body.repository.startswith("file://"):
+    check_operator_limits(settings, parse_spec(body.spec))
+    if gitops.is_url(body.repository):
         spec = parse_spec(body.spec)
         check_new(s, spec, body.repository)
         return schemas.Message(
@@ -149,7 +159,8 @@ def stop(study_id: StudyId, s: SessionDep, celery: CeleryDep, who: Operator) -> 
     s.commit()
     if queued:
         celery.control.revoke(queued)
-    enqueue_advance(celery, study_id)
+    if st.status == StudyStatus.STOPPING:  # a study stopped while cloning has already ended
+        enqueue_advance(celery, study_id)
     return serializers.study_public(s, st)
 
 

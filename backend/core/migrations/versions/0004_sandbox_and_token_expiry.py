@@ -20,7 +20,8 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     with op.batch_alter_table("study") as batch:
         batch.add_column(
-            sa.Column("sandbox", sqlmodel.sql.sqltypes.AutoString(), nullable=False, server_default="bwrap")
+            # Studies from before the sandbox ran unboxed, as far as anyone can tell.
+            sa.Column("sandbox", sqlmodel.sql.sqltypes.AutoString(), nullable=False, server_default="unknown")
         )
     with op.batch_alter_table("api_token") as batch:
         batch.add_column(sa.Column("expires_at", sqlmodel.sql.sqltypes.UTCDateTime(), nullable=True))
