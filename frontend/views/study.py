@@ -196,10 +196,19 @@ def tree(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
 
 def node_picker(s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
     """Pick a node to open (type to filter)."""
-    # Options are ids in creation order: a refresh only appends, so the selection stays on its node
-    # (labels change with the status, and newest-first order would shift the selected index).
+    # The pick is remembered apart from the widget: when a refresh adds nodes, Streamlit resets a
+    # selectbox whose options changed, so a new widget (keyed by the option count) starts on the pick.
     labels = node_labels(nodes)
-    chosen = st.selectbox("Open a node", list(labels), format_func=labels.__getitem__, key="open_node")
+    ids = list(labels)
+    picked = st.session_state.get("picked_node")
+    chosen = st.selectbox(
+        "Open a node",
+        ids,
+        index=ids.index(picked) if picked in ids else 0,
+        format_func=labels.__getitem__,
+        key=f"open_node_{len(ids)}",
+    )
+    st.session_state["picked_node"] = chosen
     if chosen is not None:
         ui.page_link("node", f"Open n{chosen} →", study=s["id"], node=chosen)
 
