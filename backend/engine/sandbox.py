@@ -283,8 +283,7 @@ def _scrub(root: Path) -> int:
     sockets and device nodes (git cannot track them; reading one blocks), and folders nested past
     MAX_DEPTH (they would exhaust recursive walks). Folders are moved out of the tree, then deleted.
     """
-    quarantine = Path(tempfile.mkdtemp(prefix=".grove-scrub-", dir=root.parent))
-    qfd = os.open(quarantine, _DIR)
+    quarantine: list[tuple[Path, int]] = []  # made on the first folder to remove
     removed = 0
 
     def visit(dfd: int, name: str, st: os.stat_result, rel: str) -> bool:
@@ -296,7 +295,10 @@ def _scrub(root: Path) -> int:
             return True
         with contextlib.suppress(OSError):
             if stat.S_ISDIR(mode):
-                os.rename(name, str(removed), src_dir_fd=dfd, dst_dir_fd=qfd)
+                if not quarantine:
+                    q = Path(tempfile.mkdtemp(prefix=".grove-scrub-", dir=root.parent))
+                    quarantine.append((q, os.open(q, _DIR)))
+                os.rename(name, str(removed), src_dir_fd=dfd, dst_dir_fd=quarantine[0][1])
             else:
                 os.unlink(name, dir_fd=dfd)
             removed += 1
@@ -305,9 +307,10 @@ def _scrub(root: Path) -> int:
     try:
         _walk(root, visit)
     finally:
-        os.close(qfd)
-        # GNU rm walks without recursion or path-length limits.
-        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(quarantine)], check=False)
+        for q, qfd in quarantine:
+            os.close(qfd)
+            # GNU rm walks without recursion or path-length limits.
+            subprocess.run(["rm", "-rf", "--one-file-system", "--", str(q)], check=False)
     return removed
 
 
