@@ -109,7 +109,7 @@ class Repo:
 
     def __post_init__(self) -> None:
         # An empty path (a study not yet cloned) would be "." : some other repository entirely.
-        if not self.path.is_absolute():
+        if self.path == Path():
             raise GitError([], -1, f"no repository at {str(self.path)!r} (the study has no clone yet)")
 
     def git(self, *args: str, check: bool = True) -> str:
