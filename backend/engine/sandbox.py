@@ -660,6 +660,8 @@ def _run(
         notes.append(
             f"{strays} process(es) were still running when the command ended; the sandbox killed them"
         )
+    elif boxed and not reported and not timed_out and not disk_exceeded:
+        notes.append("the sandbox's wrapper was killed, so stray processes were not counted; all were killed")
     if disk_exceeded:
         notes.append(f"the command wrote more than {limits.disk_mb} MB; it was stopped")
     if notes:

@@ -202,3 +202,10 @@ def test_an_interpreter_under_the_hosts_tmp_still_runs_in_the_box(tmp_path: Path
     )
     assert res.ok, res.stderr_tail
     assert res.stdout_tail.strip() == str(venv)
+
+
+def test_killing_the_wrapper_is_noted_and_still_ends_everything(tmp_path: Path) -> None:
+    marker = f"60{uuid.uuid4().int % 10**6}"
+    res = sandbox.run(f"setsid sleep {marker} & kill -9 $PPID", cwd=tmp_path, output_dir=tmp_path / "out")
+    assert res.strays is None and "wrapper was killed" in res.stderr_tail
+    assert not host_processes_with(f"sleep {marker}")
