@@ -137,6 +137,11 @@ def test_hostile_executor_on_celery_workers(hostile_service: tuple[Service, Host
     logs = "".join(p.read_text(errors="replace") for p in svc.logs.glob("*.log"))
     public = json.dumps([e.payload for e in events]) + json.dumps([n.model_dump(mode="json") for n in nodes])
     outputs = "".join(Path(r.stdout_path).read_text() + Path(r.stderr_path).read_text() for r in receipts)
+    # The evaluator attacks on the worker too, in every dev and sealed run.
+    assert {r.kind for r in receipts} == {"dev", "test"}
+    for r in receipts:
+        seen = attack_lines(Path(r.stdout_path).read_text())
+        assert set(seen) == expected(r.kind) and set(seen.values()) == {"blocked"}, (r.kind, seen)
     for secret in h.secrets:
         for where, text in (
             ("prompts", bodies),
