@@ -99,7 +99,8 @@ class Toolbox:
         if fn is None:
             return f"error: unknown tool {name!r}; tools are " + ", ".join(s["name"] for s in SCHEMAS)
         try:
-            return str(fn(**args))
+            # File names need not be UTF-8: escape what would not survive the trip to the model.
+            return str(fn(**args)).encode("utf-8", "backslashreplace").decode("utf-8")
         except TypeError as exc:
             return f"error: bad arguments for {name}: {exc}"
         except ToolRefused as exc:

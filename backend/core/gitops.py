@@ -35,6 +35,7 @@ SAFE_CONFIG = (
     ("core.sshCommand", "ssh -o BatchMode=yes"),
     ("core.askPass", "/bin/false"),
     ("submodule.recurse", "false"),
+    ("safe.bareRepository", "explicit"),
     ("protocol.allow", "never"),
     ("protocol.https.allow", "always"),
     ("protocol.ssh.allow", "always"),

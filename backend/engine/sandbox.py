@@ -291,6 +291,9 @@ def _scrub(root: Path) -> int:
         mode = st.st_mode
         special = stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
         deep = stat.S_ISDIR(mode) and rel.count("/") + 1 >= MAX_DEPTH
+        if stat.S_ISREG(mode) and st.st_nlink > 1 and name != ".git":
+            _unshare_inode(dfd, name)  # a link to a file a later run binds read-only would bypass it
+            return False
         if name != ".git" and not special and not deep:
             return True
         with contextlib.suppress(OSError):
@@ -314,18 +317,34 @@ def _scrub(root: Path) -> int:
     return removed
 
 
+def _unshare_inode(dfd: int, name: str) -> None:
+    """Replace a hard-linked file by a private copy of its bytes (the same name, its own inode)."""
+    tmp = f".grove-copy-{os.getpid()}-{random.randrange(1 << 30)}"
+    with contextlib.suppress(OSError):
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+        try:
+            dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dfd)
+            try:
+                while chunk := os.read(src, 1 << 20):
+                    os.write(dst, chunk)
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+
 def usage(*roots: Path) -> int:
-    """Return the bytes (allocated blocks) under some folders, links not followed."""
+    """Return the bytes (allocated blocks) under some folders, links not followed, by descriptor."""
     total = 0
-    stack = [str(r) for r in roots]
-    while stack:
-        with contextlib.suppress(OSError), os.scandir(stack.pop()) as it:
-            for e in it:
-                with contextlib.suppress(OSError):
-                    st = e.stat(follow_symlinks=False)
-                    total += st.st_blocks * 512
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append(e.path)
+
+    def visit(dfd: int, name: str, st: os.stat_result, rel: str) -> bool:
+        nonlocal total
+        total += st.st_blocks * 512
+        return True
+
+    for root in roots:
+        _walk(root, visit)
     return total
 
 
@@ -365,9 +384,16 @@ def _readonly_mounts(tree: Path, readonly: tuple[str, ...]) -> list[str]:
         return False
 
     _walk(tree, visit)
+
+    def plain(rel: str) -> bool:
+        parts = rel.split("/")
+        if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            return False
+        return not any((tree / "/".join(parts[: i + 1])).is_symlink() for i in range(len(parts)))
+
     units: set[str] = set()
     for rel in listed:
-        if (tree / rel).is_symlink() or not (tree / rel).is_file():
+        if not plain(rel) or not (tree / rel).is_file():
             continue
         unit, parts = rel, rel.split("/")
         for i in range(len(parts) - 1, 0, -1):
@@ -446,6 +472,13 @@ def _bwrap_argv(
     if networked:
         args += ["--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
     args += [*_dirs(TREE), "--bind", str(tree), TREE, "--bind", str(out), OUT]
+    # The tree's `.git` (a file naming Grove's clone) becomes an empty read-only mount point: the box
+    # can neither read where the clone is nor remove or replace it with a repository of its own.
+    dotgit = tree / ".git"
+    if dotgit.is_dir() and not dotgit.is_symlink():
+        args += ["--tmpfs", f"{TREE}/.git", "--remount-ro", f"{TREE}/.git"]
+    elif dotgit.exists() or dotgit.is_symlink():
+        args += ["--ro-bind", "/dev/null", f"{TREE}/.git"]
     args += _readonly_mounts(tree, readonly)
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
@@ -460,7 +493,6 @@ def _bwrap_argv(
     return [*args, "/bin/sh", "-c", WRAPPER, "grove-sandbox", *argv]
 
 
-@lru_cache(maxsize=8)
 def _await_box_end(info_r: int, timeout: float = 10.0) -> None:
     """Wait until the box's first process (and so its whole PID namespace) is gone; close the pipe."""
     with os.fdopen(info_r, "rb") as fh:
@@ -480,6 +512,7 @@ def _await_box_end(info_r: int, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+@lru_cache(maxsize=8)
 def _probe(iso: Isolation) -> str:
     if not shutil.which(iso.bwrap):
         return f"bubblewrap ({iso.bwrap!r}) is not installed"

@@ -2,8 +2,9 @@
 
 Boxed code may not create namespaces (no user namespace from which to mount its own tmpfs),
 mount anything, use the kernel keyrings (which outlive a run and would carry data from one
-run to the next under the same uid), load BPF programs, watch performance counters, or use
-`userfaultfd`. Everything else is allowed. The program is classic BPF, built here so that no
+run to the next under the same uid), load BPF programs, watch performance counters, use
+`userfaultfd` or `io_uring`, or trace other processes (the wrapper that counts strays
+included). Everything else is allowed. The program is classic BPF, built here so that no
 extra library is needed; bubblewrap installs it (`--seccomp FD`) just before the command runs.
 """
 
@@ -27,7 +28,9 @@ ARCHES: dict[str, tuple[int, dict[str, int], int, int]] = {
         {"add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "setns": 308, "mount": 165,
          "umount2": 166, "pivot_root": 155, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
          "kexec_load": 246, "open_by_handle_at": 304, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-         "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442},
+         "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "io_uring_setup": 425,
+         "io_uring_enter": 426, "io_uring_register": 427, "ptrace": 101, "process_vm_readv": 310,
+         "process_vm_writev": 311},
         56,
         435,
     ),
@@ -36,7 +39,9 @@ ARCHES: dict[str, tuple[int, dict[str, int], int, int]] = {
         {"add_key": 217, "request_key": 218, "keyctl": 219, "unshare": 97, "setns": 268, "mount": 40,
          "umount2": 39, "pivot_root": 41, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282,
          "kexec_load": 104, "open_by_handle_at": 265, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-         "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442},
+         "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "io_uring_setup": 425,
+         "io_uring_enter": 426, "io_uring_register": 427, "ptrace": 117, "process_vm_readv": 270,
+         "process_vm_writev": 271},
         220,
         435,
     ),

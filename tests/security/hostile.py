@@ -56,7 +56,7 @@ try:
     gitdir = open(".git").read().split("gitdir:")[-1].strip()
 except OSError:
     gitdir = ""
-report("git-dir", bool(gitdir) and os.path.exists(gitdir))
+report("git-dir", bool(gitdir))  # even the clone's path is Grove's business
 report("grove-paths", any(os.path.exists(p) for p in T["paths"]))
 environ = ""
 for pid in os.listdir("/proc"):

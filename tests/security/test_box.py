@@ -284,6 +284,9 @@ def test_namespaces_mounts_and_keyrings_are_denied_inside_the_box(tmp_path: Path
         "    check(rc)\n"
         "try_('clone-new-user', fork_into_new_user_namespace)\n"
         "libc.syscall(clone3, 0, 0); print('clone3 errno', ctypes.get_errno())\n"
+        "try_('ptrace-wrapper', lambda: check(libc.ptrace(16, 2, 0, 0)))  # PTRACE_ATTACH to the stray counter\n"
+        "params = ctypes.create_string_buffer(120)\n"
+        "try_('io-uring', lambda: call(425, 1, params))\n"
         "t = threading.Thread(target=lambda: None); t.start(); t.join(); print('threads ok')\n"
         "print(subprocess.run(['echo', 'children ok'], capture_output=True, text=True).stdout.strip())\n"
     )
@@ -291,7 +294,7 @@ def test_namespaces_mounts_and_keyrings_are_denied_inside_the_box(tmp_path: Path
     res = box("python probe.py", tmp_path)
     out = res.stdout_tail
     assert res.ok, res.stderr_tail
-    assert "ALLOWED" not in out and out.count("denied") >= 4, out
+    assert "ALLOWED" not in out and out.count("denied") >= 6, out
     assert "clone3 errno 38" in out  # ENOSYS: the C library falls back to clone, whose flags are checked
     assert "threads ok" in out and "children ok" in out
 
@@ -343,3 +346,44 @@ def test_a_tree_too_deep_for_recursive_walks_is_cut_back_after_the_box(tmp_path:
             assert all(p.stat().st_uid == 0 for p in [tree, tree / "d", d])
     finally:
         subprocess.run(["rm", "-rf", str(tree)], check=False)
+
+
+def test_the_trees_git_link_cannot_be_read_removed_or_replaced(settings: Settings, tmp_path: Path) -> None:
+    repo, tree = dev_tree(settings, tmp_path)
+    pwned = Path(f"/tmp/grove-pwned-{uuid.uuid4().hex}")
+    takeover = (
+        "cat .git; rm -f .git; echo x > .git; mv .git g2; ln -f model.txt .git;"
+        "git init -q x && mv x/.git stash; "
+        f"git --git-dir=stash config filter.x.clean 'sh -c \"touch {pwned}; cat\"';"
+        "echo '* filter=x' > .gitattributes; printf 'gitdir: stash\\n' > gf; ln -f gf .git;"
+        "git init -q --bare b; mv b/* . 2>/dev/null; echo changed > model.txt; echo done"
+    )
+    res = box(takeover, tree)
+    assert "done" in res.stdout_tail and str(repo.path) not in seen(res), res.stdout_tail + res.stderr_tail
+    assert (tree / ".git").read_text().startswith("gitdir: ") and (tree / ".git").stat().st_nlink == 1
+    repo.commit_all(tree, "after the takeover attempt")
+    for args in (("status",), ("add", "-A"), ("diff", "HEAD")):
+        gitops.git(*args, cwd=tree, check=False)
+    assert not pwned.exists()
+
+
+def test_hard_links_cannot_reach_a_read_only_file_in_a_later_run(tmp_path: Path) -> None:
+    (tmp_path / "eval.py").write_text("REAL\n")
+    res = box("mkdir -p __pycache__ && ln eval.py __pycache__/e && echo linked", tmp_path)
+    assert "linked" in res.stdout_tail, res.stderr_tail
+    assert (tmp_path / "eval.py").stat().st_nlink == 1  # the link was broken after the box
+    later = sandbox.run(
+        "echo FAKE > __pycache__/e; echo FAKE > eval.py; cat eval.py",
+        cwd=tmp_path, output_dir=tmp_path.parent / "o-hard", readonly=("eval.py",),
+    )  # fmt: skip
+    assert later.stdout_tail.strip() == "REAL" and (tmp_path / "eval.py").read_text() == "REAL\n"
+
+
+def test_the_disk_cap_counts_files_past_the_path_length_limit(tmp_path: Path) -> None:
+    deep = "python -c \"import os\nfor i in range(20):\n    os.mkdir('d' * 250); os.chdir('d' * 250)\n"
+    deep += "open('big', 'wb').write(bytes(20 * 1024 * 1024))\nimport time; time.sleep(5)\""
+    res = box(deep, tmp_path, disk_mb=5)
+    try:
+        assert res.disk_exceeded, res.stderr_tail
+    finally:
+        subprocess.run(["rm", "-rf", str(tmp_path / ("d" * 250))], check=False)
