@@ -33,6 +33,8 @@ class Settings(BaseSettings):
     sandbox_bwrap: str = "bwrap"
     # Whether a spec's `[sandbox] network = true` is honoured (the box then shares the host's network).
     sandbox_network: bool = False
+    # When Grove runs as root, boxes run as uids base..base+999, one per run; keep the range unused.
+    sandbox_uid_base: int = 200_000
     # Extra read-only paths a box may see, e.g. a toolchain outside /usr (comma separated).
     sandbox_bind: str = ""
     # Extra variable names passed through to sandboxed commands (comma separated).

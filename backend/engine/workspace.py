@@ -107,6 +107,7 @@ def isolation_of(settings: Settings, study: Study | None = None) -> sandbox.Isol
         binds=items(settings.sandbox_bind),
         passthrough=items(settings.sandbox_env_passthrough),
         network=settings.sandbox_network,
+        uid_base=settings.sandbox_uid_base,
     )
 
 
