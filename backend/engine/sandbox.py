@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import fcntl
 import glob
+import itertools
 import json
 import os
 import random
@@ -276,36 +277,41 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
     _walk(root, visit)
 
 
-def _scrub(root: Path) -> int:
-    """Remove what a box may leave for Grove's own tools to trip on; return how many entries went.
+def _reclaim(root: Path, owner: tuple[int, int] | None) -> None:
+    """After a box, in one walk: remove what Grove's own tools must not meet, give the rest to `owner`.
 
-    Nested `.git` entries (a repository whose config would make Grove's git run a program), FIFOs,
-    sockets and device nodes (git cannot track them; reading one blocks), and folders nested past
-    MAX_DEPTH (they would exhaust recursive walks). Folders are moved out of the tree, then deleted.
+    Removed: nested `.git` entries (a repository whose config would make Grove's git run a program),
+    FIFOs, sockets and device nodes (git cannot track them; reading one blocks), and folders nested
+    past MAX_DEPTH (they would exhaust recursive walks); folders are moved out, then deleted.
+    Hard-linked files get an inode of their own: a link made in one run would otherwise reach a
+    file that a later run binds read-only.
     """
     quarantine: list[tuple[Path, int]] = []  # made on the first folder to remove
-    removed = 0
+    names = itertools.count()
+    if owner is not None:
+        with contextlib.suppress(OSError):
+            os.lchown(root, *owner)
 
     def visit(dfd: int, name: str, st: os.stat_result, rel: str) -> bool:
-        nonlocal removed
         mode = st.st_mode
         special = stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
         deep = stat.S_ISDIR(mode) and rel.count("/") + 1 >= MAX_DEPTH
-        if stat.S_ISREG(mode) and st.st_nlink > 1 and name != ".git":
-            _unshare_inode(dfd, name)  # a link to a file a later run binds read-only would bypass it
+        if name == ".git" or special or deep:
+            with contextlib.suppress(OSError):
+                if stat.S_ISDIR(mode):
+                    if not quarantine:
+                        q = Path(tempfile.mkdtemp(prefix=".grove-scrub-", dir=root.parent))
+                        quarantine.append((q, os.open(q, _DIR)))
+                    os.rename(name, str(next(names)), src_dir_fd=dfd, dst_dir_fd=quarantine[0][1])
+                else:
+                    os.unlink(name, dir_fd=dfd)
             return False
-        if name != ".git" and not special and not deep:
-            return True
-        with contextlib.suppress(OSError):
-            if stat.S_ISDIR(mode):
-                if not quarantine:
-                    q = Path(tempfile.mkdtemp(prefix=".grove-scrub-", dir=root.parent))
-                    quarantine.append((q, os.open(q, _DIR)))
-                os.rename(name, str(removed), src_dir_fd=dfd, dst_dir_fd=quarantine[0][1])
-            else:
-                os.unlink(name, dir_fd=dfd)
-            removed += 1
-        return False
+        if stat.S_ISREG(mode) and st.st_nlink > 1:
+            _unshare_inode(dfd, name)  # the copy is Grove's own already
+        elif owner is not None:
+            with contextlib.suppress(OSError):
+                os.chown(name, *owner, dir_fd=dfd, follow_symlinks=False)
+        return True
 
     try:
         _walk(root, visit)
@@ -314,7 +320,6 @@ def _scrub(root: Path) -> int:
             os.close(qfd)
             # GNU rm walks without recursion or path-length limits.
             subprocess.run(["rm", "-rf", "--one-file-system", "--", str(q)], check=False)
-    return removed
 
 
 def _unshare_inode(dfd: int, name: str) -> None:
@@ -398,7 +403,7 @@ def _readonly_mounts(tree: Path, readonly: tuple[str, ...]) -> list[str]:
         unit, parts = rel, rel.split("/")
         for i in range(len(parts) - 1, 0, -1):
             folder = "/".join(parts[:i])
-            if (tree / folder).is_symlink() or not under.get(folder, set()) <= listed:
+            if not under.get(folder, set()) <= listed:
                 break
             unit = folder
         units.add(unit)
@@ -577,10 +582,8 @@ def run(
                     passthrough, collect, readonly, disk_base, output_cap, tail_bytes,
                 )  # fmt: skip
             finally:
-                # The box is gone (its PID namespace with it): nothing races these walks.
-                _scrub(tree)
-                if uid is not None:
-                    _chown_tree(tree, os.getuid(), os.getgid())
+                # The box is gone (its PID namespace with it): nothing races this walk.
+                _reclaim(tree, (os.getuid(), os.getgid()) if uid is not None else None)
     finally:
         shutil.rmtree(exchange, ignore_errors=True)
 

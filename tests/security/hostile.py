@@ -91,13 +91,13 @@ try:
 except OSError:
     leaked = False
 report("repository-link", leaked)
+# Judged by Grove's receipts, not here: their metrics must not be the linked file's.
 metrics = os.environ.get("GROVE_METRICS_FILE", "")
 if metrics:
     try:
         os.symlink(T["host_json"], metrics)
     except OSError:
         pass
-report("metrics-link", False)  # judged by Grove's receipts, not here
 """
 
 EVAL = r"""
@@ -113,7 +113,7 @@ print(json.dumps({"score": score, "size": x}))
 """
 
 ATTACKS = ("git-history", "sealed-tamper", "git-dir", "grove-paths", "proc-environ", "proc-root", "loopback-services",
-           "git-config", "write-outside", "repository-link", "metrics-link")  # fmt: skip
+           "git-config", "write-outside", "repository-link")  # fmt: skip
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from backend.core import gitops
 from backend.core.config import Settings
+from backend.core.models import Study
 from backend.engine import evaluation, sandbox, workspace
 from tests.conftest import make_repo, wait_for
 
@@ -42,9 +43,7 @@ def dev_tree(settings: Settings, tmp_path: Path) -> tuple[gitops.Repo, Path]:
     return repo, path
 
 
-def _study():  # type: ignore[no-untyped-def]
-    from backend.core.models import Study
-
+def _study() -> Study:
     return Study(name="victim", spec_toml="", source="")
 
 
@@ -381,9 +380,9 @@ def test_hard_links_cannot_reach_a_read_only_file_in_a_later_run(tmp_path: Path)
 
 def test_the_disk_cap_counts_files_past_the_path_length_limit(tmp_path: Path) -> None:
     deep = "python -c \"import os\nfor i in range(20):\n    os.mkdir('d' * 250); os.chdir('d' * 250)\n"
-    deep += "open('big', 'wb').write(bytes(20 * 1024 * 1024))\nimport time; time.sleep(5)\""
-    res = box(deep, tmp_path, disk_mb=5)
+    deep += "open('big', 'wb').write(bytes(20 * 1024 * 1024))\nimport time; time.sleep(60)\""
+    res = box(deep, tmp_path, disk_mb=5, timeout=120)  # only the disk cap ends the run in time
     try:
-        assert res.disk_exceeded, res.stderr_tail
+        assert res.disk_exceeded and not res.timed_out, res.stderr_tail
     finally:
         subprocess.run(["rm", "-rf", str(tmp_path / ("d" * 250))], check=False)

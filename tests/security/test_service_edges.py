@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -220,51 +219,38 @@ class _Ledger:
         """Keep nothing."""
 
 
-def _authorization_sent(spec_extra: str, env: dict[str, str]) -> str:
+def _authorization_sent(monkeypatch: pytest.MonkeyPatch, spec_extra: str, env: dict[str, str]) -> str:
     """Return the Authorization header a model call for a spec with this [policy] tail sends."""
     from agents.policies.llm.model import LitellmModel, ModelConfig
     from agents.policies.registry import endpoint
 
-    with FakeLLM({}) as attacker:
+    with FakeLLM({}) as attacker, monkeypatch.context() as m:
         files = tiny_files(name="keys")
         text = files["grove.toml"].replace(
             'kind = "search"', f'kind = "search"\napi_base = "{attacker.url}"{spec_extra}'
         )
         spec = parse_spec(text)
-        saved = {k: os.environ.get(k) for k in (*env, "GROVE_LLM_API_BASE")}
-        os.environ.pop("GROVE_LLM_API_BASE", None)
-        os.environ.update({k: v.replace("{url}", attacker.url) for k, v in env.items()})
-        try:
-            base, key = endpoint(spec, "openai/fake-model")
-            LitellmModel(
-                ModelConfig(model="openai/fake-model", api_base=base, api_key=key, retries=0), _Ledger()
-            ).complete(
-                "ideator", [{"role": "system", "content": "ROLE: ideator"}, {"role": "user", "content": "hi"}]
-            )
-        finally:
-            for k, v in saved.items():
-                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        m.delenv("GROVE_LLM_API_BASE", raising=False)
+        for k, v in env.items():
+            m.setenv(k, v.replace("{url}", attacker.url))
+        base, key = endpoint(spec, "openai/fake-model")
+        LitellmModel(
+            ModelConfig(model="openai/fake-model", api_base=base, api_key=key, retries=0), _Ledger()
+        ).complete(
+            "ideator", [{"role": "system", "content": "ROLE: ideator"}, {"role": "user", "content": "hi"}]
+        )
         return str(attacker.requests[-1]["authorization"])
 
 
-def test_a_spec_api_base_never_gets_the_server_key_unless_allow_listed() -> None:
+def test_a_spec_api_base_never_gets_the_server_key_unless_allow_listed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     key = "sk-server-" + os.urandom(6).hex()
-    assert _authorization_sent("", {"OPENAI_API_KEY": key}) == "Bearer no-key"
-    assert _authorization_sent("", {"OPENAI_API_KEY": key, "GROVE_LLM_API_BASES": "{url}"}) == f"Bearer {key}"
+    assert _authorization_sent(monkeypatch, "", {"OPENAI_API_KEY": key}) == "Bearer no-key"
+    allowed = {"OPENAI_API_KEY": key, "GROVE_LLM_API_BASES": "{url}"}
+    assert _authorization_sent(monkeypatch, "", allowed) == f"Bearer {key}"
     own = '\napi_key_env = "GROVE_KEY_MINE"'
-    assert _authorization_sent(own, {"OPENAI_API_KEY": key, "GROVE_KEY_MINE": "mine"}) == "Bearer mine"
-    _ = threading  # the fake server runs in a thread of this process
-
-
-def test_network_for_a_study_needs_the_operators_leave(api: tuple[str, Settings], tmp_path: Path) -> None:
-    url, settings = api
-    files = tiny_files(name="wants-net")
-    files["grove.toml"] = files["grove.toml"].replace("[policy]", "[sandbox]\nnetwork = true\n\n[policy]")
-    repo = make_repo(tmp_path / "allowed" / "net", files)
-    body = {"spec": files["grove.toml"], "repository": str(repo)}
-    resp = httpx.post(f"{url}/studies", json=body, headers=bearer(settings, "operator"))
-    assert resp.status_code == 422 and resp.json()["detail"]["errors"][0]["key"] == "spec.sandbox.network"
-    assert "GROVE_SANDBOX_NETWORK=true" in resp.text
-    allowed = settings.model_copy(update={"sandbox_network": True})
-    with db.session(allowed.db_url) as s:
-        assert create_study(s, allowed, files["grove.toml"], str(repo)).status == "created"
+    assert (
+        _authorization_sent(monkeypatch, own, {"OPENAI_API_KEY": key, "GROVE_KEY_MINE": "mine"})
+        == "Bearer mine"
+    )

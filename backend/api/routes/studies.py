@@ -101,9 +101,9 @@ def validate(
 ) -> schemas.Message:
     """Check a grove.toml text against a repository without creating anything."""
     check_source(settings, body.repository)
-    check_operator_limits(settings, parse_spec(body.spec))
+    spec = parse_spec(body.spec)
+    check_operator_limits(settings, spec)
     if gitops.is_url(body.repository):
-        spec = parse_spec(body.spec)
         check_new(s, spec, body.repository)
         return schemas.Message(
             message=f"valid: study {spec.study.name!r} can be created; the repository is cloned and "
