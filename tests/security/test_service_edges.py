@@ -254,3 +254,17 @@ def test_a_spec_api_base_never_gets_the_server_key_unless_allow_listed(
         _authorization_sent(monkeypatch, own, {"OPENAI_API_KEY": key, "GROVE_KEY_MINE": "mine"})
         == "Bearer mine"
     )
+
+
+def test_network_for_a_study_needs_the_operators_leave(api: tuple[str, Settings], tmp_path: Path) -> None:
+    url, settings = api
+    files = tiny_files(name="wants-net")
+    files["grove.toml"] = files["grove.toml"].replace("[policy]", "[sandbox]\nnetwork = true\n\n[policy]")
+    repo = make_repo(tmp_path / "allowed" / "net", files)
+    body = {"spec": files["grove.toml"], "repository": str(repo)}
+    resp = httpx.post(f"{url}/studies", json=body, headers=bearer(settings, "operator"))
+    assert resp.status_code == 422 and resp.json()["detail"]["errors"][0]["key"] == "spec.sandbox.network"
+    assert "GROVE_SANDBOX_NETWORK=true" in resp.text
+    allowed = settings.model_copy(update={"sandbox_network": True})
+    with db.session(allowed.db_url) as s:
+        assert create_study(s, allowed, files["grove.toml"], str(repo)).status == "created"
