@@ -136,6 +136,7 @@ class PolicySection(_Section):
     executor_minutes: float = Field(default=30.0, gt=0, le=WEEK / 60)
     seed: int = 0
     children: int = Field(default=3, ge=1, le=16)
+    sampler: Literal["tpe", "gp", "random"] = "tpe"  # the search policy's Optuna sampler
     max_depth: int = Field(default=6, ge=1, le=1000)
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import tomlkit
 
-from agents.policies.random_search import RandomSearchPolicy
 from agents.policies.search import SearchPolicy
 from backend.cli.runner import run_study
 from backend.core import db
@@ -41,7 +40,7 @@ def one(policy_name: str, seed: int, experiments: int, root: Path) -> tuple[floa
     settings.ensure_dirs()
     with db.session(settings.db_url) as s:
         study = create_study(s, settings, tomlkit.dumps(doc), str(EXAMPLE))
-    policy = SearchPolicy() if policy_name == "search" else RandomSearchPolicy()
+    policy = SearchPolicy() if policy_name == "search" else SearchPolicy("random")
     started = time.monotonic()
     run_study(settings, study.id or 0, approver=lambda s, n: {"approved": True}, policy=policy)
     with db.session(settings.db_url) as s:

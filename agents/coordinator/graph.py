@@ -95,7 +95,17 @@ def ideate(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Com
             storage.event(sid, "llm.error", None, {"role": "ideator", "error": str(exc)[:1000]})
             storage.add_proposals(sid, round_no, [])
             return Command(update={"round_no": round_no + 1, "ideation_error": str(exc)[:500]}, goto="select")
-        storage.add_proposals(sid, round_no, proposals)
+        depth = {r.evidence.id: r.evidence.depth for r in records}
+        max_depth = study.spec.policy.max_depth
+        for p in proposals:
+            if depth.get(p.parent_id, max_depth) >= max_depth:
+                storage.event(
+                    sid, "proposal.dropped", p.parent_id,
+                    {"title": p.title, "reason": f"its parent is at policy.max_depth ({max_depth})"},
+                )  # fmt: skip
+        storage.add_proposals(
+            sid, round_no, [p for p in proposals if depth.get(p.parent_id, max_depth) < max_depth]
+        )
     return Command(update={"round_no": round_no + 1, "ideation_error": ""}, goto="select")
 
 
@@ -276,6 +286,7 @@ def tree_of(records: list[NodeRecord]) -> Tree:
             summary=r.evidence.summary,
             insight=r.evidence.insight,
             order=r.completed_order,
+            origin=r.evidence.origin,
         )
         for r in records
     )
@@ -321,7 +332,11 @@ def integrate_one(
         a = assess(succeeded=False, recoverable=recoverable, improves=False, results=[], mechanism=ev.title)
         istate.reject(ev.id, ev.failure or a.reason)
         if a.decision == Decision.RESTART:
-            istate.concern(f"n{ev.id} abandoned ({ev.failure[:120]}); n{ev.parent_id} re-expanded")
+            istate.concern(
+                f"restart: n{ev.id} abandoned ({ev.failure[:120]}); exploration re-opens from the root, "
+                f"away from n{ev.id}'s branch"
+            )
+        _refine_outcome(ev, "failed: " + (ev.failure[:120] or "no result"), istate)
         status = ev.status if ev.status != NodeStatus.EVALUATED else NodeStatus.FAILED
         summary = policy.summarise(_with(ev, status=status), spec.objective.metric, None)
         verification: dict[str, Any] = {"decision": str(a.decision), "reason": a.reason}
@@ -340,7 +355,10 @@ def integrate_one(
     a = assess(succeeded=True, recoverable=True, improves=improves, results=results, mechanism=ev.title)
     if a.decision == Decision.REFINE and judged.call == "restart":
         a = Assessment(Decision.RESTART, f"verifier: {judged.why or 'unrecoverable'}", a.open_constraints)
-        istate.concern(f"n{ev.id} abandoned by the verifier: {judged.why[:160]}")
+        istate.concern(
+            f"restart: n{ev.id} abandoned by the verifier ({judged.why[:160]}); exploration re-opens "
+            f"from the root, away from n{ev.id}'s branch"
+        )
     for r in results:
         istate.set_constraint(r.name, str(r.verdict), r.detail, ev.id)
     status = NodeStatus.EVALUATED
@@ -362,9 +380,28 @@ def integrate_one(
         "refine_goal": a.refine_goal,
         "verifier": {"call": judged.call, "why": judged.why},
     }
+    if ev.origin == "refine":
+        outcome = {
+            Decision.ACCEPT: "resolved: every constraint holds and the gain is kept",
+            Decision.REFINE: f"still open: {', '.join(a.open_constraints)}",
+            Decision.RESTART: "abandoned",
+        }.get(a.decision, "gain lost: " + a.reason)
+        verification["refine_outcome"] = outcome
+        _refine_outcome(ev, outcome, istate)
     updated = _with(ev, status=status, gain=g.mean, gain_lcb=g.lcb, constraints=cons)
     summary = policy.summarise(updated, spec.objective.metric, records.get(ev.parent_id or -1, rec).evidence)
     return Integration(ev.id, str(status), g.mean, g.lcb, cons, verification, summary)
+
+
+def _refine_outcome(ev: NodeEvidence, outcome: str, istate: ImprovementState) -> None:
+    """Record what a refine child did to its source's open constraints in the improvement state."""
+    if ev.origin != "refine" or ev.origin_ref is None:
+        return
+    text = f"refine of n{ev.origin_ref} by n{ev.id}: {outcome}"
+    if outcome.startswith("resolved"):
+        istate.add_finding(text, [ev.origin_ref, ev.id])
+    else:
+        istate.concern(text)
 
 
 def retryable(rec: NodeRecord, config: CoordinatorConfig) -> bool:
@@ -425,6 +462,7 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
     """Build ideation's input from dev-side evidence only (never a held-out number)."""
     nodes = [r.evidence for r in records]
     kids_of_refine = {r.evidence.parent_id for r in records if r.evidence.origin == "refine"}
+    max_depth = study.spec.policy.max_depth
     refine = [
         RefineRequest(
             r.evidence.id,
@@ -432,7 +470,15 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
             r.verification.get("refine_goal", ""),
         )
         for r in records
-        if r.verification.get("decision") == "refine" and r.evidence.id not in kids_of_refine
+        if r.verification.get("decision") == "refine"
+        and r.evidence.id not in kids_of_refine
+        and r.evidence.depth < max_depth  # a refine chain ends at the depth limit
+    ]
+    restarted = {r.evidence.origin_ref for r in records if r.evidence.origin == "restart"}
+    restart = [
+        r.evidence.id
+        for r in records
+        if r.verification.get("decision") == "restart" and r.evidence.id not in restarted
     ]
     trunk = next((r for r in records if r.evidence.id == study.trunk_node_id), None)
     istate = study.improvement_state
@@ -456,6 +502,8 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         round_no=round_no,
         seed=study.seed,
         constraints=[c.model_dump() for c in study.spec.constraints],
+        restart=restart,
+        max_depth=max_depth,
     )
 
 

@@ -33,6 +33,7 @@ class NodeEvidence:
     insight: str
     failure: str = ""
     report: str = ""  # the executor's own account of what it did (llm policy)
+    origin_ref: int | None = None  # the node a refine or restart child answers
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class IdeationInput:
     round_no: int
     seed: int
     constraints: list[dict[str, Any]] = field(default_factory=list)
+    restart: list[int] = field(default_factory=list)  # nodes whose branch was abandoned (AREX restart)
+    max_depth: int = 6  # no node may sit deeper than this
 
     def to_dict(self) -> dict[str, Any]:
         """Return the whole input as plain data (what a prompt could be built from)."""

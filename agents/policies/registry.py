@@ -16,7 +16,7 @@ class PolicyUnavailable(RuntimeError):
 def make_policy(spec: Spec, ledger: object | None = None) -> Policy:
     """Return the policy for a spec; the `llm` policy charges its calls to `ledger`."""
     if spec.policy_kind == "search":
-        return SearchPolicy()
+        return SearchPolicy(spec.policy.sampler)
     from agents.executor.loop import Limits
     from agents.policies.llm.model import LitellmModel, ModelConfig
     from agents.policies.llm.policy import LlmPolicy

@@ -1,24 +1,26 @@
 """The built-in `search` policy: no LLM, edits of the declared config keys.
 
-Ideation fits a Gaussian process to the dev objective of every evaluated assignment and
-scores a pool of candidates by their expected improvement over trunk: *exploit* candidates
-are one- and two-key moves of several sizes around the best nodes (children of those
-nodes), *explore* candidates are random samples (children of the root, or of the nearest
-measured node). A batch is chosen greedily with a penalty for crowding, and refine children
-move a partially verified node toward its open constraint. Randomness comes from a RNG
-seeded by (study seed, round), so ideation is reproducible.
+Ideation asks an Optuna sampler (TPE by default, `[policy] sampler`) for a batch, after
+replaying every measured node as a trial with its dev objective and constraint values
+(`agents/policies/optuna_bridge.py`). Each suggestion hangs under the nearest feasible measured
+node it differs least from. Before new ideas come AREX's requests: a node that improves but
+breaks a constraint gets a *refine* child predicted feasible by a local linear model of each
+constraint metric over the measured nodes, keeping as much of the predicted gain as it can;
+an abandoned branch gets a *restart* child of the root, far from it. Everything is seeded by
+(study seed, round), so ideation is reproducible.
 """
 
 from __future__ import annotations
 
-import math
+import itertools
 import random
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from agents import globs
-from agents.policies import configfiles
+from agents.policies import configfiles, optuna_bridge
 from agents.policies.base import (
     IdeationInput,
     ImplementationError,
@@ -28,255 +30,219 @@ from agents.policies.base import (
     Proposal,
     RefineRequest,
 )
-from agents.policies.gp import GaussianProcess, expected_improvement
+from agents.policies.optuna_bridge import SamplerName
+from agents.policies.space import Assignment, Space
 from agents.spec import split_search_key
 
-Assignment = dict[str, Any]
+MEASURED = ("evaluated", "merged", "awaiting_approval", "rejected", "pruned")
+STEPS = (0.05, 0.1, 0.2, 0.35, 0.5)
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+def sampler_seed(seed: int, round_no: int) -> int:
+    """Return the sampler seed of one ideation round."""
+    return (seed * 7919 + round_no) % 2**32
 
 
-class Space:
-    """The search space: one dimension per `[search]` key."""
+class LocalModel:
+    """A kernel-weighted ridge regression of one metric over the measured nodes, around a point."""
 
-    def __init__(self, dims: dict[str, dict[str, Any]], base: Assignment) -> None:
-        self.dims = dims
-        self.base = base
-        self.keys = sorted(dims)
+    def __init__(self, space: Space, points: list[tuple[Assignment, float]], around: Assignment) -> None:
+        self.space = space
+        x = np.array([[1.0, *space.features(a)] for a, _ in points])
+        y = np.array([v for _, v in points])
+        self.log = bool(len(y)) and bool(np.all(y > 0))  # sizes and costs are multiplicative
+        if self.log:
+            y = np.log(y)
+        w = np.array([np.exp(-(space.distance(a, around) ** 2) / (2 * 0.5**2)) for a, _ in points])
+        ridge = 1e-3 * np.eye(x.shape[1])
+        ridge[0, 0] = 0.0
+        xtw = x.T * w
+        self.beta = np.linalg.solve(xtw @ x + ridge, xtw @ y) if len(y) else np.zeros(x.shape[1])
 
-    def is_range(self, key: str) -> bool:
-        """Return whether a key is a numeric range."""
-        return self.dims[key].get("values") is None
-
-    def is_int(self, key: str) -> bool:
-        """Return whether a range key takes integers."""
-        d = self.dims[key]
-        return bool(d.get("integer")) or (
-            isinstance(self.base.get(key), int) and not isinstance(self.base.get(key), bool)
-        )
-
-    def coord(self, key: str, value: Any) -> float:
-        """Map a value to [0, 1] for distances."""
-        d = self.dims[key]
-        if not self.is_range(key):
-            values = list(d["values"])
-            if value in values:
-                return values.index(value) / max(len(values) - 1, 1)
-            return 0.5
-        lo, hi, v = float(d["low"]), float(d["high"]), float(value)
-        if d.get("log"):
-            lo, hi, v = math.log(lo), math.log(hi), math.log(max(v, 1e-300))
-        return min(max((v - lo) / (hi - lo), 0.0), 1.0)
-
-    def vector(self, a: Assignment) -> list[float]:
-        """Return an assignment's coordinates."""
-        return [self.coord(k, a.get(k, self.base.get(k))) for k in self.keys]
-
-    def snap(self, key: str, x: float) -> Any:
-        """Map a coordinate in [0, 1] back to a value."""
-        d = self.dims[key]
-        x = min(max(x, 0.0), 1.0)
-        if not self.is_range(key):
-            values = list(d["values"])
-            return values[round(x * (len(values) - 1))]
-        lo, hi = float(d["low"]), float(d["high"])
-        if d.get("log"):
-            v = math.exp(math.log(lo) + x * (math.log(hi) - math.log(lo)))
-        else:
-            v = lo + x * (hi - lo)
-        if self.is_int(key):
-            return int(round(v))
-        return float(f"{v:.4g}")
-
-    def neighbours(self, a: Assignment, key: str, step: float) -> list[Any]:
-        """Return values one step away from `a[key]`."""
-        d = self.dims[key]
-        cur = a.get(key, self.base.get(key))
-        if not self.is_range(key):
-            values = list(d["values"])
-            if cur not in values:
-                return values
-            i = values.index(cur)
-            return [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
-        x = self.coord(key, cur)
-        out = []
-        for nx in (x - step, x + step):
-            v = self.snap(key, nx)
-            if v != cur and v not in out:
-                out.append(v)
-        return out
-
-    def sample(self, rng: random.Random) -> Assignment:
-        """Return a uniformly random assignment (log-uniform on log ranges)."""
-        return {k: self.snap(k, rng.random()) for k in self.keys}
-
-    def key_of(self, a: Assignment) -> tuple[Any, ...]:
-        """Return a hashable identity for an assignment."""
-        return tuple(_fmt(a.get(k, self.base.get(k))) for k in self.keys)
+    def predict(self, a: Assignment) -> float:
+        """Return the predicted metric at an assignment."""
+        v = float(np.dot(self.beta, [1.0, *self.space.features(a)]))
+        return float(np.exp(min(v, 700.0))) if self.log else v
 
 
-def _dist(a: Sequence[float], b: Sequence[float]) -> float:
-    return math.sqrt(sum((u - v) ** 2 for u, v in zip(a, b, strict=True)))
-
-
-def _describe(space: Space, old: Assignment, new: Assignment) -> list[str]:
-    return [
-        f"{k} {_fmt(old.get(k, space.base.get(k)))} → {_fmt(new[k])}"
-        for k in space.keys
-        if _fmt(new.get(k)) != _fmt(old.get(k, space.base.get(k)))
-    ]
+def _violation(rule: dict[str, Any], value: float) -> float:
+    return max(optuna_bridge.constraint_values([rule], {rule["metric"]: value}).values())
 
 
 class SearchPolicy:
-    """Evidence-guided local search over declared config keys."""
+    """Constraint-aware Bayesian optimisation over declared config keys, mapped onto the tree."""
 
     name = "search"
     rebase_on_trunk = True
 
-    def __init__(self, explore_fraction: float = 0.34, optimism: float = 1.0):
-        self.explore_fraction = explore_fraction
-        self.optimism = optimism
+    def __init__(self, sampler: SamplerName = "tpe") -> None:
+        self.sampler = sampler
 
     # ideation -------------------------------------------------------------------
 
     def ideate(self, ctx: IdeationInput) -> list[Proposal]:
-        """Propose up to `ctx.k` new children as concrete key edits."""
+        """Propose up to `ctx.k` children: refine and restart requests first, then the sampler's batch."""
         space = Space(ctx.search_space, ctx.base_values)
-        rng = random.Random(ctx.seed * 7919 + ctx.round_no)
-        sign = 1.0 if ctx.maximize else -1.0
-        assignment = {n.id: {**ctx.base_values, **n.edits} for n in ctx.nodes}
-        seen = {space.key_of(a) for a in assignment.values()}
-        scored = [n for n in ctx.nodes if n.dev_mean is not None and n.status != "failed"]
-        gp = self._fit(space, [(assignment[n.id], sign * float(n.dev_mean or 0.0), n) for n in scored])
-        ref = sign * ctx.trunk_dev_mean if ctx.trunk_dev_mean is not None else gp.mean
-        root = next(n for n in ctx.nodes if n.parent_id is None)
-        out: list[Proposal] = []
-
-        def take(
-            parent: NodeEvidence, a: Assignment, why: str, origin: str = "policy", ref_id: int | None = None
-        ) -> None:
-            key = space.key_of(a)
-            if key in seen or len(out) >= ctx.k:
-                return
-            seen.add(key)
-            mu, sd = gp.predict(space.vector(a))
-            prior = expected_improvement(mu, sd, ref)
-            out.append(
-                self._proposal(ctx, space, parent, assignment[parent.id], a, prior, why, origin, ref_id)
-            )
-
+        rules = [c for c in ctx.constraints if c.get("judge", "metric") == "metric"]
+        assignment = {n.id: space.full({**ctx.base_values, **n.edits}) for n in ctx.nodes}
         by_id = {n.id: n for n in ctx.nodes}
+        seen = {space.key_of(a) for a in assignment.values()}
+        rng = random.Random(sampler_seed(ctx.seed, ctx.round_no))
+        trunk = assignment.get(ctx.trunk_node_id, space.full(ctx.base_values))
+        out: list[tuple[NodeEvidence, Assignment, str, str, int | None]] = []
         for req in ctx.refine:
             node = by_id.get(req.node_id)
-            if node is not None:
-                self._refine(ctx, space, node, assignment[node.id], req, take)
+            if node is None or node.depth >= ctx.max_depth or len(out) >= ctx.k:
+                continue
+            a = self._refine(ctx, space, rules, node, assignment, req, seen)
+            if a is not None:
+                seen.add(space.key_of(a))
+                out.append((node, a, f"refine n{node.id}: {req.goal}", "refine", node.id))
+        root = next(n for n in ctx.nodes if n.parent_id is None)
+        leaps = list(ctx.restart) + ([-1] if ctx.plateau_level >= 2 else [])
+        for failed in leaps:
+            if len(out) >= ctx.k:
+                break
+            avoid = self._branch(ctx.nodes, failed, assignment) if failed >= 0 else list(assignment.values())
+            a = self._far(space, rng, avoid, seen)
+            if a is not None:
+                seen.add(space.key_of(a))
+                why = f"restart away from n{failed}'s branch" if failed >= 0 else "leap: progress has stalled"
+                out.append(
+                    (root, a, why, "restart" if failed >= 0 else "policy", failed if failed >= 0 else None)
+                )
+        if len(out) < ctx.k:
+            study = optuna_bridge.replay(
+                space, ctx.nodes, rules, maximize=ctx.maximize,
+                sampler=optuna_bridge.make_sampler(self.sampler, sampler_seed(ctx.seed, ctx.round_no)),
+            )  # fmt: skip
+            for _, a, *_ in out:
+                study.add_trial(optuna_bridge.pending_trial(space, a))
+            parents = self._parents(ctx, rules)
+            for a in optuna_bridge.ask(study, space, ctx.k - len(out), seen):
+                parent = min(
+                    parents,
+                    key=lambda n: (
+                        len(space.differing(a, assignment[n.id])),
+                        space.distance(a, assignment[n.id]),
+                        n.id,
+                    ),
+                )
+                out.append((parent, a, f"{self.sampler} suggestion near n{parent.id}", "policy", None))
+        return [self._proposal(ctx, space, trunk, p, a, why, origin, ref) for p, a, why, origin, ref in out]
 
-        pool: list[tuple[NodeEvidence, Assignment, str]] = []
-        explore_only = ctx.plateau_level >= 2  # "change approach": leave the current neighbourhoods
-        if not explore_only:
-            for parent in sorted(scored, key=lambda n: -sign * float(n.dev_mean or 0.0))[:3]:
-                a = assignment[parent.id]
-                for step in (0.1, 0.25, 0.5):
-                    for key in space.keys:
-                        pool += [
-                            (parent, {**a, key: v}, f"move {key} around n{parent.id}")
-                            for v in space.neighbours(a, key, step)
-                        ]
-                for _ in range(6):
-                    new = dict(a)
-                    for key in rng.sample(space.keys, min(2, len(space.keys))):
-                        opts = space.neighbours(a, key, rng.choice((0.1, 0.25, 0.5)))
-                        if opts:
-                            new[key] = rng.choice(opts)
-                    pool.append((parent, new, f"combine moves around n{parent.id}"))
-        measured = [(space.vector(assignment[n.id]), n) for n in scored]
-        for _ in range(256):
-            a = space.sample(rng)
-            x = space.vector(a)
-            near = min(measured, key=lambda m: _dist(m[0], x), default=None)
-            if explore_only and near is not None and _dist(near[0], x) < 0.35:
-                continue
-            parent = near[1] if near is not None and _dist(near[0], x) < 0.2 and near[1].depth < 6 else root
-            pool.append((parent, a, "explore a new region"))
+    @staticmethod
+    def _parents(ctx: IdeationInput, rules: list[dict[str, Any]]) -> list[NodeEvidence]:
+        """Return the nodes a suggestion may hang under: measured, feasible, not at the depth limit."""
+        root = next(n for n in ctx.nodes if n.parent_id is None)
+        ok = [
+            n for n in ctx.nodes
+            if n.parent_id is not None and n.status in MEASURED and n.dev_mean is not None
+            and n.depth < ctx.max_depth and optuna_bridge.feasible(rules, n)
+        ]  # fmt: skip
+        return [root, *ok]
 
-        scores: list[tuple[float, NodeEvidence, Assignment, str]] = []
-        for parent, a, why in pool:
-            if space.key_of(a) in seen:
-                continue
-            mu, sd = gp.predict(space.vector(a))
-            scores.append((expected_improvement(mu, sd, ref), parent, a, why))
-        while scores and len(out) < ctx.k:
-            best = max(range(len(scores)), key=lambda i: (scores[i][0], -i))
-            _, parent, a, why = scores.pop(best)
-            if space.key_of(a) in seen:
-                continue
-            take(parent, a, why)
-            x = space.vector(a)
-            scores = [  # crowding penalty keeps a batch diverse
-                (s * (1.0 - math.exp(-(_dist(space.vector(b), x) ** 2) / (2 * 0.08**2))), p, b, w)
-                for s, p, b, w in scores
-            ]
+    @staticmethod
+    def _branch(
+        nodes: list[NodeEvidence], node_id: int, assignment: dict[int, Assignment]
+    ) -> list[Assignment]:
+        """Return the assignments of a node's branch: the node, its ancestors below the root, its subtree."""
+        by_id = {n.id: n for n in nodes}
+        out: list[Assignment] = []
+        cur = by_id.get(node_id)
+        while cur is not None and cur.parent_id is not None:
+            out.append(assignment[cur.id])
+            cur = by_id.get(cur.parent_id)
+        stack = [node_id]
+        while stack:
+            nid = stack.pop()
+            kids = [n.id for n in nodes if n.parent_id == nid]
+            out += [assignment[k] for k in kids]
+            stack += kids
         return out
 
     @staticmethod
-    def _fit(space: Space, points: Sequence[tuple[Assignment, float, NodeEvidence]]) -> GaussianProcess:
-        noise = [(n.dev_std or 0.0) ** 2 / max(n.dev_n, 1) for _, _, n in points]
-        best = sorted(points, key=lambda p: -p[1])[:150]
-        return GaussianProcess(
-            [space.vector(a) for a, _, _ in best],
-            [y for _, y, _ in best],
-            lengthscale=0.25,
-            noise=sum(noise) / len(noise) if noise else 0.0,
+    def _far(
+        space: Space, rng: random.Random, avoid: list[Assignment], seen: set[tuple[str, ...]]
+    ) -> Assignment | None:
+        """Return the random assignment farthest from every assignment in `avoid`."""
+        best: tuple[float, Assignment] | None = None
+        for _ in range(256):
+            a = {
+                k: (rng.choice(space.values(k)) if not space.is_range(k) else space.snap(k, rng.random()))
+                for k in space.keys
+            }
+            if space.key_of(a) in seen:
+                continue
+            d = min((space.distance(a, b) for b in avoid), default=0.0)
+            if best is None or d > best[0]:
+                best = (d, a)
+        return None if best is None else best[1]
+
+    def _refine(
+        self,
+        ctx: IdeationInput,
+        space: Space,
+        rules: list[dict[str, Any]],
+        node: NodeEvidence,
+        assignment: dict[int, Assignment],
+        req: RefineRequest,
+        seen: set[tuple[str, ...]],
+    ) -> Assignment | None:
+        """Return the move from `node` predicted to meet its open constraints with the most gain kept."""
+        a = assignment[node.id]
+        open_rules = [r for r in rules if r["name"] in req.open_constraints]
+        measured = [n for n in ctx.nodes if n.dev_mean is not None and n.status != "failed"]
+        models = [
+            (r, LocalModel(space, [(assignment[n.id], n.dev_metrics[r["metric"]]) for n in measured
+                                   if r["metric"] in n.dev_metrics], a))
+            for r in open_rules
+        ]  # fmt: skip
+        objective = LocalModel(space, [(assignment[n.id], float(n.dev_mean or 0.0)) for n in measured], a)
+        sign = 1.0 if ctx.maximize else -1.0
+        moves: list[Assignment] = []
+        singles = list(
+            dict.fromkeys((k, v) for k in space.keys for s in STEPS for v in space.neighbours(a, k, s))
         )
+        moves += [{**a, k: v} for k, v in singles]
+        moves += [
+            {**a, k1: v1, k2: v2} for (k1, v1), (k2, v2) in itertools.combinations(singles, 2) if k1 != k2
+        ]
+        best: tuple[tuple[float, ...], Assignment] | None = None
+        for m in moves:
+            if space.key_of(m) in seen:
+                continue
+            worst = max((_violation(r, model.predict(m)) for r, model in models), default=-1.0)
+            # Feasible moves first (with a little room), then the most objective kept, then the smallest change.
+            rank = (max(worst, -0.05), -sign * objective.predict(m), float(len(space.differing(a, m))))
+            if best is None or rank < best[0]:
+                best = (rank, m)
+        return None if best is None else best[1]
 
-    def _refine(self, ctx, space, node, a, req: RefineRequest, take) -> None:  # type: ignore[no-untyped-def]
-        rules = {c["name"]: c for c in ctx.constraints}
-        options: list[tuple[float, int, Assignment]] = []
-        models = {}
-        for name in req.open_constraints:
-            rule = rules.get(name)
-            pts = [
-                (space.vector({**ctx.base_values, **n.edits}), n.dev_metrics[rule["metric"]])
-                for n in ctx.nodes
-                if rule and rule["metric"] in n.dev_metrics
-            ]
-            if rule and pts:
-                models[name] = (
-                    rule,
-                    GaussianProcess([p for p, _ in pts], [y for _, y in pts], lengthscale=0.15),
-                )
-        for key in space.keys:
-            for v in space.neighbours(a, key, 0.25):
-                new = {**a, key: v}
-                badness = 0.0
-                for rule, model in models.values():
-                    pred, _ = model.predict(space.vector(new))
-                    if rule.get("max") is not None:
-                        badness += max(pred - rule["max"], 0.0) / (abs(rule["max"]) or 1.0)
-                    if rule.get("min") is not None:
-                        badness += max(rule["min"] - pred, 0.0) / (abs(rule["min"]) or 1.0)
-                options.append((badness, len(options), new))
-        options.sort(key=lambda t: (t[0], t[1]))
-        for _, _, new in options[:1]:
-            take(node, new, f"refine n{node.id}: {req.goal}", "refine", node.id)
-
-    def _proposal(self, ctx, space, parent, old, new, prior, why, origin, ref_id) -> Proposal:  # type: ignore[no-untyped-def]
-        changes = _describe(space, old, new) or ["no change"]
-        title = ", ".join(changes)
+    def _proposal(
+        self,
+        ctx: IdeationInput,
+        space: Space,
+        trunk: Assignment,
+        parent: NodeEvidence,
+        new: Assignment,
+        why: str,
+        origin: str,
+        ref_id: int | None,
+    ) -> Proposal:
+        # The node is built on trunk (rebase_on_trunk), so its title is its change to trunk.
+        title = ", ".join(space.describe(trunk, new)) or "no change"
         direction = "raises" if ctx.maximize else "lowers"
         hyp = {
             "mechanism": f"Config edit ({why}): {title}",
             "hypothesis": f"Setting {title} {direction} dev {ctx.metric} relative to trunk",
             "observable": f"mean dev {ctx.metric} over the evaluation repeats, paired by seed against trunk",
-            "risks": "; ".join(f"may break {c['name']} ({c['metric']})" for c in ctx.constraints)
+            "risks": "; ".join(
+                f"may break {c['name']} ({c.get('metric') or 'judged'})" for c in ctx.constraints
+            )
             or "none identified",
         }
-        edits = {k: new[k] for k in space.keys}
-        return Proposal(parent.id, title, hyp, round(float(prior), 8), edits, origin, ref_id)
+        return Proposal(parent.id, title, hyp, 0.0, space.full(new), origin, ref_id)
 
     # implementation --------------------------------------------------------------
 

@@ -20,6 +20,7 @@ class TreeNode:
     summary: str = ""
     insight: str = ""
     order: int = 0  # completion order; 0 while not completed
+    origin: str = "policy"  # "refine" children are served before new ideas
 
 
 @dataclass

@@ -9,7 +9,9 @@ confidence bound of the gain over trunk found so far in the subtree of ``p`` (0 
 known, so unexplored directions are not punished), ``N`` is the number of completed
 experiments in the whole tree and ``n(p)`` the number completed in the subtree of ``p``.
 Nodes are taken in decreasing score, at most ``per_parent`` per parent in one round (the
-diversity cap), counting siblings that are already queued or running. Ties are broken by a
+diversity cap), counting siblings that are already queued or running. Refine children
+(AREX's narrower questions about nodes that improve but break a constraint) come before
+any new idea, whatever their score. Ties are broken by a
 seeded random key, so a selection is reproducible from the tree and the seed alone.
 """
 
@@ -64,7 +66,8 @@ def select(tree: Tree, slots: int, config: SelectionConfig, round_no: int = 0) -
     scores = frontier_scores(tree, config)
     rng = random.Random(config.seed * 1_000_003 + round_no)
     tiebreak = {nid: rng.random() for nid in sorted(scores)}
-    ranked = sorted(scores, key=lambda nid: (-scores[nid], tiebreak[nid]))
+    # AREX: a refine child (a narrower question about a node that already improves) goes first.
+    ranked = sorted(scores, key=lambda nid: (tree.nodes[nid].origin != "refine", -scores[nid], tiebreak[nid]))
     busy: dict[int, int] = {}
     for n in tree.nodes.values():
         if n.status in ACTIVE and n.parent_id is not None:

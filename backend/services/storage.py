@@ -64,6 +64,7 @@ def node_record(s: Session, node: Node, insight: str | None = None) -> NodeRecor
         insight=latest_insight(s, node.id) if insight is None else insight,
         failure=node.failure,
         report=_latest_report(s, node.id, job.id if job else None),
+        origin_ref=node.origin_ref,
     )
     return NodeRecord(
         evidence=evidence,

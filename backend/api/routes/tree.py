@@ -107,6 +107,15 @@ def add_hypothesis(
     spec = spec_of(st)
     if st.status == StudyStatus.STOPPING or st.status in STUDY_ENDED:
         raise HTTPException(status.HTTP_409_CONFLICT, f"study is {st.status}")
+    if parent.depth >= spec.policy.max_depth:
+        raise HTTPException(
+            422,
+            {
+                "message": f"parent: n{node_id} is at policy.max_depth ({spec.policy.max_depth}); "
+                "add the hypothesis under a shallower node",
+                "errors": [],
+            },
+        )
     edits = {**st.base_values, **parent.edits}
     for key, value in body.edits.items():
         if key not in spec.search:

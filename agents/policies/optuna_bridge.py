@@ -1,0 +1,153 @@
+"""The tree as an Optuna study: replay every measured node as a trial, then ask for a batch.
+
+Each round rebuilds an in-memory study from the nodes alone (the database is the only state):
+evaluated nodes are complete trials with their dev objective and one constraint value per
+metric rule (`<= 0` is feasible, the convention Optuna's samplers read), failed nodes are
+failed trials, and nodes still proposed, queued or running are running trials, which the
+samplers' constant liar keeps a batch away from. Samplers are seeded by (study seed, round),
+so the same history and seed give the same suggestions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.trial import TrialState, create_trial
+
+from agents.policies.base import NodeEvidence
+from agents.policies.space import Assignment, Space
+
+SamplerName = Literal["tpe", "gp", "random"]
+PENDING = ("proposed", "queued", "running")
+INFEASIBLE = 1.0  # constraint value of a rule whose metric a node did not report
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+class SamplerUnavailable(RuntimeError):
+    """The sampler a spec names cannot run in this installation."""
+
+
+def distributions(space: Space) -> dict[str, BaseDistribution]:
+    """Return one Optuna distribution per `[search]` key."""
+    out: dict[str, BaseDistribution] = {}
+    for k in space.keys:
+        if not space.is_range(k):
+            out[k] = CategoricalDistribution(space.values(k))
+            continue
+        lo, hi = space.bounds(k)
+        log = bool(space.dims[k].get("log"))
+        if space.is_int(k):
+            out[k] = IntDistribution(int(lo), int(hi), log=log)
+        else:
+            out[k] = FloatDistribution(lo, hi, log=log)
+    return out
+
+
+def constraint_values(rules: Sequence[dict[str, Any]], metrics: dict[str, float]) -> dict[str, float]:
+    """Return each metric rule's violation (`<= 0` feasible), scaled by the bound it must respect."""
+    out: dict[str, float] = {}
+    for r in rules:
+        if r.get("judge", "metric") != "metric":
+            continue
+        v = metrics.get(r["metric"])
+        if v is None or math.isnan(v):
+            out[r["name"]] = INFEASIBLE
+            continue
+        worst = -math.inf
+        if r.get("max") is not None:
+            worst = max(worst, (v - r["max"]) / (abs(r["max"]) or 1.0))
+        if r.get("min") is not None:
+            worst = max(worst, (r["min"] - v) / (abs(r["min"]) or 1.0))
+        out[r["name"]] = worst
+    return out
+
+
+def feasible(rules: Sequence[dict[str, Any]], node: NodeEvidence) -> bool:
+    """Return whether a measured node meets every metric rule on its dev metrics."""
+    if node.constraints:
+        return all(c.get("verdict") == "satisfied" for c in node.constraints)
+    return all(v <= 0 for v in constraint_values(rules, node.dev_metrics).values())
+
+
+def make_sampler(name: SamplerName, seed: int) -> optuna.samplers.BaseSampler:
+    """Return a seeded sampler: TPE (multivariate, constant liar), GP or random."""
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "gp":
+        if any(importlib.util.find_spec(m) is None for m in ("torch", "scipy")):
+            raise SamplerUnavailable(
+                "policy.sampler = 'gp' needs torch and scipy (pip install 'grove[learning]')"
+            )
+        return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, constant_liar=True,
+            n_startup_trials=6,
+        )  # fmt: skip
+
+
+def replay(
+    space: Space,
+    nodes: Sequence[NodeEvidence],
+    rules: Sequence[dict[str, Any]],
+    *,
+    maximize: bool,
+    sampler: optuna.samplers.BaseSampler,
+) -> optuna.Study:
+    """Return an in-memory study holding one trial per node whose assignment lies in the space."""
+    study = optuna.create_study(direction="maximize" if maximize else "minimize", sampler=sampler)
+    dists = distributions(space)
+    for n in sorted(nodes, key=lambda n: n.id):
+        params = space.full({**space.base, **n.edits})
+        if not all(space.contains(k, v) for k, v in params.items()):
+            continue
+        if n.dev_mean is not None and n.status != "failed" and math.isfinite(n.dev_mean):
+            trial = create_trial(
+                params=params, distributions=dists, value=n.dev_mean,
+                constraints=constraint_values(rules, n.dev_metrics) or None,
+            )  # fmt: skip
+        elif n.status in PENDING:
+            trial = create_trial(state=TrialState.RUNNING, params=params, distributions=dists)
+        elif n.status in ("failed", "rejected") and n.dev_mean is None:
+            trial = create_trial(state=TrialState.FAIL, params=params, distributions=dists)
+        else:
+            continue
+        study.add_trial(trial)
+    return study
+
+
+def pending_trial(space: Space, a: Assignment) -> optuna.trial.FrozenTrial:
+    """Return a running trial for an assignment that is proposed but not yet measured."""
+    return create_trial(state=TrialState.RUNNING, params=space.full(a), distributions=distributions(space))
+
+
+def ask(study: optuna.Study, space: Space, n: int, seen: set[tuple[str, ...]]) -> list[Assignment]:
+    """Ask for up to `n` new assignments; each stays a running trial so the next one moves away."""
+    dists = distributions(space)
+    out: list[Assignment] = []
+    for _ in range(max(8 * n, 32)):
+        if len(out) >= n:
+            break
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trial = study.ask(dists)
+        a = {k: space.clean(k, trial.params[k]) for k in space.keys}
+        key = space.key_of(a)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(a)
+    return out
