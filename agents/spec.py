@@ -117,10 +117,20 @@ class Budget(_Section):
 
 
 class Gate(_Section):
-    mode: Literal["approve", "auto", "review"] = "approve"
+    mode: Literal["approve", "auto"] = "approve"
+    # The held-out gain's 95% lower bound must be strictly above this (metric units).
     margin: float = Field(default=0.0, ge=0)
     test_repeats: int = Field(default=3, ge=1, le=100)
     max_test_runs: int = Field(default=10, ge=1, le=10_000)
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _no_review(cls, v: Any) -> Any:
+        if v == "review":
+            raise ValueError(
+                "'review' is not offered: use 'approve' (a human approves every gate pass) or 'auto'"
+            )
+        return v
 
 
 class PolicySection(_Section):

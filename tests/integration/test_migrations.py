@@ -45,3 +45,41 @@ def test_upgrade_from_empty_matches_the_models_and_round_trips(backend: str, tmp
         engine.dispose()
         if backend == "postgres":
             drop_postgres_database(name)
+
+
+def test_stored_review_specs_read_approve_after_upgrade(tmp_path: Path) -> None:
+    """Gate mode 'review' only ever behaved as 'approve'; 0005 says so in stored specs."""
+    from sqlalchemy import text
+
+    from agents.spec import parse_spec
+    from tests.conftest import tiny_files
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    engine = create_engine(url)
+    cfg = alembic_config(url)
+    spec = tiny_files(mode="approve")["grove.toml"].replace('mode = "approve"', 'mode = "review"')
+    assert 'mode = "review"' in spec
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "0004")
+            cols = ["name", "goal", "spec_toml", "source", "repo_path", "status", "base_commit", "trunk_branch",
+                    "trunk_commit", "seed", "base_values", "baseline_dev", "trunk_dev", "baseline_heldout",
+                    "trunk_heldout", "test_queries", "improvement_state", "plateau_level", "stop_reason",
+                    "report_path", "created_at"]  # fmt: skip
+            values = {c: "" for c in cols} | {"name": "old", "spec_toml": spec, "seed": 0, "test_queries": 0,
+                                               "plateau_level": 0, "created_at": "2026-11-01 00:00:00"}  # fmt: skip
+            for c in ("base_values", "improvement_state"):
+                values[c] = "{}"
+            for c in ("baseline_dev", "trunk_dev", "baseline_heldout", "trunk_heldout"):
+                values[c] = "[]"
+            conn.execute(
+                text(f"INSERT INTO study ({', '.join(cols)}) VALUES ({', '.join(':' + c for c in cols)})"),
+                values,
+            )
+            command.upgrade(cfg, "head")
+            stored = conn.execute(text("SELECT spec_toml FROM study WHERE name = 'old'")).scalar_one()
+        assert parse_spec(stored).gate.mode == "approve"
+        assert stored.replace('mode = "approve"', 'mode = "review"') == spec  # nothing else changed
+    finally:
+        engine.dispose()

@@ -110,3 +110,18 @@ def test_soft_constraints_need_a_description_and_the_llm_policy() -> None:
     described = soft + 'description = "the code stays readable"\n'
     got = issues(GOOD.replace("[search]", described + "\n[search]"))
     assert "need policy.kind = 'llm'" in got[""]
+
+
+def test_gate_mode_review_is_refused_with_the_alternatives() -> None:
+    assert 'mode = "auto"' in GOOD
+    got = issues(GOOD.replace('mode = "auto"', 'mode = "review"'))
+    assert list(got) == ["gate.mode"]
+    assert "'approve'" in got["gate.mode"] and "'auto'" in got["gate.mode"]
+
+
+def test_policy_sampler_and_max_depth() -> None:
+    assert "[policy]\n" in GOOD
+    spec = parse_spec(GOOD.replace("[policy]\n", '[policy]\nsampler = "gp"\nmax_depth = 2\n'))
+    assert spec.policy.sampler == "gp" and spec.policy.max_depth == 2
+    assert parse_spec(GOOD).policy.sampler == "tpe"
+    assert list(issues(GOOD.replace("[policy]\n", '[policy]\nsampler = "cmaes"\n'))) == ["policy.sampler"]

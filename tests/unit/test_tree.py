@@ -170,8 +170,15 @@ def test_gate_eligibility_rules() -> None:
 
 
 def test_heldout_margin() -> None:
-    assert heldout_decision([0.81, 0.83], [0.80, 0.80], maximize=True, margin=0.01).passed
+    assert heldout_decision([0.82, 0.821, 0.822], [0.80, 0.80, 0.80], maximize=True, margin=0.01).passed
     assert not heldout_decision([0.805, 0.805], [0.80, 0.80], maximize=True, margin=0.01).passed
+    # Strictly above the margin: a gain equal to it does not pass.
+    assert not heldout_decision([0.75, 0.75], [0.5, 0.5], maximize=True, margin=0.25).passed
+    assert heldout_decision([0.75, 0.75], [0.5, 0.5], maximize=True, margin=0.125).passed
+    assert not heldout_decision([0.8], [0.8], maximize=True, margin=0.0).passed
+    # Noise-aware: a mean gain above the margin that noise could explain does not pass.
+    noisy = heldout_decision([0.90, 0.78, 0.85], [0.80, 0.80, 0.80], maximize=True, margin=0.0)
+    assert noisy.gain > 0 and noisy.gain_lcb < 0 and not noisy.passed
     assert heldout_decision([0.70], [0.80], maximize=False, margin=0.05).passed
     failed = heldout_decision([], [0.8], maximize=True, margin=0.0)
     assert not failed.passed and math.isnan(failed.gain)
