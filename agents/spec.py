@@ -45,6 +45,19 @@ class Evaluate(_Section):
     test: str = Field(min_length=1)
     timeout: float = Field(default=600, gt=0, le=WEEK)
     repeats: int = Field(default=3, ge=1, le=100)
+    # An unclear dev gain is re-run with trunk on more paired seeds, up to this many (default 3 x repeats).
+    max_repeats: int | None = Field(default=None, ge=1, le=300)
+
+    @model_validator(mode="after")
+    def _repeats(self) -> Evaluate:
+        if self.max_repeats is not None and self.max_repeats < self.repeats:
+            raise ValueError(f"max_repeats ({self.max_repeats}) is below repeats ({self.repeats})")
+        return self
+
+    @property
+    def most_repeats(self) -> int:
+        """Return the most dev runs a node may get (adaptive repeats)."""
+        return self.max_repeats if self.max_repeats is not None else 3 * self.repeats
 
 
 class Files(_Section):

@@ -23,6 +23,7 @@ from agents.tree import plateau, pruning, selection
 from agents.tree.gate import eligible
 from agents.tree.insights import backpropagate
 from agents.tree.model import Tree, TreeNode
+from agents.tree.sequential import Plan
 from agents.tree.stats import gain_over
 from agents.tree.status import NodeStatus
 from agents.verify.arex import Assessment, Decision, assess
@@ -341,7 +342,15 @@ def integrate_one(
         summary = policy.summarise(_with(ev, status=status), spec.objective.metric, None)
         verification: dict[str, Any] = {"decision": str(a.decision), "reason": a.reason}
         return Integration(ev.id, str(status), None, None, [], verification, summary)
-    g = gain_over(rec.dev_values, study.trunk_dev, maximize=spec.maximize)
+    # Paired by seed on the seeds both have, at the level of the look the node's seed count reached.
+    plan = Plan(spec.evaluate.repeats, spec.evaluate.most_repeats)
+    n = min(len(rec.dev_values), len(study.trunk_dev))
+    g = gain_over(
+        rec.dev_values[:n],
+        study.trunk_dev[:n],
+        maximize=spec.maximize,
+        alpha=plan.alpha_at(len(rec.dev_values)),
+    )
     measured = verify_all(_rules(study), rec.dev_receipts)
     soft = [c.model_dump() for c in spec.constraints if c.judge == "llm"]
     improves = g.lcb > spec.plateau.min_gain

@@ -91,6 +91,8 @@ def make_sampler(name: SamplerName, seed: int) -> optuna.samplers.BaseSampler:
                 "policy.sampler = 'gp' needs torch and scipy (pip install 'grove[learning]')"
             )
         return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
+    if name != "tpe":
+        raise ValueError(f"unknown sampler {name!r} (use 'tpe', 'gp' or 'random')")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.samplers.TPESampler(

@@ -16,19 +16,23 @@ import sys
 import traceback
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from sqlmodel import select
 
+from agents.policies import configfiles
 from agents.policies.base import ImplementationError, ImplementInput
 from agents.policies.llm.model import BudgetExhausted, ModelError
 from agents.policies.registry import make_policy
+from agents.policies.space import fmt
+from agents.spec import split_search_key
 from agents.tree.stats import summarize
 from agents.tree.status import NodeStatus
-from backend.core import db
+from backend.core import db, gitops
 from backend.core.config import Settings, get_settings
 from backend.core.gitops import GitError
 from backend.core.models import Job, Node, Study, Trajectory, now
-from backend.engine import evaluation, sandbox, workspace
+from backend.engine import evaluation, repeats, sandbox, workspace
 from backend.services.ledger import SqlLedger
 from backend.services.records import add_event, latest_insight, spec_of, transition
 
@@ -62,7 +66,9 @@ def _claim(settings: Settings, job_id: int, token: str) -> tuple[Job, Node, Stud
         return job, node, study
 
 
-def _finish(settings: Settings, job_id: int, token: str, status: str, **fields: object) -> None:
+def _finish(
+    settings: Settings, job_id: int, token: str, status: str, extra_runs: int = 0, **fields: object
+) -> None:
     with db.session(settings.db_url) as s:
         job = s.get(Job, job_id)
         assert job is not None
@@ -79,6 +85,7 @@ def _finish(settings: Settings, job_id: int, token: str, status: str, **fields: 
             "status": status,
             "reason": str(fields.get("failure", "")),
             "detail": str(fields.get("reflection", "")),
+            "extra_runs": extra_runs,  # adaptive repeats, charged to the experiment budget
         }
         s.add_all([job, node])
 
@@ -115,7 +122,10 @@ def run_experiment(settings: Settings, job_id: int, token: str) -> str:
             account = policy.implement(path, inp)
         finally:
             _save_trajectory(settings, job, node, inp.trajectory)
-        commit = repo.commit_all(path, f"Grove n{node.id}: {node.title}\n\n{account}")
+        title = diff_title(repo, node.base_commit, path, dict(node.edits)) or node.title
+        commit = repo.commit_all(path, f"Grove n{node.id}: {title}\n\n{account}")
+        if title != node.title:
+            _relabel(settings, node.id or 0, node.title, title)
         if commit is None:
             _finish(settings, job_id, token, NodeStatus.FAILED, failure="the change is empty")
             return NodeStatus.FAILED
@@ -132,10 +142,8 @@ def run_experiment(settings: Settings, job_id: int, token: str) -> str:
                 failure=violation,
             )
             return NodeStatus.REJECTED
-        receipts = workspace.run_repeats(
-            settings, study, spec, kind="dev", worktree=path, commit=commit, label=label,
-            node_id=node.id, job_id=job_id,
-        )  # fmt: skip
+        runs = repeats.dev_runs(settings, study, spec, node, job, worktree_label=label, commit=commit)
+        receipts = runs.receipts
         bad = [r for r in receipts if not r.ok]
         if bad:
             failure = f"dev evaluation seed {bad[0].seed}: {bad[0].reason}"
@@ -143,13 +151,14 @@ def run_experiment(settings: Settings, job_id: int, token: str) -> str:
             _finish(
                 settings, job_id, token, NodeStatus.FAILED, commit=commit, diff_stats=stats, failure=failure,
                 reflection=f"Attempt {job.attempt} failed: {failure}. " + " | ".join(tail),
+                extra_runs=runs.extra_runs,
             )  # fmt: skip
             return NodeStatus.FAILED
         values = [r.objective(spec.objective.metric) or 0.0 for r in receipts]
         summ = summarize(values)
         _finish(
             settings, job_id, token, NodeStatus.EVALUATED, commit=commit, diff_stats=stats, dev_values=values,
-            dev_mean=summ.mean, dev_std=summ.std, dev_n=summ.n, failure="",
+            dev_mean=summ.mean, dev_std=summ.std, dev_n=summ.n, failure="", extra_runs=runs.extra_runs,
         )  # fmt: skip
         return NodeStatus.EVALUATED
     except Superseded:
@@ -205,6 +214,32 @@ class SandboxRuntime:
         if r.ok:
             return f"dev evaluation ok: {json.dumps(r.metrics)}"
         return f"dev evaluation failed: {r.reason}\n{r.stderr_tail[-2000:]}"
+
+
+def diff_title(repo: gitops.Repo, base_commit: str, worktree: Path, edits: dict[str, Any]) -> str:
+    """Describe a config-edit node by its real change to the commit it sits on: `key old → new, ...`."""
+    changes = []
+    for key in sorted(edits):
+        file, dotted = split_search_key(key)
+        try:
+            old = configfiles.get_key(file, repo.read_at(base_commit, file), dotted)
+            new = configfiles.get_key(file, (worktree / file).read_text("utf-8"), dotted)
+        except (configfiles.ConfigKeyError, GitError, OSError, ValueError):
+            return ""
+        if fmt(old) != fmt(new):
+            changes.append(f"{key} {fmt(old)} → {fmt(new)}")
+    return ", ".join(changes)
+
+
+def _relabel(settings: Settings, node_id: int, old: str, new: str) -> None:
+    """Give a node the title of its real diff (trunk may have moved since it was proposed)."""
+    with db.session(settings.db_url) as s:
+        node = s.get(Node, node_id)
+        assert node is not None
+        node.title = new
+        node.hypothesis = {k: v.replace(old, new) for k, v in node.hypothesis.items()}
+        s.add(node)
+        add_event(s, node.study_id, "node.relabeled", node_id, old=old, new=new)
 
 
 def ancestor_insights(settings: Settings, node: Node) -> list[str]:

@@ -122,8 +122,9 @@ def run_repeats(
     label: str,
     node_id: int | None,
     job_id: int | None = None,
+    seeds: range | None = None,
 ) -> list[evaluation.Receipt]:
-    """Run the dev or test command `repeats` times (GROVE_SEED=0..n-1) and store the receipts."""
+    """Run the dev or test command `repeats` times (GROVE_SEED=0..n-1, or `seeds`) and store the receipts."""
     command = spec.evaluate.dev if kind == "dev" else spec.evaluate.test
     n = spec.evaluate.repeats if kind == "dev" else spec.gate.test_repeats
     patterns = spec.files.protected + (spec.files.sealed if kind == "test" else [])
@@ -135,7 +136,7 @@ def run_repeats(
         globs.select(spec.files.protected + (spec.files.sealed if kind == "test" else []), files)
     )
     receipts = []
-    for seed in range(n):
+    for seed in seeds if seeds is not None else range(n):
         r = evaluation.evaluate(
             kind=kind,
             command=command,
@@ -193,7 +194,8 @@ def janitor(settings: Settings, max_age_hours: float | None = None) -> list[Path
     removed: list[Path] = []
     with db.session(settings.db_url) as s:
         studies = list(s.exec(select(Study)))
-        live = {f"n{j.node_id}-a{j.attempt}" for j in s.exec(select(Job).where(Job.status == "running"))}
+        running = list(s.exec(select(Job).where(Job.status == "running")))
+        live = {f"n{j.node_id}-a{j.attempt}{end}" for j in running for end in ("", "-trunk")}
     for st in studies:
         if not st.repo_path or not (Path(st.repo_path) / ".git").exists():
             continue  # not cloned yet (or its clone failed)

@@ -116,7 +116,10 @@ class SqlStorage:
         with db.session(self.url) as s:
             st = s.get(Study, study_id)
             assert st is not None and st.id is not None
-            used = len(list(s.exec(select(Job.id).where(Job.study_id == study_id))))
+            outcomes = list(s.exec(select(Job.outcome).where(Job.study_id == study_id)))
+            extra = sum(int((o or {}).get("extra_runs", 0)) for o in outcomes)
+            # Adaptive repeats are charged too: every `repeats` extra runs cost one experiment.
+            used = len(outcomes) + extra // spec_of(st).evaluate.repeats
             started = st.started_at or now()
             return StudyView(
                 id=st.id,

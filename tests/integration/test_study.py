@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlmodel import col, select
 
 from agents.policies.base import IdeationInput, Proposal
@@ -295,3 +296,43 @@ def test_user_stop_cancels_running_work_and_finishes(settings: Settings, tmp_pat
     assert rows(settings, Node, Node.status == "cancelled")
     assert len(rows(settings, Job)) < 8
     assert Path(st.report_path).is_file()
+
+
+UNCLEAR_EVAL = """\
+import json, os, sys, tomllib
+x = tomllib.load(open("config.toml", "rb"))["knob"]["x"]
+seed = int(os.environ.get("GROVE_SEED", "0"))
+# Any change is worth +0.1 on every seed; on seed 1 it reads +0.3. Two seeds cannot tell.
+score = 10.0 + (0.1 + (0.2 if seed == 1 else 0.0) if x != 0 else 0.0)
+print(json.dumps({"score": score if sys.argv[1] == "dev" else score + 700, "size": x}))
+"""
+
+
+def test_an_unclear_gain_gets_more_paired_seeds_charged_to_the_budget(
+    settings: Settings, tmp_path: Path
+) -> None:
+    files = tiny_files(experiments=3, margin=0.0, max_size=5)
+    files["eval.py"] = UNCLEAR_EVAL
+    spec = files["grove.toml"]
+    assert "repeats = 2\n" in spec and "parallel = 2\n" in spec
+    files["grove.toml"] = spec.replace("repeats = 2\n", "repeats = 2\nmax_repeats = 6\n", 1).replace(
+        "parallel = 2\n", "parallel = 1\n"
+    )
+    repo = make_repo(tmp_path / "r", files)
+    res = grove(settings, "run", str(repo), "--auto-approve", "--quiet")
+    assert res.returncode == 0, res.stderr
+    st = the_study(settings)
+    first = min((n for n in rows(settings, Node) if n.parent_id is not None), key=lambda n: n.id)
+    # Looks at 2, 4 and 6 seeds: the node and trunk both got seeds 2..5.
+    assert first.dev_n == 6 and first.dev_values[1] == pytest.approx(10.3)
+    assert len(st.baseline_dev) == 2 and len(st.trunk_dev) == 6  # trunk keeps its extra seeds
+    trunk_runs = rows(settings, ReceiptRow, ReceiptRow.node_id == st.trunk_node_id, ReceiptRow.kind == "dev")
+    assert sorted(r.seed for r in trunk_runs) == [0, 1, 2, 3, 4, 5]
+    types = [e.type for e in rows(settings, Event, Event.node_id == first.id)]
+    assert types.count("node.repeated") == 2
+    # The gain is real but small: significant only with six paired seeds, at the last look's level.
+    assert first.gain == pytest.approx(0.4 / 3) and first.gain_lcb is not None and first.gain_lcb > 0
+    # 8 extra runs (4 of the node, 4 of trunk) cost 4 experiments at 2 runs each: the budget of 3 is spent.
+    jobs = rows(settings, Job)
+    assert jobs[0].outcome["extra_runs"] == 8
+    assert len(jobs) == 1 and "experiment budget spent" in st.stop_reason

@@ -10,7 +10,7 @@ from langgraph.types import Command
 from agents.coordinator.configuration import CoordinatorContext
 from agents.coordinator.graph import build_graph
 from agents.coordinator.ports import Integration, NodeRecord, StudyView
-from agents.policies.base import NodeEvidence, Proposal
+from agents.policies.base import IdeationInput, NodeEvidence, Proposal
 from agents.policies.search import SearchPolicy
 from agents.spec import parse_spec
 from agents.tree.insights import InsightUpdate
@@ -321,3 +321,37 @@ def test_soft_constraints_pass_only_above_their_threshold() -> None:
     assert high.verification["decision"] == "accept" and high.status == "evaluated"
     silent = integrate_one(mem.study(1), rec, Judging(Judgement()), ImprovementState(), {2: rec})
     assert {c["name"]: c["verdict"] for c in silent.constraints}["clear"] == "unknown"
+
+
+class Deepening(SearchPolicy):
+    """Proposes one child of the root and one of the newest measured node, every round."""
+
+    def ideate(self, ctx: IdeationInput) -> list[Proposal]:
+        x = len(ctx.nodes) % 6
+        props = [Proposal(1, f"x={x}", {}, 0.0, {"config.toml:knob.x": x})]
+        measured = [n for n in ctx.nodes if n.parent_id is not None and n.dev_mean is not None]
+        if measured:
+            props.append(Proposal(measured[-1].id, f"deeper x={(x + 1) % 6}", {}, 0.0,
+                                  {"config.toml:knob.x": (x + 1) % 6}))  # fmt: skip
+        return props
+
+
+def test_max_depth_drops_deeper_proposals() -> None:
+    mem = Memory(mode="auto", experiments=4)
+    text = tiny_files(mode="auto", experiments=4)["grove.toml"]
+    assert "[policy]\n" in text
+    mem.spec = parse_spec(text.replace("[policy]\n", "[policy]\nmax_depth = 1\n"))
+    graph = build_graph().compile(checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "t"}}
+    inp: Any = {"study_id": 1}
+    for _ in range(100):
+        out = graph.invoke(inp, cfg, context=CoordinatorContext(mem, mem, mem, Deepening()), version="v2")
+        if not out.interrupts:
+            break
+        intr = out.interrupts[0]
+        first = intr.value["jobs"][0]
+        mem.complete(first)
+        inp = Command(resume={intr.id: [first]})
+    assert mem.status == "finished"
+    assert "proposal.dropped" in mem.events
+    assert all(n["parent"] in (None, 1) for n in mem.rows.values())

@@ -1,13 +1,23 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState
 
-from agents.policies import configfiles
-from agents.policies.base import IdeationInput, ImplementationError, ImplementInput, NodeEvidence
+from agents.policies import configfiles, optuna_bridge
+from agents.policies.base import (
+    IdeationInput,
+    ImplementationError,
+    ImplementInput,
+    NodeEvidence,
+    RefineRequest,
+)
 from agents.policies.search import SearchPolicy
+from agents.policies.space import Space
 
 SPACE = {
     "c.toml:m.hidden": {"values": [8, 16, 32, 64], "low": None, "high": None, "log": False, "integer": False},
@@ -94,3 +104,134 @@ def test_implementer_refuses_non_editable_and_escaping_files(tmp_path: Path) -> 
             tmp_path, ImplementInput(1, "t", {}, {"../outside.toml:m.hidden": 4}, "", ["**"])
         )
     assert "hidden = 8" in outside.read_text()
+
+
+# -- the Optuna bridge --------------------------------------------------------------------------
+
+MIXED = {
+    "c.toml:m.kind": {"values": ["a", "b", "c"], "low": None, "high": None, "log": False, "integer": False},
+    "c.toml:m.layers": {"values": None, "low": 1, "high": 9, "log": False, "integer": False},
+    "c.toml:t.lr": {"values": None, "low": 1e-4, "high": 1e-1, "log": True, "integer": False},
+}
+MIXED_BASE = {"c.toml:m.kind": "a", "c.toml:m.layers": 2, "c.toml:t.lr": 0.001}
+SIZE = {"name": "size", "metric": "n_params", "max": 1000.0, "min": None, "judge": "metric"}
+
+
+def mixed_nodes() -> list[NodeEvidence]:
+    out = [ev(1, None, MIXED_BASE, 0.5, "merged")]
+    for i, (kind, layers, lr, acc) in enumerate(
+        [("b", 3, 0.01, 0.6), ("c", 5, 0.02, 0.7), ("a", 8, 0.05, 0.65), ("b", 6, 0.003, 0.62)], start=2
+    ):
+        n = ev(i, 1, {"c.toml:m.kind": kind, "c.toml:m.layers": layers, "c.toml:t.lr": lr}, acc)
+        out.append(replace(n, dev_metrics={"n_params": 200.0 * layers}))
+    return out
+
+
+def suggest(
+    nodes: list[NodeEvidence], seed: int, sampler: str = "tpe", n: int = 4
+) -> list[dict[str, object]]:
+    space = Space(MIXED, MIXED_BASE)
+    study = optuna_bridge.replay(
+        space,
+        nodes,
+        [SIZE],
+        maximize=True,
+        sampler=optuna_bridge.make_sampler(sampler, seed),  # type: ignore[arg-type]
+    )
+    seen = {space.key_of({**MIXED_BASE, **n.edits}) for n in nodes}
+    return optuna_bridge.ask(study, space, n, seen)
+
+
+def test_replaying_the_same_history_with_the_same_seed_gives_the_same_suggestions() -> None:
+    nodes = mixed_nodes()
+    for sampler in ("tpe", "random", "gp"):
+        assert suggest(nodes, 7, sampler) == suggest(nodes, 7, sampler)
+    assert suggest(nodes, 7) != suggest(nodes, 8)
+
+
+def test_distributions_follow_the_search_section() -> None:
+    dists = optuna_bridge.distributions(Space(MIXED, MIXED_BASE))
+    assert isinstance(dists["c.toml:m.kind"], CategoricalDistribution)
+    assert dists["c.toml:m.kind"].choices == ("a", "b", "c")
+    assert isinstance(dists["c.toml:m.layers"], IntDistribution) and dists["c.toml:m.layers"].high == 9
+    assert isinstance(dists["c.toml:t.lr"], FloatDistribution) and dists["c.toml:t.lr"].log
+    for a in suggest(mixed_nodes(), 3, n=12):
+        assert a["c.toml:m.kind"] in ("a", "b", "c")
+        assert type(a["c.toml:m.layers"]) is int and 1 <= a["c.toml:m.layers"] <= 9  # type: ignore[operator]
+        assert 1e-4 <= a["c.toml:t.lr"] <= 1e-1  # type: ignore[operator]
+
+
+def test_trials_carry_constraints_from_dev_metrics_failures_and_pending_nodes() -> None:
+    nodes = mixed_nodes()
+    nodes[4] = replace(nodes[4], dev_metrics={"n_params": 1600.0})  # over the 1000 limit
+    failed = replace(
+        ev(6, 1, {"c.toml:m.kind": "c", "c.toml:m.layers": 9, "c.toml:t.lr": 0.1}, None), status="failed"
+    )
+    pending = replace(
+        ev(7, 1, {"c.toml:m.kind": "a", "c.toml:m.layers": 1, "c.toml:t.lr": 0.1}, None), status="queued"
+    )
+    outside = ev(8, 1, {"c.toml:m.kind": "zzz"}, 0.9)  # a value outside the space is not a trial
+    space = Space(MIXED, MIXED_BASE)
+    sampler = optuna_bridge.make_sampler("tpe", 0)
+    study = optuna_bridge.replay(
+        space, [*nodes, failed, pending, outside], [SIZE], maximize=True, sampler=sampler
+    )
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 5 + [TrialState.FAIL, TrialState.RUNNING]
+    assert trials[1].constraints == {"size": pytest.approx(-0.4)}  # 600 params: feasible
+    assert trials[4].constraints == {"size": pytest.approx(0.6)}  # 1600 params: 60% over
+    assert trials[0].constraints == {"size": optuna_bridge.INFEASIBLE}  # the metric was not reported
+    assert trials[2].value == 0.7
+
+
+def test_samplers_by_name() -> None:
+    names = {n: optuna_bridge.make_sampler(n, 0).__class__.__name__ for n in ("tpe", "gp", "random")}  # type: ignore[arg-type]
+    assert names == {"tpe": "TPESampler", "gp": "GPSampler", "random": "RandomSampler"}
+    with pytest.raises(ValueError, match="cmaes"):
+        optuna_bridge.make_sampler("cmaes", 0)  # type: ignore[arg-type]
+
+
+# -- AREX in the search policy -------------------------------------------------------------------
+
+
+def constrained_ctx(refine: list[RefineRequest], max_depth: int = 6) -> IdeationInput:
+    """Accuracy grows with layers; n_params = 200 * layers must stay <= 1000 (layers <= 5)."""
+    nodes = mixed_nodes()
+    big = replace(
+        ev(6, 3, {"c.toml:m.kind": "c", "c.toml:m.layers": 9, "c.toml:t.lr": 0.02}, 0.8),
+        depth=2, dev_metrics={"n_params": 1800.0}, status="rejected",
+        constraints=[{"name": "size", "verdict": "violated"}],
+    )  # fmt: skip
+    return IdeationInput(
+        goal="g", metric="acc", maximize=True, search_space=MIXED, base_values=MIXED_BASE, trunk_node_id=1,
+        trunk_dev_mean=0.5, nodes=[*nodes, big], improvement_state={}, pruned_lessons=[], validated_findings=[],
+        refine=refine, plateau_level=0, k=3, round_no=2, seed=1, constraints=[SIZE], max_depth=max_depth,
+    )  # fmt: skip
+
+
+def test_a_refine_request_comes_first_with_a_move_predicted_feasible() -> None:
+    req = RefineRequest(6, ("size",), "fix size")
+    props = SearchPolicy().ideate(constrained_ctx([req]))
+    first = props[0]
+    assert first.origin == "refine" and first.origin_ref == 6 and first.parent_id == 6
+    assert 200 * first.edits["c.toml:m.layers"] <= 1000  # predicted and actually within the limit
+    assert first.edits["c.toml:m.layers"] >= 4  # keeps as much of the size-driven gain as it can
+    # The infeasible node never serves as a base for the sampler's suggestions.
+    assert all(p.parent_id != 6 for p in props[1:])
+
+
+def test_a_refine_chain_ends_at_max_depth() -> None:
+    props = SearchPolicy().ideate(constrained_ctx([RefineRequest(6, ("size",), "fix size")], max_depth=2))
+    assert all(p.origin != "refine" for p in props)
+    assert all(p.parent_id in (1, 2, 3, 4, 5) for p in props)  # depth-1 parents at most
+
+
+def test_a_restart_request_leaves_the_abandoned_branch_from_the_root() -> None:
+    ctx = replace(constrained_ctx([]), restart=[6])
+    props = SearchPolicy().ideate(ctx)
+    restart = [p for p in props if p.origin == "restart"]
+    assert len(restart) == 1 and restart[0].parent_id == 1 and restart[0].origin_ref == 6
+    space = Space(MIXED, MIXED_BASE)
+    abandoned = {**MIXED_BASE, **ctx.nodes[-1].edits}
+    others = [space.distance(restart[0].edits, {**MIXED_BASE, **n.edits}) for n in ctx.nodes[1:-1]]
+    assert space.distance(restart[0].edits, abandoned) >= 0.5 * max(others)

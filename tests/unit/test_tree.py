@@ -182,3 +182,20 @@ def test_heldout_margin() -> None:
     assert heldout_decision([0.70], [0.80], maximize=False, margin=0.05).passed
     failed = heldout_decision([], [0.8], maximize=True, margin=0.0)
     assert not failed.passed and math.isnan(failed.gain)
+
+
+def test_refine_children_are_served_before_new_ideas() -> None:
+    tree = Tree.of(
+        [
+            node(1, None, S.MERGED),
+            node(2, 1, S.REJECTED, gain=0.1, gain_lcb=0.05, order=1),
+            node(3, 1, S.PROPOSED, prior=0.5),
+            node(4, 1, S.PROPOSED, prior=0.4),
+            TreeNode(5, 2, 2, S.PROPOSED, prior=0.0, origin="refine"),
+        ]
+    )
+    cfg = selection.SelectionConfig(exploration=0.0)
+    scores = selection.frontier_scores(tree, cfg)
+    assert scores[5] < scores[3] and scores[5] < scores[4]  # lower score, served first all the same
+    assert selection.select(tree, 1, cfg) == [5]
+    assert selection.select(tree, 2, cfg) == [5, 3]

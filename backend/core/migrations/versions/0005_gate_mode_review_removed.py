@@ -29,7 +29,8 @@ def upgrade() -> None:
         if isinstance(gate, dict) and gate.get("mode") == "review":
             gate["mode"] = "approve"
             conn.execute(
-                sa.text("UPDATE study SET spec_toml = :t WHERE id = :i"), {"t": tomlkit.dumps(doc), "i": study_id}
+                sa.text("UPDATE study SET spec_toml = :t WHERE id = :i"),
+                {"t": tomlkit.dumps(doc), "i": study_id},
             )
 
 

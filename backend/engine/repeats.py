@@ -1,0 +1,122 @@
+"""Adaptive dev repeats inside an experiment job (`agents/tree/sequential.py` holds the rule).
+
+An unclear node is re-run on more seeds, and so is trunk where it has fewer paired seeds than
+the node needs; trunk's extra values are kept on the study, so the next node pairs with them
+for free. Every extra run is a receipt (the node's own, or trunk's) and is charged to the
+experiment budget through the job's outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agents.spec import Spec
+from agents.tree.sequential import Plan, Step
+from agents.tree.stats import summarize
+from backend.core import db
+from backend.core.config import Settings
+from backend.core.models import Job, Node, Study
+from backend.engine import evaluation, workspace
+from backend.services.records import add_event
+
+
+@dataclass
+class DevRuns:
+    receipts: list[evaluation.Receipt]
+    extra_runs: int = 0  # runs beyond `repeats`, the node's and trunk's together
+    looks: list[str] = field(default_factory=list)
+
+
+def dev_runs(
+    settings: Settings, study: Study, spec: Spec, node: Node, job: Job, *, worktree_label: str, commit: str
+) -> DevRuns:
+    """Run the node's dev evaluation, then more paired seeds while its gain over trunk is unclear."""
+    path = workspace.worktree_path(settings, study, worktree_label)
+    run = DevRuns(
+        workspace.run_repeats(
+            settings,
+            study,
+            spec,
+            kind="dev",
+            worktree=path,
+            commit=commit,
+            label=worktree_label,
+            node_id=node.id,
+            job_id=job.id,
+        )
+    )
+    plan = Plan(spec.evaluate.repeats, spec.evaluate.most_repeats)
+    sign = 1.0 if spec.maximize else -1.0
+    metric = spec.objective.metric
+    while all(r.ok for r in run.receipts):
+        values = [r.objective(metric) or 0.0 for r in run.receipts]
+        n = len(values)
+        trunk = _trunk_values(settings, study.id or 0, node.base_commit)
+        if trunk is None or len(trunk) < n:
+            break  # trunk moved: this node cannot be a gate candidate, more seeds would not help
+        step = plan.step([sign * (v - t) for v, t in zip(values, trunk, strict=False)])
+        run.looks.append(f"{n} seeds: {step}")
+        if step != Step.MORE:
+            break
+        target = plan.next_n(n)
+        if len(trunk) < target:
+            added = _extend_trunk(settings, study, spec, node, job, len(trunk), target)
+            run.extra_runs += added
+            if added < target - len(trunk):
+                break  # trunk's own run failed on a new seed: judge on what is paired
+        more = workspace.run_repeats(
+            settings, study, spec, kind="dev", worktree=path, commit=commit, label=worktree_label,
+            node_id=node.id, job_id=job.id, seeds=range(n, target),
+        )  # fmt: skip
+        run.receipts += more
+        run.extra_runs += len(more)
+        with db.session(settings.db_url) as s:
+            add_event(
+                s, study.id or 0, "node.repeated", node.id, seeds=target, reason=f"gain unclear at {n} seeds"
+            )
+    return run
+
+
+def _trunk_values(settings: Settings, study_id: int, base_commit: str) -> list[float] | None:
+    with db.session(settings.db_url) as s:
+        st = s.get(Study, study_id)
+        assert st is not None
+        return list(st.trunk_dev) if st.trunk_commit == base_commit else None
+
+
+def _extend_trunk(
+    settings: Settings, study: Study, spec: Spec, node: Node, job: Job, have: int, want: int
+) -> int:
+    """Run trunk's dev evaluation on seeds `have..want-1` and keep the values on the study; return runs."""
+    label = f"n{node.id}-a{job.attempt}-trunk"
+    path = workspace.worktree_path(settings, study, label)
+    repo = workspace.repo_of(study)
+    branch = f"grove/{study.name}/{label}"
+    workspace.prepare(repo, path, branch, node.base_commit, sealed=spec.files.sealed, reason=f"job {job.id}")
+    try:
+        with db.session(settings.db_url) as s:
+            trunk_node = s.get(Study, study.id).trunk_node_id  # type: ignore[union-attr]
+        rs = workspace.run_repeats(
+            settings, study, spec, kind="dev", worktree=path, commit=node.base_commit, label=label,
+            node_id=trunk_node, seeds=range(have, want),
+        )  # fmt: skip
+    finally:
+        repo.remove_worktree(path)
+        repo.git("branch", "-D", branch, check=False)
+    ok = [r.objective(spec.objective.metric) or 0.0 for r in rs if r.ok]
+    with db.session(settings.db_url) as s:
+        st = s.get(Study, study.id)
+        assert st is not None
+        if st.trunk_commit == node.base_commit and len(st.trunk_dev) == have and ok:
+            st.trunk_dev = [*st.trunk_dev, *ok]
+            root = s.get(Node, st.trunk_node_id)
+            if root is not None and len(root.dev_values) == have:
+                root.dev_values = list(st.trunk_dev)
+                summ = summarize(root.dev_values)
+                root.dev_mean, root.dev_std, root.dev_n = summ.mean, summ.std, summ.n
+                s.add(root)
+            s.add(st)
+            add_event(
+                s, study.id or 0, "trunk.repeated", st.trunk_node_id, seeds=len(st.trunk_dev), by_node=node.id
+            )
+    return len(rs) if all(r.ok for r in rs) else len(ok)

@@ -1,0 +1,60 @@
+"""Adaptive repeats: the error of the dev test is spent across looks, and unclear gains get more seeds."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from agents.tree.sequential import Plan, Step
+from agents.tree.stats import gain_over, t95, t_quantile
+
+
+def test_t_quantiles_match_the_table_and_grow_as_alpha_shrinks() -> None:
+    for df in (1, 2, 5, 10, 30):
+        assert t_quantile(0.05, df) == pytest.approx(t95(df), abs=2e-3)
+    assert t_quantile(0.01, 2) == pytest.approx(6.965, abs=2e-3)
+    assert t_quantile(0.025, 10) == pytest.approx(2.228, abs=2e-3)
+    assert t_quantile(0.01, 5) > t_quantile(0.05, 5)
+
+
+def test_the_looks_spend_exactly_alpha() -> None:
+    plan = Plan(3, 9)
+    assert plan.looks() == [3, 6, 9]
+    levels = [plan.alpha_at(n) for n in plan.looks()]
+    assert sum(levels) == pytest.approx(0.05)
+    assert levels[0] > levels[1] > levels[2] > 0  # the first look keeps most of it
+    assert Plan(3, 3).alpha_at(3) == 0.05  # no adaptive repeats: the usual 95% test
+    assert Plan(2, 5).looks() == [2, 4, 5] and plan.next_n(3) == 6 and plan.next_n(9) == 9
+
+
+def test_steps() -> None:
+    plan = Plan(3, 9)
+    assert plan.step([0.5, 0.52, 0.51]) == Step.CLEAR
+    assert plan.step([-0.2, -0.1, -0.15]) == Step.FUTILE
+    assert plan.step([0.0, 0.0, 0.0]) == Step.FUTILE  # no difference at all
+    assert plan.step([0.3, -0.1, 0.2]) == Step.MORE  # positive but within noise
+    assert plan.step([0.3, -0.1, 0.2, 0.1, 0.2, 0.1, 0.1, 0.2, 0.3]) == Step.DONE
+
+
+def run_node(plan: Plan, effect: float, rng: random.Random) -> bool:
+    """Simulate one node through the looks; return whether it ends significant."""
+    diffs = [effect + rng.gauss(0, 1) for _ in range(plan.repeats)]
+    while plan.step(diffs) == Step.MORE:
+        diffs += [effect + rng.gauss(0, 1) for _ in range(plan.next_n(len(diffs)) - len(diffs))]
+    g = gain_over(diffs, [0.0] * len(diffs), maximize=True, alpha=plan.alpha_at(len(diffs)))
+    return g.lcb > 0
+
+
+def test_looking_again_does_not_raise_the_false_positive_rate_and_finds_small_gains() -> None:
+    rng = random.Random(12)
+    trials = 4000
+    adaptive, fixed = Plan(3, 9), Plan(3, 3)
+    null = sum(run_node(adaptive, 0.0, rng) for _ in range(trials)) / trials
+    # At most 5% (with a margin of three standard errors of the estimate).
+    assert null <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / trials)
+    small = 0.8  # a real gain of 0.8 noise standard deviations
+    found_adaptive = sum(run_node(adaptive, small, rng) for _ in range(trials)) / trials
+    found_fixed = sum(run_node(fixed, small, rng) for _ in range(trials)) / trials
+    assert found_adaptive > found_fixed + 0.05
