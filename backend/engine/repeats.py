@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from agents.spec import Spec
 from agents.tree.sequential import Plan, Step
 from agents.tree.stats import summarize
+from agents.verify.constraints import ConstraintRule, Verdict, verify_all
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Job, Node, Study
@@ -54,6 +55,9 @@ def dev_runs(
         trunk = _trunk_values(settings, study.id or 0, node.base_commit)
         if trunk is None or len(trunk) < n:
             break  # trunk moved: this node cannot be a gate candidate, more seeds would not help
+        if _violates(spec, run.receipts):
+            run.looks.append(f"{n} seeds: a constraint is violated")
+            break  # not admissible whatever its gain: AREX refines it instead
         step = plan.step([sign * (v - t) for v, t in zip(values, trunk, strict=False)])
         run.looks.append(f"{n} seeds: {step}")
         if step != Step.MORE:
@@ -75,6 +79,12 @@ def dev_runs(
                 s, study.id or 0, "node.repeated", node.id, seeds=target, reason=f"gain unclear at {n} seeds"
             )
     return run
+
+
+def _violates(spec: Spec, receipts: list[evaluation.Receipt]) -> bool:
+    rules = [ConstraintRule(c.name, c.metric, c.min, c.max) for c in spec.constraints if c.judge == "metric"]
+    results = verify_all(rules, [(i, r.metrics or {}) for i, r in enumerate(receipts)])
+    return any(r.verdict == Verdict.VIOLATED for r in results)
 
 
 def _trunk_values(settings: Settings, study_id: int, base_commit: str) -> list[float] | None:

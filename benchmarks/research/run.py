@@ -42,7 +42,7 @@ from agents.spec import parse_spec  # noqa: E402
 from backend.core import db  # noqa: E402
 from backend.core.config import Settings  # noqa: E402
 from backend.core.models import Job, Node, Study  # noqa: E402
-from studies import BENCH, STUDIES  # noqa: E402
+from studies import STUDIES  # noqa: E402
 from studies import Study as BenchStudy  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -54,7 +54,7 @@ class Evaluator:
 
     def __init__(self, study: BenchStudy, repo: Path) -> None:
         bench = types.ModuleType("bench")
-        exec(BENCH, bench.__dict__)
+        exec((repo / "bench.py").read_text(), bench.__dict__)
         sys.modules["bench"] = bench
         ns: dict[str, Any] = {}
         exec((repo / "objective.py").read_text(), ns)
@@ -67,7 +67,9 @@ class Evaluator:
         self.space = Space(dims, base)
 
     def config(self, a: dict[str, Any]) -> dict[str, Any]:
-        text = configfiles.set_keys("config.toml", self.config_text, {k.split(":", 1)[1]: v for k, v in a.items()})
+        text = configfiles.set_keys(
+            "config.toml", self.config_text, {k.split(":", 1)[1]: v for k, v in a.items()}
+        )
         return tomllib.loads(text)
 
     def runs(self, a: dict[str, Any], split: str, n: int) -> list[dict[str, float]]:
@@ -117,7 +119,10 @@ def grove(study: BenchStudy, repo: Path, data: Path) -> dict[str, Any]:
     settings = Settings(data_dir=data, worktrees_dir=data / "wt")
     with db.session(settings.db_url) as s:
         st = s.exec(select(Study)).one()
-        merges = len(list(s.exec(select(Node.id).where(Node.study_id == st.id, Node.status == "merged"))))
+        merged = select(Node.id).where(
+            Node.study_id == st.id, Node.status == "merged", Node.parent_id != None
+        )  # noqa: E711
+        merges = len(list(s.exec(merged)))
         jobs = len(list(s.exec(select(Job.id).where(Job.study_id == st.id))))
         return {
             "held_out": statistics.fmean(st.trunk_heldout),
@@ -139,7 +144,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--null-seeds", type=int, default=10)
     ap.add_argument("--experiments", type=int, default=24)
-    ap.add_argument("--parallel", type=int, default=2, help="experiments at once inside one Grove study")
+    # One experiment at a time, like the baselines: at equal budget every method sees the same number
+    # of results before each choice.
+    ap.add_argument("--parallel", type=int, default=1, help="experiments at once inside one Grove study")
     ap.add_argument("--jobs", type=int, default=2, help="Grove studies at once")
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     args = ap.parse_args()
@@ -153,11 +160,15 @@ def main() -> None:
             for seed in range(args.null_seeds if study.null else args.seeds):
                 repo = study.make_repo(Path(tmp) / f"{name}-{seed}", seed, args.experiments, args.parallel)
                 ev = Evaluator(study, repo)
-                results[name]["tpe"].append(baseline(ev, optuna.samplers.TPESampler(seed=seed), args.experiments))
+                results[name]["tpe"].append(
+                    baseline(ev, optuna.samplers.TPESampler(seed=seed), args.experiments)
+                )
                 results[name]["random"].append(
                     baseline(ev, optuna.samplers.RandomSampler(seed=seed), args.experiments)
                 )
-                futures.append((name, seed, pool.submit(grove, study, repo, Path(tmp) / f"data-{name}-{seed}")))
+                futures.append(
+                    (name, seed, pool.submit(grove, study, repo, Path(tmp) / f"data-{name}-{seed}"))
+                )
         for name, seed, fut in futures:
             try:
                 r = fut.result()
@@ -186,13 +197,21 @@ def main() -> None:
             )
         g, t, r = (statistics.fmean(gain(study, x) for x in by[m]) for m in ("grove", "tpe", "random"))
         if study.null:
-            print(f"\nnull study: {sum(1 for x in by['grove'] if x['merges'])} of {len(by['grove'])} seeds merged anything\n")
+            print(
+                f"\nnull study: {sum(1 for x in by['grove'] if x['merges'])} of {len(by['grove'])} seeds merged anything\n"
+            )
         else:
             ratio = lambda a, b: f"{a / b:.3f}" if b > 0 else ("inf" if a > 0 else "n/a")  # noqa: E731
             print(f"\nGrove / TPE held-out gain: {ratio(g, t)} · Grove / random: {ratio(g, r)}\n")
     print(f"suite wall time: {time.monotonic() - started:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1, default=lambda o: None if isinstance(o, float) and math.isnan(o) else str(o)))
+        args.json.write_text(
+            json.dumps(
+                results,
+                indent=1,
+                default=lambda o: None if isinstance(o, float) and math.isnan(o) else str(o),
+            )
+        )
 
 
 if __name__ == "__main__":

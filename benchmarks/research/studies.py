@@ -4,7 +4,8 @@ Every study is stdlib-only and fast: `config.toml` holds the knobs, `objective.p
 computes the metrics of a configuration on a split for a seed, `eval_dev.py` (protected) prints
 the dev metrics and `eval_test.py` (sealed) the held-out ones. Noise is a deterministic hash of
 (split, seed) shared by every configuration (pairing by seed removes it) plus a hash of
-(split, seed, configuration), so every method sees exactly the same numbers for the same run.
+(split, seed, configuration), salted by the benchmark seed: every method sees exactly the same
+numbers for the same run, and each benchmark seed is an independent draw.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-BENCH = '''\
+BENCH = """\
 import hashlib, json, math, os, sys, tomllib
 
 
@@ -26,8 +27,11 @@ def gauss(*key):
     return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
 
 
+SALT = 0  # the benchmark seed: each seed of the suite is an independent draw of the noise
+
+
 def noise(cfg, split, seed, sd):
-    return sd * (0.6 * gauss(split, seed) + 0.8 * gauss(split, seed, cfg))
+    return sd * (0.6 * gauss(SALT, split, seed) + 0.8 * gauss(SALT, split, seed, cfg))
 
 
 def load(path="config.toml"):
@@ -40,7 +44,7 @@ def main(split):
 
     seed = int(os.environ.get("GROVE_SEED", "0"))
     print(json.dumps(measure(load(), split, seed)))
-'''
+"""
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,8 @@ class Study:
             for c in self.constraints
         )
         search = "".join(f'"config.toml:{k}" = {v}\n' for k, v in self.search.items())
-        return textwrap.dedent(f"""\
+        return (
+            textwrap.dedent(f"""\
             [study]
             name = "bench-{self.name}-{seed}"
             goal = "{self.about}"
@@ -83,7 +88,11 @@ class Study:
             editable = ["config.toml"]
             protected = ["objective.py", "bench.py", "eval_dev.py"]
             sealed = ["eval_test.py"]
-            """) + cons + "\n[search]\n" + search + textwrap.dedent(f"""
+            """)
+            + cons
+            + "\n[search]\n"
+            + search
+            + textwrap.dedent(f"""
             [budget]
             experiments = {experiments}
             parallel = {parallel}
@@ -102,21 +111,30 @@ class Study:
             change = 1000
             stop = 1000
             """)
+        )
 
     def make_repo(self, path: Path, seed: int, experiments: int, parallel: int) -> Path:
         """Write the study as a one-commit git repository on branch main."""
         path.mkdir(parents=True, exist_ok=True)
         files = {
             "config.toml": textwrap.dedent(self.config),
-            "objective.py": "from bench import gauss, noise\nimport math\n\n" + textwrap.dedent(self.objective),
-            "bench.py": BENCH,
+            "objective.py": "from bench import gauss, noise\nimport math\n\n"
+            + textwrap.dedent(self.objective),
+            "bench.py": BENCH.replace("SALT = 0", f"SALT = {seed}"),
             "eval_dev.py": 'from bench import main\n\nmain("dev")\n',
             "eval_test.py": 'from bench import main\n\nmain("test")\n',
             "grove.toml": self.spec(seed, experiments, parallel),
         }
         for name, text in files.items():
             (path / name).write_text(text)
-        env_git = ["-c", "user.name=bench", "-c", "user.email=bench@localhost", "-c", "init.defaultBranch=main"]
+        env_git = [
+            "-c",
+            "user.name=bench",
+            "-c",
+            "user.email=bench@localhost",
+            "-c",
+            "init.defaultBranch=main",
+        ]
         for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", f"{self.name} study"]):
             subprocess.run(["git", *env_git, *cmd], cwd=path, check=True)
         return path
