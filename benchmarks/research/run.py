@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import optuna  # noqa: E402
 from sqlmodel import select  # noqa: E402
+from studies import STUDIES  # noqa: E402
+from studies import Study as BenchStudy  # noqa: E402
 
 from agents.policies import configfiles, optuna_bridge  # noqa: E402
 from agents.policies.space import Space  # noqa: E402
@@ -42,8 +44,6 @@ from agents.spec import parse_spec  # noqa: E402
 from backend.core import db  # noqa: E402
 from backend.core.config import Settings  # noqa: E402
 from backend.core.models import Job, Node, Study  # noqa: E402
-from studies import STUDIES  # noqa: E402
-from studies import Study as BenchStudy  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 REPEATS, TEST_REPEATS = 3, 3
@@ -120,8 +120,10 @@ def grove(study: BenchStudy, repo: Path, data: Path) -> dict[str, Any]:
     with db.session(settings.db_url) as s:
         st = s.exec(select(Study)).one()
         merged = select(Node.id).where(
-            Node.study_id == st.id, Node.status == "merged", Node.parent_id != None
-        )  # noqa: E711
+            Node.study_id == st.id,
+            Node.status == "merged",
+            Node.parent_id != None,  # noqa: E711
+        )
         merges = len(list(s.exec(merged)))
         jobs = len(list(s.exec(select(Job.id).where(Job.study_id == st.id))))
         return {
