@@ -106,6 +106,8 @@ class LlmPolicy:
             "validated_findings": data["validated_findings"],
             "pruned_lessons": data["pruned_lessons"],
             "refine_requests": data["refine"],
+            "restart_from_root_away_from": data["restart"],
+            "max_depth": data["max_depth"],
             "plateau_level": data["plateau_level"],
         }  # fmt: skip
         messages = [
