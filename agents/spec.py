@@ -114,6 +114,8 @@ class SearchDim(_Section):
             raise ValueError("low must be below high")
         if self.log and self.low <= 0:
             raise ValueError("a log range needs low > 0")
+        if self.integer and math.ceil(self.low) > math.floor(self.high):
+            raise ValueError(f"no integer lies between low ({self.low:g}) and high ({self.high:g})")
         return self
 
     @property

@@ -74,11 +74,21 @@ def constraint_values(rules: Sequence[dict[str, Any]], metrics: dict[str, float]
     return out
 
 
+def judged_metrics(rules: Sequence[dict[str, Any]], node: NodeEvidence) -> dict[str, float]:
+    """Return a node's dev metrics with each rule's metric at the worst value its verdict used."""
+    out = dict(node.dev_metrics)
+    metric_of = {r["name"]: r.get("metric") for r in rules}
+    for c in node.constraints:
+        if metric_of.get(c.get("name")) and isinstance(c.get("value"), int | float):
+            out[str(metric_of[c["name"]])] = float(c["value"])
+    return out
+
+
 def feasible(rules: Sequence[dict[str, Any]], node: NodeEvidence) -> bool:
     """Return whether a measured node meets every metric rule on its dev metrics."""
     if node.constraints:
         return all(c.get("verdict") == "satisfied" for c in node.constraints)
-    return all(v <= 0 for v in constraint_values(rules, node.dev_metrics).values())
+    return all(v <= 0 for v in constraint_values(rules, judged_metrics(rules, node)).values())
 
 
 def make_sampler(name: SamplerName, seed: int) -> optuna.samplers.BaseSampler:
@@ -119,7 +129,7 @@ def replay(
         if n.dev_mean is not None and n.status != "failed" and math.isfinite(n.dev_mean):
             trial = create_trial(
                 params=params, distributions=dists, value=n.dev_mean,
-                constraints=constraint_values(rules, n.dev_metrics) or None,
+                constraints=constraint_values(rules, judged_metrics(rules, n)) or None,
             )  # fmt: skip
         elif n.status in PENDING:
             trial = create_trial(state=TrialState.RUNNING, params=params, distributions=dists)

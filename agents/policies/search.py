@@ -34,7 +34,7 @@ from agents.policies.optuna_bridge import SamplerName
 from agents.policies.space import Assignment, Space
 from agents.spec import split_search_key
 
-MEASURED = ("evaluated", "merged", "awaiting_approval", "rejected", "pruned")
+MEASURED = ("evaluated", "merged", "awaiting_approval", "rejected")  # pruned directions stay closed
 STEPS = (0.05, 0.1, 0.2, 0.35, 0.5)
 
 
@@ -193,11 +193,16 @@ class SearchPolicy:
         a = assignment[node.id]
         open_rules = [r for r in rules if r["name"] in req.open_constraints]
         measured = [n for n in ctx.nodes if n.dev_mean is not None and n.status != "failed"]
-        models = [
-            (r, LocalModel(space, [(assignment[n.id], n.dev_metrics[r["metric"]]) for n in measured
-                                   if r["metric"] in n.dev_metrics], a))
+        data = {
+            r["name"]: [
+                (assignment[n.id], n.dev_metrics[r["metric"]])
+                for n in measured
+                if r["metric"] in n.dev_metrics
+            ]
             for r in open_rules
-        ]  # fmt: skip
+        }
+        # A rule no node reported (verdict "unknown") has nothing to model: moves are ranked on the objective.
+        models = [(r, LocalModel(space, data[r["name"]], a)) for r in open_rules if data[r["name"]]]
         objective = LocalModel(space, [(assignment[n.id], float(n.dev_mean or 0.0)) for n in measured], a)
         sign = 1.0 if ctx.maximize else -1.0
         moves: list[Assignment] = []

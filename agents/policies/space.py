@@ -35,7 +35,11 @@ class Space:
         """Return whether a range key takes integers."""
         d = self.dims[key]
         cur = self.base.get(key)
-        return bool(d.get("integer")) or (isinstance(cur, int) and not isinstance(cur, bool))
+        if d.get("integer"):
+            return True
+        # An int in the file makes an int key only where the bounds are whole numbers too.
+        whole = float(d["low"]).is_integer() and float(d["high"]).is_integer()
+        return whole and isinstance(cur, int) and not isinstance(cur, bool)
 
     def bounds(self, key: str) -> tuple[float, float]:
         """Return a range key's bounds (integer keys: the integers inside them)."""
@@ -57,7 +61,7 @@ class Space:
         """Return whether a value lies in the key's dimension."""
         if not self.is_range(key):
             return any(v == c and type(v) is type(c) for c in self.values(key))
-        if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
             return False
         lo, hi = self.bounds(key)
         if self.is_int(key) and float(v) != int(v):
@@ -82,7 +86,7 @@ class Space:
             if self.is_range(k):
                 out.append(self.coord(k, v))
             else:
-                out += [1.0 if v == c else 0.0 for c in self.values(k)]
+                out += [1.0 if v == c and type(v) is type(c) else 0.0 for c in self.values(k)]
         return out
 
     def distance(self, a: Assignment, b: Assignment) -> float:

@@ -48,9 +48,9 @@ def heldout_decision(
     """Pass only when the held-out gain over trunk is strictly above `margin`, noise included.
 
     The gain is paired by seed, and its one-sided 95% lower confidence bound must clear the
-    margin: under no real effect a gate query passes at most 5% of the time, however often the
-    study queries. With one test run per side there is no noise estimate and the bound is the
-    plain difference.
+    margin: under no real effect one gate query passes at most 5% of the time (a study may make
+    up to `max_test_runs` of them, each behind a significant dev gain). With one test run per
+    side there is no noise estimate and the bound is the plain difference.
     """
     if not candidate:
         return HeldoutDecision(False, float("nan"), float("-inf"), "held-out evaluation failed")

@@ -12,7 +12,7 @@ from agents.verify.constraints import ConstraintResult, Verdict
 class Decision(StrEnum):
     ACCEPT = "accept"  # improves and every constraint holds: a gate candidate
     REFINE = "refine"  # improves but some constraint is violated or unknown: narrower child
-    RESTART = "restart"  # unrecoverable run: abandon it and re-expand the parent
+    RESTART = "restart"  # unrecoverable: abandon the branch, explore from the root away from it
     REJECT = "reject"  # ran cleanly but does not improve
 
 
@@ -36,7 +36,7 @@ def assess(
     if not succeeded:
         if recoverable:
             return Assessment(Decision.REJECT, "the run failed; a retry starts clean")
-        return Assessment(Decision.RESTART, "unrecoverable run; the parent is re-expanded")
+        return Assessment(Decision.RESTART, "unrecoverable run; exploration re-opens from the root, away from this branch")
     open_ = tuple(r.name for r in results if r.verdict != Verdict.SATISFIED)
     if not improves:
         if open_:

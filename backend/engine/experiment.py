@@ -122,7 +122,10 @@ def run_experiment(settings: Settings, job_id: int, token: str) -> str:
             account = policy.implement(path, inp)
         finally:
             _save_trajectory(settings, job, node, inp.trajectory)
-        title = diff_title(repo, node.base_commit, path, dict(node.edits)) or node.title
+        # A human's own words stay; a generated title is rewritten from the real diff.
+        title = (
+            node.origin != "human" and diff_title(repo, node.base_commit, path, dict(node.edits))
+        ) or node.title
         commit = repo.commit_all(path, f"Grove n{node.id}: {title}\n\n{account}")
         if title != node.title:
             _relabel(settings, node.id or 0, node.title, title)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sqlmodel import col, select
+
 from agents.spec import Spec
 from agents.tree.sequential import Plan, Step
 from agents.tree.stats import summarize
@@ -58,11 +60,17 @@ def dev_runs(
         if _violates(spec, run.receipts):
             run.looks.append(f"{n} seeds: a constraint is violated")
             break  # not admissible whatever its gain: AREX refines it instead
-        step = plan.step([sign * (v - t) for v, t in zip(values, trunk, strict=False)])
+        # Improving means beating trunk by plateau.min_gain, as integration judges it.
+        diffs = [sign * (v - t) - spec.plateau.min_gain for v, t in zip(values, trunk, strict=False)]
+        step = plan.step(diffs)
         run.looks.append(f"{n} seeds: {step}")
         if step != Step.MORE:
             break
         target = plan.next_n(n)
+        why = _not_worth_it(settings, study, spec, node, job, sum(values) / n, run.extra_runs, target - n)
+        if why:
+            run.looks.append(f"{n} seeds: no more ({why})")
+            break
         if len(trunk) < target:
             added = _extend_trunk(settings, study, spec, node, job, len(trunk), target)
             run.extra_runs += added
@@ -79,6 +87,33 @@ def dev_runs(
                 s, study.id or 0, "node.repeated", node.id, seeds=target, reason=f"gain unclear at {n} seeds"
             )
     return run
+
+
+def _not_worth_it(
+    settings: Settings, study: Study, spec: Spec, node: Node, job: Job, mean: float, spent: int, more: int
+) -> str:
+    """Return why more seeds are not worth running for this node now, or ''."""
+    sign = 1.0 if spec.maximize else -1.0
+    with db.session(settings.db_url) as s:
+        others = s.exec(
+            select(Node).where(
+                Node.study_id == study.id, Node.id != node.id, Node.base_commit == node.base_commit,
+                col(Node.status).in_(["evaluated", "awaiting_approval"]),
+            )
+        ).all()  # fmt: skip
+        better = [
+            o for o in others
+            if o.dev_mean is not None and sign * o.dev_mean > sign * mean
+            and o.verification.get("decision") == "accept"
+        ]  # fmt: skip
+        if better:
+            return f"n{better[0].id} is better on dev and already a candidate"
+        outcomes = s.exec(select(Job.outcome).where(Job.study_id == study.id, Job.id != job.id)).all()
+    extra = spent + 2 * more + sum(int((o or {}).get("extra_runs", 0)) for o in outcomes)
+    used = len(outcomes) + 1 + extra // spec.evaluate.repeats
+    if used > spec.budget.experiments:
+        return "the experiment budget would be overspent"
+    return ""
 
 
 def _violates(spec: Spec, receipts: list[evaluation.Receipt]) -> bool:
@@ -102,10 +137,14 @@ def _extend_trunk(
     path = workspace.worktree_path(settings, study, label)
     repo = workspace.repo_of(study)
     branch = f"grove/{study.name}/{label}"
+    with db.session(settings.db_url) as s:
+        st = s.get(Study, study.id)
+        assert st is not None
+        if st.trunk_commit != node.base_commit:
+            return 0
+        trunk_node = st.trunk_node_id
     workspace.prepare(repo, path, branch, node.base_commit, sealed=spec.files.sealed, reason=f"job {job.id}")
     try:
-        with db.session(settings.db_url) as s:
-            trunk_node = s.get(Study, study.id).trunk_node_id  # type: ignore[union-attr]
         rs = workspace.run_repeats(
             settings, study, spec, kind="dev", worktree=path, commit=node.base_commit, label=label,
             node_id=trunk_node, seeds=range(have, want),
@@ -117,10 +156,11 @@ def _extend_trunk(
     with db.session(settings.db_url) as s:
         st = s.get(Study, study.id)
         assert st is not None
-        if st.trunk_commit == node.base_commit and len(st.trunk_dev) == have and ok:
-            st.trunk_dev = [*st.trunk_dev, *ok]
+        # Another job may have extended trunk meanwhile: keep whatever of ours lies beyond its values.
+        if st.trunk_commit == node.base_commit and have <= len(st.trunk_dev) < have + len(ok):
+            st.trunk_dev = [*st.trunk_dev, *ok[len(st.trunk_dev) - have :]]
             root = s.get(Node, st.trunk_node_id)
-            if root is not None and len(root.dev_values) == have:
+            if root is not None and len(root.dev_values) < len(st.trunk_dev):
                 root.dev_values = list(st.trunk_dev)
                 summ = summarize(root.dev_values)
                 root.dev_mean, root.dev_std, root.dev_n = summ.mean, summ.std, summ.n

@@ -6,8 +6,9 @@ baselines run the same evaluator in-process: random search and Optuna's TPE with
 defaults, each spending the same number of dev experiments (a configuration evaluated on the
 same `repeats` seeds) and choosing its final configuration by dev mean among the
 configurations that meet the constraints on dev (the unchanged repository if none does).
-Every method is scored the same way: the held-out mean of its final configuration over the
-gate's test seeds, and its held-out gain over the unchanged repository.
+Every method is scored the same way, on fresh test seeds that no method has seen (not even
+Grove's gate, which used seeds 0..2): the held-out mean of its final configuration over
+`SCORE_SEEDS`, and its held-out gain over the unchanged repository on the same seeds.
 
     python benchmarks/research/run.py [--seeds 5] [--null-seeds 10] [--experiments 24] [--jobs 2]
 """
@@ -46,7 +47,8 @@ from backend.core.config import Settings  # noqa: E402
 from backend.core.models import Job, Node, Study  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-REPEATS, TEST_REPEATS = 3, 3
+REPEATS = 3
+SCORE_SEEDS = range(1000, 1010)
 
 
 class Evaluator:
@@ -72,9 +74,9 @@ class Evaluator:
         )
         return tomllib.loads(text)
 
-    def runs(self, a: dict[str, Any], split: str, n: int) -> list[dict[str, float]]:
+    def runs(self, a: dict[str, Any], split: str, seeds: range) -> list[dict[str, float]]:
         cfg = self.config(a)
-        return [self.measure(cfg, split, seed) for seed in range(n)]
+        return [self.measure(cfg, split, seed) for seed in seeds]
 
     def feasible(self, runs: list[dict[str, float]]) -> bool:
         for c in self.spec.constraints:
@@ -85,7 +87,7 @@ class Evaluator:
         return True
 
     def held_out(self, a: dict[str, Any]) -> float:
-        return statistics.fmean(r[self.study.metric] for r in self.runs(a, "test", TEST_REPEATS))
+        return statistics.fmean(r[self.study.metric] for r in self.runs(a, "test", SCORE_SEEDS))
 
 
 def baseline(ev: Evaluator, sampler: optuna.samplers.BaseSampler, experiments: int) -> dict[str, Any]:
@@ -94,20 +96,20 @@ def baseline(ev: Evaluator, sampler: optuna.samplers.BaseSampler, experiments: i
     dists = optuna_bridge.distributions(ev.space)
     study = optuna.create_study(direction="maximize" if ev.study.maximize else "minimize", sampler=sampler)
     base = ev.space.full({})
-    best = (sign * statistics.fmean(r[metric] for r in ev.runs(base, "dev", REPEATS)), base)
+    best = (sign * statistics.fmean(r[metric] for r in ev.runs(base, "dev", range(REPEATS))), base)
     for _ in range(experiments):
         trial = study.ask(dists)
         a = {k: ev.space.clean(k, v) for k, v in trial.params.items()}
-        runs = ev.runs(a, "dev", REPEATS)
+        runs = ev.runs(a, "dev", range(REPEATS))
         dev = statistics.fmean(r[metric] for r in runs)
         study.tell(trial, dev)
         if ev.feasible(runs) and sign * dev > best[0]:
             best = (sign * dev, a)
-    return {"held_out": ev.held_out(best[1]), "base": ev.held_out(base), "merges": None}
+    return {"held_out": ev.held_out(best[1]), "base": ev.held_out(base), "merges": None, "config": best[1]}
 
 
-def grove(study: BenchStudy, repo: Path, data: Path) -> dict[str, Any]:
-    """Run Grove on the study through its CLI; return trunk's and the baseline's held-out means."""
+def grove(ev: Evaluator, repo: Path, data: Path) -> dict[str, Any]:
+    """Run Grove on the study through its CLI; score its final trunk and the baseline."""
     env = {**os.environ, "GROVE_DATA_DIR": str(data), "GROVE_WORKTREES_DIR": str(data / "wt")}
     started = time.monotonic()
     proc = subprocess.run(
@@ -126,9 +128,13 @@ def grove(study: BenchStudy, repo: Path, data: Path) -> dict[str, Any]:
         )
         merges = len(list(s.exec(merged)))
         jobs = len(list(s.exec(select(Job.id).where(Job.study_id == st.id))))
+        trunk = s.get(Node, st.trunk_node_id)
+        assert trunk is not None
+        final = ev.space.full({**ev.space.base, **trunk.edits})
         return {
-            "held_out": statistics.fmean(st.trunk_heldout),
-            "base": statistics.fmean(st.baseline_heldout),
+            "held_out": ev.held_out(final),
+            "base": ev.held_out(ev.space.full({})),
+            "config": final,
             "merges": merges,
             "jobs": jobs,
             "seconds": time.monotonic() - started,
@@ -168,9 +174,7 @@ def main() -> None:
                 results[name]["random"].append(
                     baseline(ev, optuna.samplers.RandomSampler(seed=seed), args.experiments)
                 )
-                futures.append(
-                    (name, seed, pool.submit(grove, study, repo, Path(tmp) / f"data-{name}-{seed}"))
-                )
+                futures.append((name, seed, pool.submit(grove, ev, repo, Path(tmp) / f"data-{name}-{seed}")))
         for name, seed, fut in futures:
             try:
                 r = fut.result()

@@ -311,7 +311,7 @@ print(json.dumps({"score": score if sys.argv[1] == "dev" else score + 700, "size
 def test_an_unclear_gain_gets_more_paired_seeds_charged_to_the_budget(
     settings: Settings, tmp_path: Path
 ) -> None:
-    files = tiny_files(experiments=3, margin=0.0, max_size=5)
+    files = tiny_files(experiments=5, margin=0.0, max_size=5)
     files["eval.py"] = UNCLEAR_EVAL
     spec = files["grove.toml"]
     assert "repeats = 2\n" in spec and "parallel = 2\n" in spec
@@ -332,7 +332,25 @@ def test_an_unclear_gain_gets_more_paired_seeds_charged_to_the_budget(
     assert types.count("node.repeated") == 2
     # The gain is real but small: significant only with six paired seeds, at the last look's level.
     assert first.gain == pytest.approx(0.4 / 3) and first.gain_lcb is not None and first.gain_lcb > 0
-    # 8 extra runs (4 of the node, 4 of trunk) cost 4 experiments at 2 runs each: the budget of 3 is spent.
+    # 8 extra runs (4 of the node, 4 of trunk) cost 4 experiments at 2 runs each: with the job itself,
+    # the budget of 5 is spent.
     jobs = rows(settings, Job)
     assert jobs[0].outcome["extra_runs"] == 8
     assert len(jobs) == 1 and "experiment budget spent" in st.stop_reason
+
+
+def test_extra_seeds_stop_where_they_would_overspend_the_budget(settings: Settings, tmp_path: Path) -> None:
+    files = tiny_files(experiments=3, margin=0.0, max_size=5)
+    files["eval.py"] = UNCLEAR_EVAL
+    files["grove.toml"] = (
+        files["grove.toml"]
+        .replace("repeats = 2\n", "repeats = 2\nmax_repeats = 6\n", 1)
+        .replace("parallel = 2\n", "parallel = 1\n")
+    )
+    res = grove(settings, "run", str(make_repo(tmp_path / "r", files)), "--auto-approve", "--quiet")
+    assert res.returncode == 0, res.stderr
+    first = min((n for n in rows(settings, Node) if n.parent_id is not None), key=lambda n: n.id)
+    # The look at 6 seeds would cost 4 more runs, two experiments: over the budget of 3.
+    assert first.dev_n == 4
+    jobs = rows(settings, Job)
+    assert jobs[0].outcome["extra_runs"] == 4 and len(jobs) == 1

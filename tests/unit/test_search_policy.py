@@ -235,3 +235,34 @@ def test_a_restart_request_leaves_the_abandoned_branch_from_the_root() -> None:
     abandoned = {**MIXED_BASE, **ctx.nodes[-1].edits}
     others = [space.distance(restart[0].edits, {**MIXED_BASE, **n.edits}) for n in ctx.nodes[1:-1]]
     assert space.distance(restart[0].edits, abandoned) >= 0.5 * max(others)
+
+
+def test_pruned_directions_do_not_parent_suggestions() -> None:
+    ctx = constrained_ctx([])
+    nodes = [replace(n, status="pruned") if n.id in (3, 4) else n for n in ctx.nodes]
+    props = SearchPolicy().ideate(replace(ctx, nodes=nodes, k=6))
+    assert props and all(p.parent_id not in (3, 4, 6) for p in props)
+
+
+def test_a_refine_request_for_an_unreported_metric_still_gets_a_child() -> None:
+    ctx = constrained_ctx([RefineRequest(6, ("size",), "size unknown")])
+    nodes = [replace(n, dev_metrics={}, constraints=[]) for n in ctx.nodes]  # nobody reported n_params
+    props = SearchPolicy().ideate(replace(ctx, nodes=nodes))
+    assert props[0].origin == "refine" and props[0].parent_id == 6
+
+
+def test_the_restart_child_is_far_from_the_abandoned_branch() -> None:
+    import random as _random
+
+    ctx = replace(constrained_ctx([]), restart=[6])
+    child = next(p for p in SearchPolicy().ideate(ctx) if p.origin == "restart")
+    space = Space(MIXED, MIXED_BASE)
+    branch = [{**MIXED_BASE, **n.edits} for n in ctx.nodes if n.id in (3, 6)]  # n6 and its ancestor n3
+    rng = _random.Random(0)
+    randoms = [
+        min(space.distance({"c.toml:m.kind": rng.choice("abc"), "c.toml:m.layers": rng.randint(1, 9),
+                            "c.toml:t.lr": 10 ** rng.uniform(-4, -1)}, b) for b in branch)
+        for _ in range(200)
+    ]  # fmt: skip
+    mine = min(space.distance(child.edits, b) for b in branch)
+    assert mine >= sorted(randoms)[int(0.9 * len(randoms))]  # farther than 90% of random points

@@ -128,6 +128,8 @@ class LlmPolicy:
         titles = [n.title for n in ctx.nodes]
         refine = {r.node_id for r in ctx.refine}
         out = []
+        root = next((n.id for n in ctx.nodes if n.parent_id is None), None)
+        restarts = list(ctx.restart)  # the first root child after each abandoned branch answers it
         for c in children[: ctx.k]:
             if c.parent_id not in valid or near_duplicate(c.title, titles):
                 continue
@@ -138,7 +140,9 @@ class LlmPolicy:
                 "observable": c.observable,
                 "risks": c.risks,
             }
-            origin = "refine" if c.parent_id in refine else "policy"
+            origin, ref = ("refine", c.parent_id) if c.parent_id in refine else ("policy", None)
+            if origin == "policy" and c.parent_id == root and restarts:
+                origin, ref = "restart", restarts.pop(0)
             out.append(
                 Proposal(
                     c.parent_id,
@@ -147,7 +151,7 @@ class LlmPolicy:
                     c.expected_gain,
                     {},
                     origin,
-                    c.parent_id if origin == "refine" else None,
+                    ref,
                 )
             )
         return out
