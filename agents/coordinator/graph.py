@@ -483,6 +483,17 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         and r.evidence.id not in kids_of_refine
         and r.evidence.depth < max_depth  # a refine chain ends at the depth limit
     ]
+    sign = 1.0 if study.spec.maximize else -1.0
+    trunk_mean = trunk_dev_mean(study)
+    retested = {r.evidence.origin_ref for r in records if r.evidence.origin == "retest"}
+    stale = [
+        r for r in records
+        if r.evidence.status == NodeStatus.EVALUATED and r.verification.get("decision") == "accept"
+        and r.base_commit != study.trunk_commit and r.evidence.id not in retested
+        and r.evidence.dev_mean is not None and trunk_mean is not None
+        and sign * (r.evidence.dev_mean - trunk_mean) > 0
+    ]  # fmt: skip
+    retest = [r.evidence.id for r in sorted(stale, key=lambda r: -sign * (r.evidence.dev_mean or 0.0))]
     restarted = {r.evidence.origin_ref for r in records if r.evidence.origin == "restart"}
     restart = [
         r.evidence.id
@@ -513,7 +524,14 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         constraints=[c.model_dump() for c in study.spec.constraints],
         restart=restart,
         max_depth=max_depth,
+        retest=retest,
     )
+
+
+def trunk_dev_mean(study: StudyView) -> float | None:
+    """Return the mean of trunk's dev values on the seeds every node has (the first `repeats`)."""
+    values = study.trunk_dev[: study.spec.evaluate.repeats]
+    return sum(values) / len(values) if values else None
 
 
 def build_graph() -> StateGraph[CoordinatorState, CoordinatorContext, CoordinatorState, CoordinatorState]:

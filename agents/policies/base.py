@@ -64,6 +64,9 @@ class IdeationInput:
     constraints: list[dict[str, Any]] = field(default_factory=list)
     restart: list[int] = field(default_factory=list)  # nodes whose branch was abandoned (AREX restart)
     max_depth: int = 6  # no node may sit deeper than this
+    # Candidates built on an older trunk that beat the current trunk on dev, best first: a
+    # config-edit policy may test the same edits again on the current trunk.
+    retest: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the whole input as plain data (what a prompt could be built from)."""

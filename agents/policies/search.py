@@ -98,6 +98,10 @@ class SearchPolicy:
             if a is not None:
                 seen.add(space.key_of(a))
                 out.append((node, a, f"refine n{node.id}: {req.goal}", "refine", node.id))
+        for nid in ctx.retest[:1]:
+            if nid in assignment and len(out) < ctx.k and by_id.get(ctx.trunk_node_id) is not None:
+                why = f"test n{nid}'s change again on the current trunk"
+                out.append((by_id[ctx.trunk_node_id], assignment[nid], why, "retest", nid))
         root = next(n for n in ctx.nodes if n.parent_id is None)
         leaps = list(ctx.restart) + ([-1] if ctx.plateau_level >= 2 else [])
         for failed in leaps:

@@ -67,7 +67,10 @@ def select(tree: Tree, slots: int, config: SelectionConfig, round_no: int = 0) -
     rng = random.Random(config.seed * 1_000_003 + round_no)
     tiebreak = {nid: rng.random() for nid in sorted(scores)}
     # AREX: a refine child (a narrower question about a node that already improves) goes first.
-    ranked = sorted(scores, key=lambda nid: (tree.nodes[nid].origin != "refine", -scores[nid], tiebreak[nid]))
+    first = ("refine", "retest")  # narrower questions, and the best known change on the new trunk
+    ranked = sorted(
+        scores, key=lambda nid: (tree.nodes[nid].origin not in first, -scores[nid], tiebreak[nid])
+    )
     busy: dict[int, int] = {}
     for n in tree.nodes.values():
         if n.status in ACTIVE and n.parent_id is not None:

@@ -36,7 +36,9 @@ def assess(
     if not succeeded:
         if recoverable:
             return Assessment(Decision.REJECT, "the run failed; a retry starts clean")
-        return Assessment(Decision.RESTART, "unrecoverable run; exploration re-opens from the root, away from this branch")
+        return Assessment(
+            Decision.RESTART, "unrecoverable run; exploration re-opens from the root, away from this branch"
+        )
     open_ = tuple(r.name for r in results if r.verdict != Verdict.SATISFIED)
     if not improves:
         if open_:

@@ -156,6 +156,7 @@ def main() -> None:
     # of results before each choice.
     ap.add_argument("--parallel", type=int, default=1, help="experiments at once inside one Grove study")
     ap.add_argument("--jobs", type=int, default=2, help="Grove studies at once")
+    ap.add_argument("--max-repeats", type=int, help="Grove's evaluate.max_repeats (default: 3 x repeats)")
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     args = ap.parse_args()
     started = time.monotonic()
@@ -166,7 +167,9 @@ def main() -> None:
             study = STUDIES[name]
             results[name] = {"grove": [], "tpe": [], "random": []}
             for seed in range(args.null_seeds if study.null else args.seeds):
-                repo = study.make_repo(Path(tmp) / f"{name}-{seed}", seed, args.experiments, args.parallel)
+                repo = study.make_repo(
+                    Path(tmp) / f"{name}-{seed}", seed, args.experiments, args.parallel, args.max_repeats
+                )
                 ev = Evaluator(study, repo)
                 results[name]["tpe"].append(
                     baseline(ev, optuna.samplers.TPESampler(seed=seed), args.experiments)

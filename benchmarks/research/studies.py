@@ -59,7 +59,7 @@ class Study:
     constraints: list[dict[str, Any]] = field(default_factory=list)
     null: bool = False
 
-    def spec(self, seed: int, experiments: int, parallel: int) -> str:
+    def spec(self, seed: int, experiments: int, parallel: int, max_repeats: int | None = None) -> str:
         """Return the study's grove.toml."""
         cons = "".join(
             f'\n[[constraints]]\nname = "{c["name"]}"\nmetric = "{c["metric"]}"\n'
@@ -83,6 +83,7 @@ class Study:
             test = "python3 eval_test.py"
             timeout = 60
             repeats = 3
+            {"" if max_repeats is None else f"max_repeats = {max_repeats}"}
 
             [files]
             editable = ["config.toml"]
@@ -113,7 +114,9 @@ class Study:
             """)
         )
 
-    def make_repo(self, path: Path, seed: int, experiments: int, parallel: int) -> Path:
+    def make_repo(
+        self, path: Path, seed: int, experiments: int, parallel: int, max_repeats: int | None = None
+    ) -> Path:
         """Write the study as a one-commit git repository on branch main."""
         path.mkdir(parents=True, exist_ok=True)
         files = {
@@ -123,7 +126,7 @@ class Study:
             "bench.py": BENCH.replace("SALT = 0", f"SALT = {seed}"),
             "eval_dev.py": 'from bench import main\n\nmain("dev")\n',
             "eval_test.py": 'from bench import main\n\nmain("test")\n',
-            "grove.toml": self.spec(seed, experiments, parallel),
+            "grove.toml": self.spec(seed, experiments, parallel, max_repeats),
         }
         for name, text in files.items():
             (path / name).write_text(text)
