@@ -8,6 +8,7 @@ Nodes that wait do so with `interrupt()`: `await_jobs` (resumed with the finishe
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Literal
 
 from langgraph.graph import END, START, StateGraph
@@ -85,7 +86,7 @@ def ideate(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Com
     round_no = state.get("round_no", 0)
     if waiting + retry < slots:
         k = max(study.spec.policy.children, slots - waiting - retry)
-        ctx = ideation_input(study, records, k=k, round_no=round_no)
+        ctx = replace(ideation_input(study, records, k=k, round_no=round_no), free=slots - waiting - retry)
         try:
             proposals = runtime.context.policy.ideate(ctx)
         except BudgetExhausted as exc:
@@ -425,8 +426,6 @@ def retryable(rec: NodeRecord, config: CoordinatorConfig) -> bool:
 
 
 def _with(ev: NodeEvidence, **changes: Any) -> NodeEvidence:
-    from dataclasses import replace
-
     return replace(ev, **changes)
 
 

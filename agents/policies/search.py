@@ -81,7 +81,11 @@ class SearchPolicy:
     # ideation -------------------------------------------------------------------
 
     def ideate(self, ctx: IdeationInput) -> list[Proposal]:
-        """Propose up to `ctx.k` children: refine and restart requests first, then the sampler's batch."""
+        """Propose children: refine, retest and restart requests first, then the sampler's batch.
+
+        The batch fills the free slots only (`ctx.free`, else `ctx.k`): a suggestion that waits
+        for a slot was asked on older evidence than the next one would be.
+        """
         space = Space(ctx.search_space, ctx.base_values)
         rules = [c for c in ctx.constraints if c.get("judge", "metric") == "metric"]
         assignment = {n.id: space.full({**ctx.base_values, **n.edits}) for n in ctx.nodes}
@@ -115,7 +119,8 @@ class SearchPolicy:
                 out.append(
                     (root, a, why, "restart" if failed >= 0 else "policy", failed if failed >= 0 else None)
                 )
-        if len(out) < ctx.k:
+        batch = ctx.free or ctx.k
+        if len(out) < batch:
             study = optuna_bridge.replay(
                 space, ctx.nodes, rules, maximize=ctx.maximize,
                 sampler=optuna_bridge.make_sampler(self.sampler, sampler_seed(ctx.seed, ctx.round_no)),
@@ -123,7 +128,7 @@ class SearchPolicy:
             for _, a, *_ in out:
                 study.add_trial(optuna_bridge.pending_trial(space, a))
             parents = self._parents(ctx, rules)
-            for a in optuna_bridge.ask(study, space, ctx.k - len(out), seen):
+            for a in optuna_bridge.ask(study, space, batch - len(out), seen):
                 parent = min(
                     parents,
                     key=lambda n: (
