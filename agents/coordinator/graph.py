@@ -484,15 +484,15 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
     ]
     sign = 1.0 if study.spec.maximize else -1.0
     trunk_mean = trunk_dev_mean(study)
-    retested = {r.evidence.origin_ref for r in records if r.evidence.origin == "retest"}
+    revisited = {r.evidence.origin_ref for r in records if r.evidence.origin == "revisit"}
     stale = [
         r for r in records
         if r.evidence.status == NodeStatus.EVALUATED and r.verification.get("decision") == "accept"
-        and r.base_commit != study.trunk_commit and r.evidence.id not in retested
+        and r.base_commit != study.trunk_commit and r.evidence.id not in revisited
         and r.evidence.dev_mean is not None and trunk_mean is not None
         and sign * (r.evidence.dev_mean - trunk_mean) > 0
     ]  # fmt: skip
-    retest = [r.evidence.id for r in sorted(stale, key=lambda r: -sign * (r.evidence.dev_mean or 0.0))]
+    revisit = [r.evidence.id for r in sorted(stale, key=lambda r: -sign * (r.evidence.dev_mean or 0.0))]
     restarted = {r.evidence.origin_ref for r in records if r.evidence.origin == "restart"}
     restart = [
         r.evidence.id
@@ -523,7 +523,7 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         constraints=[c.model_dump() for c in study.spec.constraints],
         restart=restart,
         max_depth=max_depth,
-        retest=retest,
+        revisit=revisit,
     )
 
 

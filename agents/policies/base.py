@@ -66,7 +66,7 @@ class IdeationInput:
     max_depth: int = 6  # no node may sit deeper than this
     # Candidates built on an older trunk that beat the current trunk on dev, best first: a
     # config-edit policy may test the same edits again on the current trunk.
-    retest: list[int] = field(default_factory=list)
+    revisit: list[int] = field(default_factory=list)
     free: int = 0  # experiments that can start now (a sampler asks for no more, so none go stale)
 
     def to_dict(self) -> dict[str, Any]:

@@ -81,7 +81,7 @@ class SearchPolicy:
     # ideation -------------------------------------------------------------------
 
     def ideate(self, ctx: IdeationInput) -> list[Proposal]:
-        """Propose children: refine, retest and restart requests first, then the sampler's batch.
+        """Propose children: refine, revisit and restart requests first, then the sampler's batch.
 
         The batch fills the free slots only (`ctx.free`, else `ctx.k`): a suggestion that waits
         for a slot was asked on older evidence than the next one would be.
@@ -102,10 +102,10 @@ class SearchPolicy:
             if a is not None:
                 seen.add(space.key_of(a))
                 out.append((node, a, f"refine n{node.id}: {req.goal}", "refine", node.id))
-        for nid in ctx.retest[:1]:
+        for nid in ctx.revisit[:1]:
             if nid in assignment and len(out) < ctx.k and by_id.get(ctx.trunk_node_id) is not None:
                 why = f"test n{nid}'s change again on the current trunk"
-                out.append((by_id[ctx.trunk_node_id], assignment[nid], why, "retest", nid))
+                out.append((by_id[ctx.trunk_node_id], assignment[nid], why, "revisit", nid))
         root = next(n for n in ctx.nodes if n.parent_id is None)
         leaps = list(ctx.restart) + ([-1] if ctx.plateau_level >= 2 else [])
         for failed in leaps:

@@ -43,19 +43,20 @@ class HeldoutDecision:
 
 
 def heldout_decision(
-    candidate: Sequence[float], trunk: Sequence[float], *, maximize: bool, margin: float
+    candidate: Sequence[float], trunk: Sequence[float], *, maximize: bool, margin: float, alpha: float = 0.05
 ) -> HeldoutDecision:
     """Pass only when the held-out gain over trunk is strictly above `margin`, noise included.
 
     The gain is paired by seed, and its one-sided 95% lower confidence bound must clear the
     margin: under no real effect one gate query passes at most 5% of the time (a study may make
     up to `max_test_runs` of them, each behind a significant dev gain). With one test run per
-    side there is no noise estimate and the bound is the plain difference.
+    side there is no noise estimate and the bound is the plain difference. A query that took
+    more seeds (an unclear gain, `agents/tree/sequential.py`) is judged at its last look's level.
     """
     if not candidate:
         return HeldoutDecision(False, float("nan"), float("-inf"), "held-out evaluation failed")
-    g = gain_over(candidate, trunk, maximize=maximize)
-    told = f"held-out gain {g.mean:+.6g} (95% lower bound {g.lcb:+.6g}, n={g.n})"
+    g = gain_over(candidate, trunk, maximize=maximize, alpha=alpha)
+    told = f"held-out gain {g.mean:+.6g} ({100 * (1 - alpha):.3g}% lower bound {g.lcb:+.6g}, n={g.n})"
     if g.lcb > margin:
         return HeldoutDecision(True, g.mean, g.lcb, f"{told} > margin {margin:g}")
     return HeldoutDecision(False, g.mean, g.lcb, f"{told} does not clear margin {margin:g}")

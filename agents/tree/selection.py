@@ -67,7 +67,7 @@ def select(tree: Tree, slots: int, config: SelectionConfig, round_no: int = 0) -
     rng = random.Random(config.seed * 1_000_003 + round_no)
     tiebreak = {nid: rng.random() for nid in sorted(scores)}
     # AREX: a refine child (a narrower question about a node that already improves) goes first.
-    first = ("refine", "retest")  # narrower questions, and the best known change on the new trunk
+    first = ("refine", "revisit")  # narrower questions, and the best known change on the new trunk
     ranked = sorted(
         scores, key=lambda nid: (tree.nodes[nid].origin not in first, -scores[nid], tiebreak[nid])
     )

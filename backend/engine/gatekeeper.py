@@ -9,6 +9,7 @@ from __future__ import annotations
 from sqlmodel import select
 
 from agents.tree.gate import heldout_decision
+from agents.tree.sequential import Plan, Step
 from agents.tree.status import NodeStatus
 from backend.core import db
 from backend.core.config import Settings
@@ -86,7 +87,13 @@ class LocalGatekeeper:
                 root.heldout_values = values_t
                 s.add_all([study, root])
 
-    def _heldout(self, st: Study, spec, commit: str, label: str, node_id: int | None) -> list[float] | None:  # type: ignore[no-untyped-def]
+    def _heldout(  # type: ignore[no-untyped-def]
+        self, st: Study, spec, commit: str, label: str, node_id: int | None, seeds: range | None = None
+    ) -> list[float] | None:
+        """Run the sealed test on `commit` (seeds `0..test_repeats-1` or `seeds`); None if a run failed.
+
+        A first run is one sealed-split query; more seeds for the same question are not.
+        """
         repo = workspace.repo_of(st)
         path = workspace.worktree_path(self.settings, st, label)
         workspace.prepare(repo, path, f"grove/{st.name}/{label}", commit, sealed=None, reason=label)
@@ -100,14 +107,16 @@ class LocalGatekeeper:
                 commit=commit,
                 label=label,
                 node_id=node_id,
+                seeds=seeds,
             )
         finally:
             repo.remove_worktree(path)
-        with db.session(self.settings.db_url) as s:
-            study = s.get(Study, st.id)
-            assert study is not None
-            study.test_queries += 1
-            s.add(study)
+        if seeds is None:
+            with db.session(self.settings.db_url) as s:
+                study = s.get(Study, st.id)
+                assert study is not None
+                study.test_queries += 1
+                s.add(study)
         if not all(r.ok for r in rs):
             return None
         return [r.objective(spec.objective.metric) or 0.0 for r in rs]
@@ -145,12 +154,16 @@ class LocalGatekeeper:
         elif merged:
             # The merged commit is tested in a fresh worktree that holds the sealed files.
             values = self._heldout(st, spec, merged, label, node_id=node_id)
+            if values is not None:
+                values, trunk = self._look_again(st, spec, merged, label, node_id, values)
             if values is None:
                 reason = "failed: the sealed evaluation did not run cleanly on the merged commit"
             else:
+                plan = Plan(spec.gate.test_repeats, 3 * spec.gate.test_repeats)
                 d = heldout_decision(
-                    values, st.trunk_heldout, maximize=spec.maximize, margin=spec.gate.margin
-                )
+                    values, trunk[: len(values)], maximize=spec.maximize, margin=spec.gate.margin,
+                    alpha=plan.alpha_at(len(values)),
+                )  # fmt: skip
                 passed, gain = d.passed, d.gain
                 reason = ("passed: " if d.passed else "failed: ") + d.reason
         with db.session(self.settings.db_url) as s:
@@ -165,6 +178,50 @@ class LocalGatekeeper:
             if not passed:
                 transition(s, node, NodeStatus.REJECTED, reason="held-out gate failed")
         return passed
+
+    def _look_again(  # type: ignore[no-untyped-def]
+        self, st: Study, spec, merged: str, label: str, node_id: int, values: list[float]
+    ) -> tuple[list[float] | None, list[float]]:
+        """Give an unclear held-out gain more paired test seeds, trunk's too (up to 3 x test_repeats).
+
+        The same sequential rule as dev repeats: each look tests at its share of the 5%.
+        """
+        plan = Plan(spec.gate.test_repeats, 3 * spec.gate.test_repeats)
+        sign = 1.0 if spec.maximize else -1.0
+        trunk = list(st.trunk_heldout)
+        while len(trunk) >= len(values):
+            n = len(values)
+            diffs = [sign * (v - t) - spec.gate.margin for v, t in zip(values, trunk, strict=False)]
+            if plan.step(diffs) != Step.MORE:
+                break
+            target = plan.next_n(n)
+            if len(trunk) < target:
+                more_t = self._heldout(
+                    st,
+                    spec,
+                    st.trunk_commit,
+                    f"{label}-trunk",
+                    st.trunk_node_id,
+                    seeds=range(len(trunk), target),
+                )
+                if more_t is None:
+                    break
+                trunk += more_t
+                with db.session(self.settings.db_url) as s:
+                    study = s.get(Study, st.id)
+                    assert study is not None
+                    if study.trunk_commit == st.trunk_commit and len(study.trunk_heldout) < len(trunk):
+                        study.trunk_heldout = list(trunk)
+                        root = s.get(Node, study.trunk_node_id)
+                        if root is not None:
+                            root.heldout_values = list(trunk)
+                            s.add(root)
+                        s.add(study)
+            more = self._heldout(st, spec, merged, label, node_id, seeds=range(n, target))
+            if more is None:
+                return None, trunk
+            values = values + more
+        return values, trunk
 
     def await_approval(self, study_id: int, node_id: int) -> None:
         """Mark a gate-passed node as waiting for a human and open an approval."""

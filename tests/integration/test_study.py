@@ -337,6 +337,11 @@ def test_an_unclear_gain_gets_more_paired_seeds_charged_to_the_budget(
     jobs = rows(settings, Job)
     assert jobs[0].outcome["extra_runs"] == 8
     assert len(jobs) == 1 and "experiment budget spent" in st.stop_reason
+    # The sealed gate looks again the same way: +0.1 and +0.3 on two test seeds are unclear; on six
+    # paired seeds (trunk's too, kept on the study) the gain clears the last look's bound.
+    assert len(first.heldout_values) == 6 and len(st.trunk_heldout) == 6
+    assert first.status == "merged" and "lower bound" in first.gate_reason
+    assert st.test_queries == 2  # the baseline and one gate query, however many seeds it took
 
 
 def test_extra_seeds_stop_where_they_would_overspend_the_budget(settings: Settings, tmp_path: Path) -> None:

@@ -357,7 +357,7 @@ def test_max_depth_drops_deeper_proposals() -> None:
     assert all(n["parent"] in (None, 1) for n in mem.rows.values())
 
 
-def test_a_better_candidate_on_an_older_trunk_is_retested_once_on_the_current_one() -> None:
+def test_a_better_candidate_on_an_older_trunk_is_revisited_once_on_the_current_one() -> None:
     from dataclasses import replace
 
     from agents.coordinator.graph import ideation_input
@@ -368,15 +368,15 @@ def test_a_better_candidate_on_an_older_trunk_is_retested_once_on_the_current_on
     merged = mem.add(1, "x=2", {"config.toml:knob.x": 2}, status="merged", dev=[9.0, 9.01])
     mem.trunk, mem.trunk_node, mem.trunk_dev = f"c{merged}", merged, [9.0, 9.01]
     ctx = ideation_input(mem.study(1), mem.nodes(1), k=2, round_no=3)
-    assert ctx.retest == [old]
+    assert ctx.revisit == [old]
     first = SearchPolicy().ideate(ctx)[0]
-    assert (first.origin, first.origin_ref, first.parent_id) == ("retest", old, merged)
+    assert (first.origin, first.origin_ref, first.parent_id) == ("revisit", old, merged)
     assert first.edits["config.toml:knob.x"] == 3 and first.title == "config.toml:knob.x 2 → 3"
     # Once asked, never again; and a worse one is not asked at all.
     records = mem.nodes(1)
     served = replace(
-        records[0], evidence=replace(records[0].evidence, id=99, origin="retest", origin_ref=old)
+        records[0], evidence=replace(records[0].evidence, id=99, origin="revisit", origin_ref=old)
     )
-    assert ideation_input(mem.study(1), [*records, served], k=2, round_no=4).retest == []
+    assert ideation_input(mem.study(1), [*records, served], k=2, round_no=4).revisit == []
     mem.trunk_dev = [11.0, 11.01]
-    assert ideation_input(mem.study(1), mem.nodes(1), k=2, round_no=4).retest == []
+    assert ideation_input(mem.study(1), mem.nodes(1), k=2, round_no=4).revisit == []
