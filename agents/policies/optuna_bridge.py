@@ -31,6 +31,7 @@ from agents.policies.space import Assignment, Space
 SamplerName = Literal["tpe", "gp", "random"]
 PENDING = ("proposed", "queued", "running")
 INFEASIBLE = 1.0  # constraint value of a rule whose metric a node did not report
+ADMITTED = "grove:admitted"  # a constraint every trial carries: > 0 where the gate turned a node down
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -127,10 +128,12 @@ def replay(
         if not all(space.contains(k, v) for k, v in params.items()):
             continue
         if n.dev_mean is not None and n.status != "failed" and math.isfinite(n.dev_mean):
-            trial = create_trial(
-                params=params, distributions=dists, value=n.dev_mean,
-                constraints=constraint_values(rules, judged_metrics(rules, n)) or None,
-            )  # fmt: skip
+            cons = constraint_values(rules, judged_metrics(rules, n))
+            # Rejected although every constraint held: the sealed gate (or a human) turned it down,
+            # which the coordinator may know. The region is not admissible.
+            turned_down = n.status == "rejected" and all(v <= 0 for v in cons.values())
+            cons[ADMITTED] = 1.0 if turned_down else -1.0
+            trial = create_trial(params=params, distributions=dists, value=n.dev_mean, constraints=cons)
         elif n.status in PENDING:
             trial = create_trial(state=TrialState.RUNNING, params=params, distributions=dists)
         elif n.status in ("failed", "rejected") and n.dev_mean is None:

@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 import types
@@ -48,6 +49,7 @@ from backend.core.models import Job, Node, Study  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 REPEATS = 3
+DB_LOCK = threading.Lock()
 SCORE_SEEDS = range(1000, 1010)
 
 
@@ -119,7 +121,7 @@ def grove(ev: Evaluator, repo: Path, data: Path) -> dict[str, Any]:
     if proc.returncode != 0:
         raise RuntimeError(f"grove run failed on {repo.name}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     settings = Settings(data_dir=data, worktrees_dir=data / "wt")
-    with db.session(settings.db_url) as s:
+    with DB_LOCK, db.session(settings.db_url) as s:  # opening a database migrates it: not thread-safe
         st = s.exec(select(Study)).one()
         merged = select(Node.id).where(
             Node.study_id == st.id,

@@ -178,9 +178,10 @@ def test_trials_carry_constraints_from_dev_metrics_failures_and_pending_nodes() 
     )
     trials = study.get_trials(deepcopy=False)
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 5 + [TrialState.FAIL, TrialState.RUNNING]
-    assert trials[1].constraints == {"size": pytest.approx(-0.4)}  # 600 params: feasible
-    assert trials[4].constraints == {"size": pytest.approx(0.6)}  # 1600 params: 60% over
-    assert trials[0].constraints == {"size": optuna_bridge.INFEASIBLE}  # the metric was not reported
+    ok = {optuna_bridge.ADMITTED: -1.0}
+    assert trials[1].constraints == {"size": pytest.approx(-0.4), **ok}  # 600 params: feasible
+    assert trials[4].constraints == {"size": pytest.approx(0.6), **ok}  # 1600 params: 60% over
+    assert trials[0].constraints == {"size": optuna_bridge.INFEASIBLE, **ok}  # the metric was not reported
     assert trials[2].value == 0.7
 
 
@@ -266,3 +267,18 @@ def test_the_restart_child_is_far_from_the_abandoned_branch() -> None:
     ]  # fmt: skip
     mine = min(space.distance(child.edits, b) for b in branch)
     assert mine >= sorted(randoms)[int(0.9 * len(randoms))]  # farther than 90% of random points
+
+
+def test_a_node_the_gate_turned_down_marks_its_region_inadmissible() -> None:
+    nodes = mixed_nodes()
+    gate_failed = replace(
+        nodes[2], status="rejected", constraints=[{"name": "size", "verdict": "satisfied", "value": 1000.0}]
+    )
+    broke_size = replace(nodes[3], status="rejected", dev_metrics={"n_params": 1600.0})
+    space = Space(MIXED, MIXED_BASE)
+    sampler = optuna_bridge.make_sampler("tpe", 0)
+    study = optuna_bridge.replay(
+        space, [*nodes[:2], gate_failed, broke_size], [SIZE], maximize=True, sampler=sampler
+    )
+    admitted = [t.constraints[optuna_bridge.ADMITTED] for t in study.get_trials(deepcopy=False)]
+    assert admitted == [-1.0, -1.0, 1.0, -1.0]  # a broken constraint says so through its own value
