@@ -13,6 +13,7 @@ an abandoned branch gets a *restart* child of the root, far from it. Everything 
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ class LocalModel:
 
     def __init__(self, space: Space, points: list[tuple[Assignment, float]], around: Assignment) -> None:
         self.space = space
-        x = np.array([[1.0, *space.features(a)] for a, _ in points])
+        x = np.array([[1.0, *self.features(a)] for a, _ in points])
         y = np.array([v for _, v in points])
         self.log = bool(len(y)) and bool(np.all(y > 0))  # sizes and costs are multiplicative
         if self.log:
@@ -59,9 +60,20 @@ class LocalModel:
         xtw = x.T * w
         self.beta = np.linalg.solve(xtw @ x + ridge, xtw @ y) if len(y) else np.zeros(x.shape[1])
 
+    def features(self, a: Assignment) -> list[float]:
+        """Return the space's features plus a log coordinate per positive linear range (sizes grow as powers)."""
+        extra = []
+        for k in self.space.keys:
+            if self.space.is_range(k) and not self.space.dims[k].get("log"):
+                lo, hi = self.space.bounds(k)
+                if lo > 0:
+                    v = max(float(self.space.value(a, k)), lo)
+                    extra.append(math.log(v / lo) / math.log(hi / lo) if hi > lo else 0.0)
+        return [*self.space.features(a), *extra]
+
     def predict(self, a: Assignment) -> float:
         """Return the predicted metric at an assignment."""
-        v = float(np.dot(self.beta, [1.0, *self.space.features(a)]))
+        v = float(np.dot(self.beta, [1.0, *self.features(a)]))
         return float(np.exp(min(v, 700.0))) if self.log else v
 
 
@@ -222,16 +234,38 @@ class SearchPolicy:
         moves += [
             {**a, k1: v1, k2: v2} for (k1, v1), (k2, v2) in itertools.combinations(singles, 2) if k1 != k2
         ]
+        # Points on the way to the best measured nodes that meet every rule: a chain of refines that
+        # misjudged the constraint bisects toward them.
+        anchors = sorted(
+            (n for n in measured if optuna_bridge.feasible(rules, n)),
+            key=lambda n: -sign * float(n.dev_mean or 0.0),
+        )[:3]
+        for b in (assignment[n.id] for n in anchors):
+            moves += [self._between(space, a, b, t / 10) for t in range(1, 10)]
         best: tuple[tuple[float, ...], Assignment] | None = None
         for m in moves:
-            if space.key_of(m) in seen:
+            if space.key_of(m) in seen or space.key_of(m) == space.key_of(a):
                 continue
             worst = max((_violation(r, model.predict(m)) for r, model in models), default=-1.0)
-            # Feasible moves first (with a little room), then the most objective kept, then the smallest change.
-            rank = (max(worst, -0.05), -sign * objective.predict(m), float(len(space.differing(a, m))))
+            # Moves predicted feasible with room to spare (10% inside the bound) first, then the most
+            # objective kept, then the smallest change.
+            rank = (max(worst, -0.1), -sign * objective.predict(m), float(len(space.differing(a, m))))
             if best is None or rank < best[0]:
                 best = (rank, m)
         return None if best is None else best[1]
+
+    @staticmethod
+    def _between(space: Space, a: Assignment, b: Assignment, t: float) -> Assignment:
+        """Return the assignment a fraction `t` of the way from `a` to `b`."""
+        out = {}
+        for k in space.keys:
+            if space.is_range(k):
+                out[k] = space.snap(
+                    k, (1 - t) * space.coord(k, space.value(a, k)) + t * space.coord(k, space.value(b, k))
+                )
+            else:
+                out[k] = space.value(b if t >= 0.5 else a, k)
+        return out
 
     def _proposal(
         self,
