@@ -16,6 +16,7 @@ from agents.policies.base import (
     NodeEvidence,
     RefineRequest,
 )
+from agents.policies.llm.model import Turn
 from agents.policies.search import SearchPolicy
 from agents.policies.space import Space
 
@@ -282,3 +283,39 @@ def test_a_node_the_gate_turned_down_marks_its_region_inadmissible() -> None:
     )
     admitted = [t.constraints[optuna_bridge.ADMITTED] for t in study.get_trials(deepcopy=False)]
     assert admitted == [-1.0, -1.0, 1.0, -1.0]  # a broken constraint says so through its own value
+
+
+class ScriptedIdeator:
+    """A deterministic model double: answers every ideator call with the same children."""
+
+    name = "scripted"
+
+    def __init__(self, children: list[dict[str, object]]) -> None:
+        self.children = children
+        self.seen: list[str] = []
+
+    def complete(self, role: str, messages: list[dict[str, object]], tools: object = None) -> Turn:
+        self.seen.append(str(messages[-1]["content"]))
+        return Turn(json.dumps({"children": self.children}), [], 10, 10, 0.0)
+
+
+def test_the_llm_ideators_first_root_child_answers_a_restart_request() -> None:
+    from agents.policies.llm.policy import LlmPolicy
+
+    child = {"mechanism": "m", "hypothesis": "h", "observable": "o", "risks": "r", "expected_gain": 0.1}
+    model = ScriptedIdeator([
+        {"parent_id": 2, "title": "tune the second idea further", **child},
+        {"parent_id": 1, "title": "a different approach entirely", **child},
+        {"parent_id": 1, "title": "another fresh direction from scratch", **child},
+    ])  # fmt: skip
+    nodes = [ev(1, None, {}, 0.5, "merged"), ev(2, 1, {}, 0.6), replace(ev(3, 1, {}, None), status="failed")]
+    ctx = replace(ctx_of(nodes), restart=[3])
+    props = LlmPolicy(model).ideate(ctx)  # type: ignore[arg-type]
+    assert [(p.parent_id, p.origin, p.origin_ref) for p in props] == [
+        (2, "policy", None), (1, "restart", 3), (1, "policy", None),
+    ]  # fmt: skip
+    assert '"restart_from_root_away_from": [\n  3\n ]' in model.seen[0]
+
+
+def ctx_of(nodes: list[NodeEvidence]) -> IdeationInput:
+    return replace(ctx(nodes), k=3)
