@@ -99,15 +99,14 @@ def ideate(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Com
             return Command(update={"round_no": round_no + 1, "ideation_error": str(exc)[:500]}, goto="select")
         depth = {r.evidence.id: r.evidence.depth for r in records}
         max_depth = study.spec.policy.max_depth
+        kept = [p for p in proposals if depth.get(p.parent_id, max_depth) < max_depth]
         for p in proposals:
-            if depth.get(p.parent_id, max_depth) >= max_depth:
+            if p not in kept:
                 storage.event(
                     sid, "proposal.dropped", p.parent_id,
                     {"title": p.title, "reason": f"its parent is at policy.max_depth ({max_depth})"},
                 )  # fmt: skip
-        storage.add_proposals(
-            sid, round_no, [p for p in proposals if depth.get(p.parent_id, max_depth) < max_depth]
-        )
+        storage.add_proposals(sid, round_no, kept)
     return Command(update={"round_no": round_no + 1, "ideation_error": ""}, goto="select")
 
 

@@ -169,17 +169,19 @@ class SearchPolicy:
     ) -> list[Assignment]:
         """Return the assignments of a node's branch: the node, its ancestors below the root, its subtree."""
         by_id = {n.id: n for n in nodes}
+        kids: dict[int | None, list[int]] = {}
+        for n in nodes:
+            kids.setdefault(n.parent_id, []).append(n.id)
         out: list[Assignment] = []
         cur = by_id.get(node_id)
         while cur is not None and cur.parent_id is not None:
             out.append(assignment[cur.id])
             cur = by_id.get(cur.parent_id)
-        stack = [node_id]
+        stack = list(kids.get(node_id, []))
         while stack:
             nid = stack.pop()
-            kids = [n.id for n in nodes if n.parent_id == nid]
-            out += [assignment[k] for k in kids]
-            stack += kids
+            out.append(assignment[nid])
+            stack += kids.get(nid, [])
         return out
 
     @staticmethod

@@ -101,6 +101,7 @@ class Job(SQLModel, table=True):
     status: str = "queued"  # queued|running|done|failed
     token: str = ""
     pid: int | None = None
+    extra_runs: int = 0  # adaptive repeats beyond `repeats` (the node's and trunk's), charged to the budget
     outcome: dict[str, Any] = _json({})
     created_at: datetime = Field(default_factory=now)
     started_at: datetime | None = None

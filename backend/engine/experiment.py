@@ -85,8 +85,8 @@ def _finish(
             "status": status,
             "reason": str(fields.get("failure", "")),
             "detail": str(fields.get("reflection", "")),
-            "extra_runs": extra_runs,  # adaptive repeats, charged to the experiment budget
         }
+        job.extra_runs = extra_runs
         s.add_all([job, node])
 
 

@@ -8,7 +8,7 @@ experiment budget through the job's outcome.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sqlmodel import col, select
 
@@ -21,13 +21,13 @@ from backend.core.config import Settings
 from backend.core.models import Job, Node, Study
 from backend.engine import evaluation, workspace
 from backend.services.records import add_event
+from backend.services.storage import experiments_used
 
 
 @dataclass
 class DevRuns:
     receipts: list[evaluation.Receipt]
     extra_runs: int = 0  # runs beyond `repeats`, the node's and trunk's together
-    looks: list[str] = field(default_factory=list)
 
 
 def dev_runs(
@@ -58,22 +58,17 @@ def dev_runs(
         if trunk is None or len(trunk) < n:
             break  # trunk moved: this node cannot be a gate candidate, more seeds would not help
         if _violates(spec, run.receipts):
-            run.looks.append(f"{n} seeds: a constraint is violated")
             break  # not admissible whatever its gain: AREX refines it instead
         # Improving means beating trunk by plateau.min_gain, as integration judges it.
         diffs = [sign * (v - t) - spec.plateau.min_gain for v, t in zip(values, trunk, strict=False)]
-        step = plan.step(diffs)
-        run.looks.append(f"{n} seeds: {step}")
-        if step != Step.MORE:
+        if plan.step(diffs) != Step.MORE:
             break
         target = plan.next_n(n)
-        why = _not_worth_it(settings, study, spec, node, job, sum(values) / n, run.extra_runs, target - n)
-        if why:
-            run.looks.append(f"{n} seeds: no more ({why})")
+        if _not_worth_it(settings, study, spec, node, sum(values) / n, run.extra_runs, target - n):
             break
         if len(trunk) < target:
-            added = _extend_trunk(settings, study, spec, node, job, len(trunk), target)
-            run.extra_runs += added
+            ran, added = _extend_trunk(settings, study, spec, node, job, len(trunk), target)
+            run.extra_runs += ran
             if added < target - len(trunk):
                 break  # trunk's own run failed on a new seed: judge on what is paired
         more = workspace.run_repeats(
@@ -90,7 +85,7 @@ def dev_runs(
 
 
 def _not_worth_it(
-    settings: Settings, study: Study, spec: Spec, node: Node, job: Job, mean: float, spent: int, more: int
+    settings: Settings, study: Study, spec: Spec, node: Node, mean: float, spent: int, more: int
 ) -> str:
     """Return why more seeds are not worth running for this node now, or ''."""
     sign = 1.0 if spec.maximize else -1.0
@@ -108,9 +103,8 @@ def _not_worth_it(
         ]  # fmt: skip
         if better:
             return f"n{better[0].id} is better on dev and already a candidate"
-        outcomes = s.exec(select(Job.outcome).where(Job.study_id == study.id, Job.id != job.id)).all()
-    extra = spent + 2 * more + sum(int((o or {}).get("extra_runs", 0)) for o in outcomes)
-    used = len(outcomes) + 1 + extra // spec.evaluate.repeats
+        # This job's own runs so far, and at most `more` of the node's and of trunk's for the next look.
+        used = experiments_used(s, study.id or 0, spec.evaluate.repeats, pending_runs=spent + 2 * more)
     if used > spec.budget.experiments:
         return "the experiment budget would be overspent"
     return ""
@@ -131,8 +125,8 @@ def _trunk_values(settings: Settings, study_id: int, base_commit: str) -> list[f
 
 def _extend_trunk(
     settings: Settings, study: Study, spec: Spec, node: Node, job: Job, have: int, want: int
-) -> int:
-    """Run trunk's dev evaluation on seeds `have..want-1` and keep the values on the study; return runs."""
+) -> tuple[int, int]:
+    """Run trunk's dev evaluation on seeds `have..want-1` and keep them on the study; return (runs, values)."""
     label = f"n{node.id}-a{job.attempt}-trunk"
     path = workspace.worktree_path(settings, study, label)
     repo = workspace.repo_of(study)
@@ -141,7 +135,7 @@ def _extend_trunk(
         st = s.get(Study, study.id)
         assert st is not None
         if st.trunk_commit != node.base_commit:
-            return 0
+            return 0, 0
         trunk_node = st.trunk_node_id
     workspace.prepare(repo, path, branch, node.base_commit, sealed=spec.files.sealed, reason=f"job {job.id}")
     try:
@@ -169,4 +163,4 @@ def _extend_trunk(
             add_event(
                 s, study.id or 0, "trunk.repeated", st.trunk_node_id, seeds=len(st.trunk_dev), by_node=node.id
             )
-    return len(rs) if all(r.ok for r in rs) else len(ok)
+    return len(rs), len(ok)

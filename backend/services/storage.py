@@ -105,6 +105,16 @@ def prune_subtree(s: Session, study_id: int, node_id: int, reason: str, lesson: 
     add_insight(s, study_id, node_id, f"PRUNED ({reason}). Lesson: {lesson}", [node_id])
 
 
+def experiments_used(s: Session, study_id: int, repeats: int, pending_runs: int = 0) -> int:
+    """Return the experiments a study has spent: its jobs, and every `repeats` extra dev runs as one."""
+    jobs, extra = s.exec(
+        select(func.count(col(Job.id)), func.coalesce(func.sum(Job.extra_runs), 0)).where(
+            Job.study_id == study_id
+        )
+    ).one()
+    return int(jobs) + (int(extra) + pending_runs) // repeats
+
+
 class SqlStorage:
     """Storage port over SQLModel sessions."""
 
@@ -116,10 +126,7 @@ class SqlStorage:
         with db.session(self.url) as s:
             st = s.get(Study, study_id)
             assert st is not None and st.id is not None
-            outcomes = list(s.exec(select(Job.outcome).where(Job.study_id == study_id)))
-            extra = sum(int((o or {}).get("extra_runs", 0)) for o in outcomes)
-            # Adaptive repeats are charged too: every `repeats` extra runs cost one experiment.
-            used = len(outcomes) + extra // spec_of(st).evaluate.repeats
+            used = experiments_used(s, study_id, spec_of(st).evaluate.repeats)
             started = st.started_at or now()
             return StudyView(
                 id=st.id,

@@ -335,7 +335,7 @@ def test_an_unclear_gain_gets_more_paired_seeds_charged_to_the_budget(
     # 8 extra runs (4 of the node, 4 of trunk) cost 4 experiments at 2 runs each: with the job itself,
     # the budget of 5 is spent.
     jobs = rows(settings, Job)
-    assert jobs[0].outcome["extra_runs"] == 8
+    assert jobs[0].extra_runs == 8
     assert len(jobs) == 1 and "experiment budget spent" in st.stop_reason
     # The sealed gate looks again the same way: +0.1 and +0.3 on two test seeds are unclear; on six
     # paired seeds (trunk's too, kept on the study) the gain clears the last look's bound.
@@ -358,4 +358,4 @@ def test_extra_seeds_stop_where_they_would_overspend_the_budget(settings: Settin
     # The look at 6 seeds would cost 4 more runs, two experiments: over the budget of 3.
     assert first.dev_n == 4
     jobs = rows(settings, Job)
-    assert jobs[0].outcome["extra_runs"] == 4 and len(jobs) == 1
+    assert jobs[0].extra_runs == 4 and len(jobs) == 1
