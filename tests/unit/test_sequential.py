@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 import random
+from statistics import NormalDist
 
 import pytest
 
-from agents.tree.sequential import Plan, Step
+from agents.tree.sequential import Plan, Step, z_levels
 from agents.tree.stats import gain_over, t95, t_quantile
 
 
@@ -22,11 +23,34 @@ def test_t_quantiles_match_the_table_and_grow_as_alpha_shrinks() -> None:
 def test_the_looks_spend_exactly_alpha() -> None:
     plan = Plan(3, 9)
     assert plan.looks() == [3, 6, 9]
+    z = list(z_levels((3, 6, 9), 0.05))
+    assert z[0] == pytest.approx(0.05 * math.sqrt(1 / 3))  # the first look keeps most of it
+    # The looks share their seeds, so a later look may test at more than its Bonferroni share
+    # (the increment of the spending function) while the chance that any look rejects stays 5%.
+    shares = [0.05 * (math.sqrt(2 / 3) - math.sqrt(1 / 3)), 0.05 * (1 - math.sqrt(2 / 3))]
+    assert z[1] > shares[0] and z[2] > shares[1] and sum(z) > 0.05
+    assert null_rejection(plan, z) == pytest.approx(0.05, abs=1.5e-3)
+    # t tests get a little less than z (their looks are less correlated), still above Bonferroni.
     levels = [plan.alpha_at(n) for n in plan.looks()]
-    assert sum(levels) == pytest.approx(0.05)
-    assert levels[0] > levels[1] > levels[2] > 0  # the first look keeps most of it
+    assert all(s < a < b for s, a, b in zip([0.0, *shares], levels, z, strict=True))
     assert Plan(3, 3).alpha_at(3) == 0.05  # no adaptive repeats: the usual 95% test
     assert Plan(2, 5).looks() == [2, 4, 5] and plan.next_n(3) == 6 and plan.next_n(9) == 9
+
+
+def null_rejection(plan: Plan, levels: list[float]) -> float:
+    """Return the chance that some look's z statistic crosses its level when there is no gain."""
+    rng = random.Random(3)
+    looks, hits, trials = plan.looks(), 0, 100_000
+    edges = [NormalDist().inv_cdf(1 - a) for a in levels]
+    for _ in range(trials):
+        s, before = 0.0, 0
+        for n, edge in zip(looks, edges, strict=True):
+            s += rng.gauss(0, math.sqrt(n - before))
+            before = n
+            if s / math.sqrt(n) >= edge:
+                hits += 1
+                break
+    return hits / trials
 
 
 def test_steps() -> None:
@@ -49,7 +73,7 @@ def run_node(plan: Plan, effect: float, rng: random.Random) -> bool:
 
 def test_looking_again_does_not_raise_the_false_positive_rate_and_finds_small_gains() -> None:
     rng = random.Random(12)
-    trials = 4000
+    trials = 20_000
     adaptive, fixed = Plan(3, 9), Plan(3, 3)
     null = sum(run_node(adaptive, 0.0, rng) for _ in range(trials)) / trials
     # At most 5% (with a margin of three standard errors of the estimate).
