@@ -161,7 +161,8 @@ class PolicySection(_Section):
     executor_minutes: float = Field(default=30.0, gt=0, le=WEEK / 60)
     seed: int = 0
     children: int = Field(default=3, ge=1, le=16)
-    sampler: Literal["tpe", "gp", "random"] = "tpe"  # the search policy's Optuna sampler
+    # The search policy's Optuna sampler; auto: GP where torch and scipy are installed, else TPE.
+    sampler: Literal["auto", "gp", "tpe", "random"] = "auto"
     max_depth: int = Field(default=6, ge=1, le=1000)
 
 

@@ -28,7 +28,7 @@ from optuna.trial import TrialState, create_trial
 from agents.policies.base import NodeEvidence
 from agents.policies.space import Assignment, Space
 
-SamplerName = Literal["tpe", "gp", "random"]
+SamplerName = Literal["auto", "tpe", "gp", "random"]
 PENDING = ("proposed", "queued", "running")
 INFEASIBLE = 1.0  # constraint value of a rule whose metric a node did not report
 ADMITTED = "grove:admitted"  # a constraint every trial carries: > 0 where the gate turned a node down
@@ -92,18 +92,31 @@ def feasible(rules: Sequence[dict[str, Any]], node: NodeEvidence) -> bool:
     return all(v <= 0 for v in constraint_values(rules, judged_metrics(rules, node)).values())
 
 
+def gp_available() -> bool:
+    """Return whether Optuna's GP sampler can run here (it needs torch and scipy)."""
+    return all(importlib.util.find_spec(m) is not None for m in ("torch", "scipy"))
+
+
+def resolve(name: SamplerName) -> SamplerName:
+    """Return the sampler `name` stands for: `auto` is GP where torch and scipy are installed, else TPE."""
+    if name == "auto":
+        return "gp" if gp_available() else "tpe"
+    return name
+
+
 def make_sampler(name: SamplerName, seed: int) -> optuna.samplers.BaseSampler:
-    """Return a seeded sampler: TPE (multivariate, constant liar), GP or random."""
+    """Return a seeded sampler: GP, TPE (multivariate, constant liar) or random; `auto` picks GP or TPE."""
+    name = resolve(name)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "gp":
-        if any(importlib.util.find_spec(m) is None for m in ("torch", "scipy")):
+        if not gp_available():
             raise SamplerUnavailable(
                 "policy.sampler = 'gp' needs torch and scipy (pip install 'grove[learning]')"
             )
         return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
     if name != "tpe":
-        raise ValueError(f"unknown sampler {name!r} (use 'tpe', 'gp' or 'random')")
+        raise ValueError(f"unknown sampler {name!r} (use 'auto', 'gp', 'tpe' or 'random')")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.samplers.TPESampler(

@@ -1,6 +1,6 @@
 """The built-in `search` policy: no LLM, edits of the declared config keys.
 
-Ideation asks an Optuna sampler (TPE by default, `[policy] sampler`) for a batch, after
+Ideation asks an Optuna sampler (`[policy] sampler`: GP where torch is installed, else TPE) for a batch, after
 replaying every measured node as a trial with its dev objective and constraint values
 (`agents/policies/optuna_bridge.py`). Each suggestion hangs under the nearest feasible measured
 node it differs least from. Before new ideas come AREX's requests: a node that improves but
@@ -87,8 +87,8 @@ class SearchPolicy:
     name = "search"
     rebase_on_trunk = True
 
-    def __init__(self, sampler: SamplerName = "tpe") -> None:
-        self.sampler = sampler
+    def __init__(self, sampler: SamplerName = "auto") -> None:
+        self.sampler = optuna_bridge.resolve(sampler)
 
     # ideation -------------------------------------------------------------------
 

@@ -59,7 +59,9 @@ class Study:
     constraints: list[dict[str, Any]] = field(default_factory=list)
     null: bool = False
 
-    def spec(self, seed: int, experiments: int, parallel: int, max_repeats: int | None = None) -> str:
+    def spec(
+        self, seed: int, experiments: int, parallel: int, max_repeats: int | None = None, sampler: str = "tpe"
+    ) -> str:
         """Return the study's grove.toml."""
         cons = "".join(
             f'\n[[constraints]]\nname = "{c["name"]}"\nmetric = "{c["metric"]}"\n'
@@ -105,6 +107,7 @@ class Study:
 
             [policy]
             kind = "search"
+            sampler = "{sampler}"
             seed = {seed}
 
             [plateau]
@@ -115,7 +118,13 @@ class Study:
         )
 
     def make_repo(
-        self, path: Path, seed: int, experiments: int, parallel: int, max_repeats: int | None = None
+        self,
+        path: Path,
+        seed: int,
+        experiments: int,
+        parallel: int,
+        max_repeats: int | None = None,
+        sampler: str = "tpe",
     ) -> Path:
         """Write the study as a one-commit git repository on branch main."""
         path.mkdir(parents=True, exist_ok=True)
@@ -126,7 +135,7 @@ class Study:
             "bench.py": BENCH.replace("SALT = 0", f"SALT = {seed}"),
             "eval_dev.py": 'from bench import main\n\nmain("dev")\n',
             "eval_test.py": 'from bench import main\n\nmain("test")\n',
-            "grove.toml": self.spec(seed, experiments, parallel, max_repeats),
+            "grove.toml": self.spec(seed, experiments, parallel, max_repeats, sampler),
         }
         for name, text in files.items():
             (path / name).write_text(text)

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
+import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
@@ -19,6 +22,7 @@ from agents.policies.base import (
 from agents.policies.llm.model import Turn
 from agents.policies.search import SearchPolicy
 from agents.policies.space import Space
+from backend.core.config import PROJECT_ROOT
 
 SPACE = {
     "c.toml:m.hidden": {"values": [8, 16, 32, 64], "low": None, "high": None, "log": False, "integer": False},
@@ -191,6 +195,22 @@ def test_samplers_by_name() -> None:
     assert names == {"tpe": "TPESampler", "gp": "GPSampler", "random": "RandomSampler"}
     with pytest.raises(ValueError, match="cmaes"):
         optuna_bridge.make_sampler("cmaes", 0)  # type: ignore[arg-type]
+
+
+def test_auto_is_gp_where_torch_and_scipy_are_installed_and_tpe_elsewhere() -> None:
+    # The test environment installs torch and scipy (the dev extra).
+    assert optuna_bridge.resolve("auto") == "gp" and SearchPolicy().sampler == "gp"
+    assert isinstance(optuna_bridge.make_sampler("auto", 0), optuna.samplers.GPSampler)
+    hidden = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from agents.policies import optuna_bridge as b\n"
+        "print(b.resolve('auto'), type(b.make_sampler('auto', 0)).__name__)\n"
+        "try:\n    b.make_sampler('gp', 0)\nexcept b.SamplerUnavailable as e:\n    print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", hidden], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out[0] == "tpe TPESampler" and "needs torch and scipy" in out[1]
 
 
 # -- AREX in the search policy -------------------------------------------------------------------

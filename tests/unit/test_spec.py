@@ -123,5 +123,5 @@ def test_policy_sampler_and_max_depth() -> None:
     assert "[policy]\n" in GOOD
     spec = parse_spec(GOOD.replace("[policy]\n", '[policy]\nsampler = "gp"\nmax_depth = 2\n'))
     assert spec.policy.sampler == "gp" and spec.policy.max_depth == 2
-    assert parse_spec(GOOD).policy.sampler == "tpe"
+    assert parse_spec(GOOD).policy.sampler == "auto"
     assert list(issues(GOOD.replace("[policy]\n", '[policy]\nsampler = "cmaes"\n'))) == ["policy.sampler"]
