@@ -159,7 +159,7 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=1, help="experiments at once inside one Grove study")
     ap.add_argument("--jobs", type=int, default=2, help="Grove studies at once")
     ap.add_argument("--max-repeats", type=int, help="Grove's evaluate.max_repeats (default: 3 x repeats)")
-    ap.add_argument("--sampler", default="tpe", choices=["tpe", "gp", "random"], help="Grove's policy.sampler")
+    ap.add_argument("--sampler", default="auto", choices=["auto", "gp", "tpe", "random"], help="Grove's policy.sampler")
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     args = ap.parse_args()
     started = time.monotonic()

@@ -60,7 +60,7 @@ class Study:
     null: bool = False
 
     def spec(
-        self, seed: int, experiments: int, parallel: int, max_repeats: int | None = None, sampler: str = "tpe"
+        self, seed: int, experiments: int, parallel: int, max_repeats: int | None = None, sampler: str = "auto"
     ) -> str:
         """Return the study's grove.toml."""
         cons = "".join(
@@ -124,7 +124,7 @@ class Study:
         experiments: int,
         parallel: int,
         max_repeats: int | None = None,
-        sampler: str = "tpe",
+        sampler: str = "auto",
     ) -> Path:
         """Write the study as a one-commit git repository on branch main."""
         path.mkdir(parents=True, exist_ok=True)
