@@ -14,37 +14,69 @@ from agents.tree.status import ACTIVE, TERMINAL, NodeStatus, StudyStatus
 from backend.core import db
 from backend.core.models import InsightVersion, Job, LlmCall, Node, ReceiptRow, Study, Trajectory, now
 from backend.services import lifecycle
-from backend.services.records import add_event, add_insight, latest_insight, spec_of, transition
+from backend.services.records import add_event, add_insight, spec_of, transition
 
 
-def _mean_metrics(receipts: list[ReceiptRow]) -> dict[str, float]:
+def _mean_metrics(receipts: list[dict[str, Any]]) -> dict[str, float]:
     sums: dict[str, list[float]] = {}
-    for r in receipts:
-        for k, v in (r.metrics or {}).items():
+    for metrics in receipts:
+        for k, v in metrics.items():
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
                 sums.setdefault(k, []).append(float(v))
     return {k: sum(v) / len(v) for k, v in sums.items()}
 
 
-def node_record(s: Session, node: Node, insight: str | None = None) -> NodeRecord:
-    """Build the coordinator's view of a node row."""
-    assert node.id is not None
-    job = s.exec(select(Job).where(Job.node_id == node.id).order_by(col(Job.attempt).desc())).first()
-    receipts = (
-        list(
-            s.exec(
-                select(ReceiptRow).where(
-                    ReceiptRow.node_id == node.id,
-                    ReceiptRow.kind == "dev",
-                    ReceiptRow.ok == True,  # noqa: E712
-                )
-            )
-        )
-        if node.dev_values
-        else []
+def node_records(s: Session, study_id: int) -> list[NodeRecord]:
+    """Build the coordinator's view of every node of a study, in five queries whatever its size."""
+    rows = s.exec(select(Node).where(Node.study_id == study_id).order_by(col(Node.id))).all()
+    newest = (
+        select(InsightVersion.node_id, func.max(InsightVersion.version).label("version"))
+        .where(InsightVersion.study_id == study_id)
+        .group_by(col(InsightVersion.node_id))
+        .subquery()
     )
-    if job is not None:
-        receipts = [r for r in receipts if r.job_id in (job.id, None)]
+    insight = dict(
+        s.exec(
+            select(InsightVersion.node_id, InsightVersion.text).join(
+                newest,
+                (col(InsightVersion.node_id) == newest.c.node_id)
+                & (col(InsightVersion.version) == newest.c.version),
+            )
+        ).all()
+    )
+    last_job: dict[int, int] = {}  # node -> the job of its latest attempt
+    for job_id, node_id, _ in s.exec(
+        select(Job.id, Job.node_id, Job.attempt).where(Job.study_id == study_id).order_by(col(Job.attempt))
+    ):
+        last_job[node_id] = job_id or 0
+    receipts: dict[int, list[tuple[int, dict[str, Any]]]] = {}
+    for rid, of_node, of_job, metrics in s.exec(
+        select(ReceiptRow.id, ReceiptRow.node_id, ReceiptRow.job_id, ReceiptRow.metrics)
+        .where(ReceiptRow.study_id == study_id, ReceiptRow.kind == "dev", ReceiptRow.ok == True)  # noqa: E712
+        .order_by(col(ReceiptRow.id))
+    ):
+        if of_node is not None and (of_node not in last_job or of_job in (last_job[of_node], None)):
+            receipts.setdefault(of_node, []).append((rid or 0, dict(metrics or {})))
+    reports = dict(
+        s.exec(
+            select(Trajectory.job_id, Trajectory.report).where(
+                Trajectory.study_id == study_id, Trajectory.report != ""
+            )
+        ).all()
+    )
+    return [_record(n, insight, last_job, receipts, reports) for n in rows]
+
+
+def _record(
+    node: Node,
+    insight: dict[int, str],
+    last_job: dict[int, int],
+    receipts: dict[int, list[tuple[int, dict[str, Any]]]],
+    reports: dict[int, str],
+) -> NodeRecord:
+    assert node.id is not None
+    mine = receipts.get(node.id, []) if node.dev_values else []
+    job = last_job.get(node.id)
     evidence = NodeEvidence(
         id=node.id,
         parent_id=node.parent_id,
@@ -58,12 +90,12 @@ def node_record(s: Session, node: Node, insight: str | None = None) -> NodeRecor
         dev_n=node.dev_n,
         gain=node.gain,
         gain_lcb=node.gain_lcb,
-        dev_metrics=_mean_metrics(receipts),
+        dev_metrics=_mean_metrics([m for _, m in mine]),
         constraints=list(node.constraints),
         summary=node.summary,
-        insight=latest_insight(s, node.id) if insight is None else insight,
+        insight=insight.get(node.id, ""),
         failure=node.failure,
-        report=_latest_report(s, node.id, job.id if job else None),
+        report=reports.get(job, "") if job is not None else "",
         origin_ref=node.origin_ref,
     )
     return NodeRecord(
@@ -72,7 +104,7 @@ def node_record(s: Session, node: Node, insight: str | None = None) -> NodeRecor
         prior=node.prior,
         base_commit=node.base_commit,
         dev_values=list(node.dev_values),
-        dev_receipts=[(r.id or 0, dict(r.metrics or {})) for r in receipts],
+        dev_receipts=mine,
         attempts=node.attempts,
         completed_order=node.completed_order,
         verification=dict(node.verification),
@@ -80,13 +112,6 @@ def node_record(s: Session, node: Node, insight: str | None = None) -> NodeRecor
         gated=node.gated
         and not (node.status == NodeStatus.EVALUATED and node.gate_reason.startswith("passed")),
     )
-
-
-def _latest_report(s: Session, node_id: int, job_id: int | None) -> str:
-    if job_id is None:
-        return ""
-    row = s.exec(select(Trajectory.report).where(Trajectory.job_id == job_id)).first()
-    return row or ""
 
 
 def prune_subtree(s: Session, study_id: int, node_id: int, reason: str, lesson: str) -> None:
@@ -153,14 +178,7 @@ class SqlStorage:
     def nodes(self, study_id: int) -> list[NodeRecord]:
         """Return every node of the study."""
         with db.session(self.url) as s:
-            rows = s.exec(select(Node).where(Node.study_id == study_id).order_by(col(Node.id))).all()
-            versions = s.exec(
-                select(InsightVersion)
-                .where(InsightVersion.study_id == study_id)
-                .order_by(col(InsightVersion.version))
-            ).all()
-            latest = {v.node_id: v.text for v in versions}
-            return [node_record(s, n, latest.get(n.id or 0, "")) for n in rows]
+            return node_records(s, study_id)
 
     def add_proposals(self, study_id: int, round_no: int, proposals: list[Proposal]) -> list[int]:
         """Insert the proposals of an ideation round once (a replayed round returns the same ids)."""
@@ -243,10 +261,10 @@ class SqlStorage:
             node.constraints = result.constraints
             node.verification = result.verification
             node.summary = result.summary
-            last = max(
-                (n.completed_order for n in s.exec(select(Node).where(Node.study_id == study_id))), default=0
-            )
-            node.completed_order = last + 1
+            last = s.exec(
+                select(func.coalesce(func.max(Node.completed_order), 0)).where(Node.study_id == study_id)
+            ).one()
+            node.completed_order = int(last) + 1
             s.add(node)
             add_event(
                 s,

@@ -1,0 +1,80 @@
+"""The coordinator reads the tree in a fixed number of queries, whatever its size."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import event
+from sqlmodel import Session
+
+from backend.core import db
+from backend.core.config import Settings
+from backend.core.models import InsightVersion, Job, Node, ReceiptRow, Trajectory
+from backend.services.storage import SqlStorage
+from backend.services.studies import create_study
+from tests.conftest import tiny_files
+
+
+@contextmanager
+def counting(url: str) -> Iterator[list[str]]:
+    """Collect every SQL statement the engine runs inside the block."""
+    seen: list[str] = []
+
+    def before(conn, cursor, statement, params, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        seen.append(statement)
+
+    engine = db.get_engine(url)
+    event.listen(engine, "before_cursor_execute", before)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", before)
+
+
+def grow(s: Session, study_id: int, root: int, count: int) -> None:
+    """Add `count` evaluated nodes, each with two attempts, receipts, insights and a report."""
+    for i in range(count):
+        node = Node(
+            study_id=study_id, parent_id=root, depth=1, status="evaluated", title=f"n{i}",
+            dev_values=[1.0, 2.0], dev_mean=1.5, dev_n=2, attempts=2,
+        )  # fmt: skip
+        s.add(node)
+        s.flush()
+        assert node.id is not None
+        old, new = Job(study_id=study_id, node_id=node.id, attempt=1), Job(
+            study_id=study_id, node_id=node.id, attempt=2
+        )
+        s.add_all([old, new])
+        s.flush()
+        for job, value in ((old, 99.0), (new, float(i))):
+            s.add(ReceiptRow(study_id=study_id, node_id=node.id, job_id=job.id, ok=True, metrics={"m": value}))
+        s.add(ReceiptRow(study_id=study_id, node_id=node.id, job_id=new.id, ok=False, metrics={"m": -1.0}))
+        s.add(InsightVersion(study_id=study_id, node_id=node.id, version=1, text="first"))
+        s.add(InsightVersion(study_id=study_id, node_id=node.id, version=2, text=f"newest {i}"))
+        s.add(Trajectory(study_id=study_id, node_id=node.id, job_id=old.id or 0, report="old report"))
+        s.add(Trajectory(study_id=study_id, node_id=node.id, job_id=new.id or 0, report=f"report {i}"))
+    s.commit()
+
+
+def test_reading_the_tree_takes_the_same_queries_at_any_size(settings: Settings, tiny_repo: Path) -> None:
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, tiny_files()["grove.toml"], str(tiny_repo))
+        assert study.id is not None and study.trunk_node_id is not None
+        sid, root = study.id, study.trunk_node_id
+    storage = SqlStorage(settings.db_url)
+    counts = []
+    for more in (20, 200):
+        with db.session(settings.db_url) as s:
+            grow(s, sid, root, more)
+        with counting(settings.db_url) as seen:
+            records = storage.nodes(sid)
+        counts.append(len([q for q in seen if q.lstrip().upper().startswith("SELECT")]))
+    assert counts[0] == counts[1] <= 5, counts
+    assert len(records) == 1 + 20 + 200
+    last = records[-1]
+    # Only the latest attempt's clean dev receipts count; the newest insight; the latest job's report.
+    assert last.evidence.dev_metrics == {"m": 199.0} and len(last.dev_receipts) == 1
+    assert last.evidence.insight == "newest 199" and last.evidence.report == "report 199"
+    assert records[0].evidence.parent_id is None and records[0].evidence.report == ""
