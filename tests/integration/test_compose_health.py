@@ -1,0 +1,49 @@
+"""docker-compose.yml's worker healthchecks, executed as Docker would inside the container."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from backend.core.config import PROJECT_ROOT
+from tests.conftest import sqlite_service
+
+SERVICES = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())["services"]
+
+
+def docker_argv(test: list[str]) -> list[str]:
+    """Return what Docker runs for a healthcheck `test` after Compose's interpolation ($$ is a literal $)."""
+    kind, *rest = test
+    rest = [part.replace("$$", "$") for part in rest]
+    if kind == "CMD-SHELL":
+        return ["/bin/sh", "-c", rest[0]]
+    assert kind == "CMD", test
+    return rest  # no shell: nothing expands variables
+
+
+def test_worker_healthchecks_pass_against_live_workers(tmp_path: Path, redis_url: str) -> None:
+    svc = sqlite_service(tmp_path, redis_url, db_number=14)
+    # A container's HOSTNAME is its hostname, which Celery's %h in the worker's node name reads too.
+    env = {**svc.env, "HOSTNAME": socket.gethostname()}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the image's `celery`
+    checks = {"coordinator": "coordinator", "worker-cpu": "cpu", "worker-gpu": "gpu"}
+    try:
+        for name in checks.values():
+            svc.start_worker(name, name, 1)
+        for service, name in checks.items():
+            argv = docker_argv(SERVICES[service]["healthcheck"]["test"])
+            done = subprocess.run(argv, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, f"{service}: {argv}\n{done.stdout}\n{done.stderr}"
+            assert f"{name}@{socket.gethostname()}: OK" in done.stdout, done.stdout
+        # The check must fail for a worker that is not there (it names this container's worker).
+        svc.stop_worker("gpu")
+        argv = docker_argv(SERVICES["worker-gpu"]["healthcheck"]["test"])
+        done = subprocess.run(argv, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0
+    finally:
+        svc.stop()
