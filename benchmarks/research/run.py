@@ -159,7 +159,9 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=1, help="experiments at once inside one Grove study")
     ap.add_argument("--jobs", type=int, default=2, help="Grove studies at once")
     ap.add_argument("--max-repeats", type=int, help="Grove's evaluate.max_repeats (default: 3 x repeats)")
-    ap.add_argument("--sampler", default="auto", choices=["auto", "gp", "tpe", "random"], help="Grove's policy.sampler")
+    ap.add_argument(
+        "--sampler", default="auto", choices=["auto", "gp", "tpe", "random"], help="Grove's policy.sampler"
+    )
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     args = ap.parse_args()
     started = time.monotonic()
@@ -171,7 +173,12 @@ def main() -> None:
             results[name] = {"grove": [], "tpe": [], "random": []}
             for seed in range(args.null_seeds if study.null else args.seeds):
                 repo = study.make_repo(
-                    Path(tmp) / f"{name}-{seed}", seed, args.experiments, args.parallel, args.max_repeats, args.sampler
+                    Path(tmp) / f"{name}-{seed}",
+                    seed,
+                    args.experiments,
+                    args.parallel,
+                    args.max_repeats,
+                    args.sampler,
                 )
                 ev = Evaluator(study, repo)
                 results[name]["tpe"].append(

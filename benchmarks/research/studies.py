@@ -60,7 +60,12 @@ class Study:
     null: bool = False
 
     def spec(
-        self, seed: int, experiments: int, parallel: int, max_repeats: int | None = None, sampler: str = "auto"
+        self,
+        seed: int,
+        experiments: int,
+        parallel: int,
+        max_repeats: int | None = None,
+        sampler: str = "auto",
     ) -> str:
         """Return the study's grove.toml."""
         cons = "".join(

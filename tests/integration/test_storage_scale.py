@@ -43,13 +43,16 @@ def grow(s: Session, study_id: int, root: int, count: int) -> None:
         s.add(node)
         s.flush()
         assert node.id is not None
-        old, new = Job(study_id=study_id, node_id=node.id, attempt=1), Job(
-            study_id=study_id, node_id=node.id, attempt=2
+        old, new = (
+            Job(study_id=study_id, node_id=node.id, attempt=1),
+            Job(study_id=study_id, node_id=node.id, attempt=2),
         )
         s.add_all([old, new])
         s.flush()
         for job, value in ((old, 99.0), (new, float(i))):
-            s.add(ReceiptRow(study_id=study_id, node_id=node.id, job_id=job.id, ok=True, metrics={"m": value}))
+            s.add(
+                ReceiptRow(study_id=study_id, node_id=node.id, job_id=job.id, ok=True, metrics={"m": value})
+            )
         s.add(ReceiptRow(study_id=study_id, node_id=node.id, job_id=new.id, ok=False, metrics={"m": -1.0}))
         s.add(InsightVersion(study_id=study_id, node_id=node.id, version=1, text="first"))
         s.add(InsightVersion(study_id=study_id, node_id=node.id, version=2, text=f"newest {i}"))
