@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from functools import lru_cache
 
@@ -44,3 +44,34 @@ def lease(url: str, name: str, ttl: float = 30.0) -> Iterator[None]:
         t.join(timeout=5)
         with suppress(Exception):
             lock.release()
+
+
+def coalesced(url: str, name: str, ttl: float, step: Callable[[], bool], requeue: Callable[[], None]) -> bool:
+    """Run `step` under the lock `name`, again while others asked for it; return False if it was busy.
+
+    A caller that finds the lock held does not retry on a timer: it leaves one request
+    (`<name>:again`) that the holder serves by running `step` once more before it lets go, so any
+    number of callers cost the holder one more run. `step` returns True when there is nothing
+    left to do. The holder checks for a request once more after letting go, and a caller that
+    found the lock busy checks whether it is still held, so a request made in between is never
+    lost: one of the two calls `requeue`.
+    """
+    r = client(url)
+    again = f"{name}:again"
+    try:
+        with lease(url, name, ttl):
+            while True:
+                r.delete(again)
+                if step():
+                    r.delete(again)
+                    return True
+                if not r.exists(again):
+                    break
+    except Busy:
+        r.set(again, "1", ex=max(60, int(10 * ttl)))
+        if not r.exists(name):
+            requeue()
+        return False
+    if r.exists(again):
+        requeue()
+    return True

@@ -18,7 +18,7 @@ from agents.tree.status import StudyStatus
 from backend.core import db, fanout
 from backend.core.config import get_settings
 from backend.core.gitops import GitError
-from backend.core.locks import Busy, client, lease
+from backend.core.locks import Busy, client, coalesced, lease
 from backend.core.models import Job, Study, now
 from backend.engine import experiment, learning
 from backend.engine.driver import Driver
@@ -79,19 +79,27 @@ def clone(study_id: int) -> str:
 
 @app.task(name="coordinator.advance", bind=True)
 def advance(self: Task, study_id: int) -> str:
-    """Advance a study's graph under its lock; if another step holds the lock, try again shortly."""
+    """Advance a study's graph under its lock; if another step holds it, that step runs once more."""
     settings = get_settings()
     with db.session(settings.db_url) as s:
         st = s.get(Study, study_id)
         if st is None or not st.repo_path:
             return "not cloned"  # still cloning, or its clone failed: there is no graph to run
-    try:
-        with lease(settings.redis_url, f"grove:study:{study_id}", 2 * settings.lease_seconds):
-            waiting = Driver(settings, study_id, CeleryDispatcher(settings, app)).advance()
-    except Busy:
-        enqueue_advance(app, study_id, countdown=1.0)
+    finished = False
+
+    def step() -> bool:
+        nonlocal finished
+        finished = Driver(settings, study_id, CeleryDispatcher(settings, app)).advance().finished
+        return finished
+
+    # Advances that find the study busy are coalesced into one more step of the holder.
+    ran = coalesced(
+        settings.redis_url, f"grove:study:{study_id}", 2 * settings.lease_seconds, step,
+        lambda: enqueue_advance(app, study_id),
+    )  # fmt: skip
+    if not ran:
         return "busy"
-    return "finished" if waiting.finished else "waiting"
+    return "finished" if finished else "waiting"
 
 
 def _experiment(job_id: int, token: str) -> str:
