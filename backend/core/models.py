@@ -180,6 +180,10 @@ class LlmCall(SQLModel, table=True):
     node_id: int | None = Field(default=None, foreign_key="node.id")
     role: str
     model: str
+    # The prompt is stored once: this call's prompt is the first `base_len` messages of call
+    # `base_id`'s prompt followed by `messages` (`backend.services.ledger.prompt_of`).
+    base_id: int | None = None
+    base_len: int = 0
     messages: list[dict[str, Any]] = _json([])
     response: dict[str, Any] = _json({})
     tokens_in: int = 0

@@ -14,6 +14,7 @@ from sqlmodel import col, select
 from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.models import Event, LlmCall, Node, ReceiptRow, Study, Trajectory
+from backend.services.ledger import prompt_of
 from tests.conftest import git, make_repo, tiny_files
 from tests.fake_llm import FakeLLM
 
@@ -79,6 +80,12 @@ def grove_run(
 def rows(settings: Settings, model: Any, *where: Any) -> list[Any]:
     with db.session(settings.db_url) as s:
         return list(s.exec(select(model).where(*where)))
+
+
+def prompt(settings: Settings, call: LlmCall) -> list[dict[str, Any]]:
+    """Return the whole prompt a stored call sent."""
+    with db.session(settings.db_url) as s:
+        return prompt_of(s, call)
 
 
 def tool(name: str, **args: Any) -> dict[str, Any]:
@@ -153,9 +160,13 @@ def test_scripted_executor_edits_evaluates_finishes_and_merges(settings: Setting
     assert st.improvement_state["concerns"] == ["scripted concern"]  # the state updater's rewrite
     assert st.improvement_state["verified_findings"][0]["node_ids"] == [2]
     verifier = next(c for c in calls if c.role == "verifier")
-    assert "Set x = 3; dev score 10." in json.dumps(verifier.messages)  # it judged the executor's report
+    assert "Set x = 3; dev score 10." in json.dumps(prompt(settings, verifier))  # it judged the report
     executor = [c for c in calls if c.role == "executor"]
-    last = json.dumps(executor[-1].messages)
+    last = json.dumps(prompt(settings, executor[-1]))
+    # Each message of the conversation is stored once, however many turns re-sent it.
+    assert len(executor) >= 4 and sum(len(c.messages) for c in executor) == len(
+        prompt(settings, executor[-1])
+    )
     assert "refused: eval.py is not editable" in last
     assert "resolves outside the worktree" in last
     assert "malformed arguments for edit" in last
@@ -246,9 +257,9 @@ def test_failed_attempt_is_retried_with_a_reflection_only(settings: Settings, tm
     node = rows(settings, Node, Node.id == 2)[0]
     assert node.attempts == 2 and node.status == "merged"
     executor = [c for c in rows(settings, LlmCall) if c.role == "executor"]
-    second = [c for c in executor if "A previous attempt failed" in json.dumps(c.messages[:2])]
+    second = [c for c in executor if "A previous attempt failed" in json.dumps(prompt(settings, c)[:2])]
     assert second, "the retry did not carry a reflection"
-    first_prompt = json.dumps(second[0].messages)
+    first_prompt = json.dumps(prompt(settings, second[0]))
     assert "boom: x=5 breaks the evaluator" in first_prompt  # the reflection names what went wrong
     assert "Set x = 5." not in first_prompt and '"replace": "x = 5"' not in first_prompt  # no old transcript
     trajectories = rows(settings, Trajectory, Trajectory.node_id == 2)

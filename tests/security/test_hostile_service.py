@@ -12,6 +12,7 @@ from sqlmodel import select
 
 from backend.core import db
 from backend.core.models import Event, LlmCall, Node, ReceiptRow, Study
+from backend.services.ledger import prompt_of
 from backend.services.studies import create_study
 from backend.worker.celery_app import make_app
 from tests.conftest import TINY_SPEC, Service, git, sqlite_service, wait_for
@@ -123,7 +124,8 @@ def test_hostile_executor_on_celery_workers(hostile_service: tuple[Service, Host
         nodes = list(s.exec(select(Node)))
     assert st is not None and st.status == "finished", st
     executor = [c for c in calls if c.role == "executor"]
-    transcript = json.dumps(executor[-1].messages)
+    with db.session(svc.settings.db_url) as s:
+        transcript = json.dumps(prompt_of(s, executor[-1]))
     outcomes = attack_lines(transcript.replace("\\n", "\n"))
     assert set(outcomes) == expected("dev") and set(outcomes.values()) == {"blocked"}, outcomes
     assert "not a git repository" in transcript
