@@ -361,10 +361,11 @@ def up_cmd(
         console.print(f"  token    {token}   (operator + approver)", markup=False, highlight=False)
         console.print("Press Ctrl-C to stop.")
         while not stopping:
-            dead = stack.watch()
-            if dead:
-                err.print(f"[red]error:[/] {dead} stopped; see {settings.data_dir / 'logs' / dead}.log")
-                break
+            for name, code in stack.revive():
+                err.print(
+                    f"[yellow]{name} exited with code {code}; restarted it[/] "
+                    f"(log: {settings.data_dir / 'logs' / name}.log)"
+                )
             time.sleep(0.5)
     except UpError as exc:
         err.print(f"[red]error:[/] {exc}")

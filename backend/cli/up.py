@@ -91,6 +91,10 @@ class Stack:
     port: int = 8000
     cpu_slots: int = 2
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
+    restarts: dict[str, list[float]] = field(default_factory=dict)
+    max_restarts: int = 5  # within `restart_window` seconds; a part that crashes faster stops the stack
+    restart_window: float = 60.0
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         logs = self.settings.data_dir / "logs"
@@ -100,6 +104,7 @@ class Stack:
             cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT, start_new_session=True
         )
         self.procs.append((name, proc))
+        self.commands[name] = (cmd, env)
         return proc
 
     def _wait(self, what: str, ready: object, timeout: float = 60) -> None:
@@ -200,9 +205,28 @@ class Stack:
                 proc.wait()
         self.procs.clear()
 
-    def watch(self) -> str | None:
-        """Return the name of a part that died, if any."""
-        for name, proc in self.procs:
-            if proc.poll() is not None:
-                return name
-        return None
+    def revive(self) -> list[tuple[str, int]]:
+        """Restart every part that died; return (name, exit code) of each one restarted.
+
+        A part that died `max_restarts` times within `restart_window` seconds is not restarted
+        again: UpError says which one, so a broken configuration does not loop forever.
+        """
+        revived = []
+        for i, (name, proc) in enumerate(list(self.procs)):
+            code = proc.poll()
+            if code is None:
+                continue
+            clock = time.monotonic()
+            recent = [t for t in self.restarts.get(name, []) if clock - t < self.restart_window]
+            if len(recent) >= self.max_restarts:
+                raise UpError(
+                    f"{name} exited with code {code}, {len(recent) + 1} times within "
+                    f"{self.restart_window:.0f}s; not restarting it; see {self.settings.data_dir / 'logs' / name}.log"
+                )
+            self.restarts[name] = [*recent, clock]
+            cmd, env = self.commands[name]
+            fresh = self._spawn(name, cmd, env)
+            self.procs.pop()  # _spawn appended it: it takes the dead one's place in the start order
+            self.procs[i] = (name, fresh)
+            revived.append((name, code))
+        return revived

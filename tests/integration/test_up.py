@@ -32,6 +32,18 @@ def processes_using(marker: str) -> list[int]:
     return pids
 
 
+def worker_group(marker: str, node: str) -> int | None:
+    """Return the process group of our Celery worker named `node` (its main process's pid)."""
+    for pid in processes_using(marker):
+        try:
+            argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+            if f"{node}@%h".encode() in argv and os.getpgid(pid) == pid:
+                return pid
+        except OSError:
+            continue
+    return None
+
+
 def test_grove_up_serves_a_study_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     port, board = free_port(), free_port()
     proc, out = spawn_up(tmp_path, port, board)
@@ -58,6 +70,27 @@ def test_grove_up_serves_a_study_and_stops_on_ctrl_c(tmp_path: Path) -> None:
             timeout=180,
         )
         assert httpx.get(f"{api}/studies/{sid}", headers=headers).json()["trunk_heldout"] > 700
+
+        # A crashed part is restarted, and says so; the stack keeps serving.
+        marker = str(tmp_path / "data")
+        dead = worker_group(marker, "cpu")
+        assert dead is not None
+        os.killpg(dead, signal.SIGKILL)
+        wait_for(lambda: "worker-cpu exited with code" in out.read_text(), timeout=30)
+        assert "restarted it" in out.read_text() and proc.poll() is None
+        wait_for(lambda: worker_group(marker, "cpu") not in (None, dead), timeout=30)
+        again = make_repo(tmp_path / "r2", tiny_files(name="after-crash", experiments=2))
+        resp = httpx.post(
+            f"{api}/studies",
+            json={"spec": (again / "grove.toml").read_text(), "repository": str(again)},
+            headers=headers,
+        )
+        assert resp.status_code == 201, resp.text
+        sid = resp.json()["id"]
+        wait_for(
+            lambda: httpx.get(f"{api}/studies/{sid}", headers=headers).json()["status"] == "finished",
+            timeout=180,
+        )
     finally:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=90)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi import Path as PathParam
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
 from sqlmodel import Session, col, select
 
 from agents.policies import configfiles
@@ -42,7 +42,8 @@ def tree(study_id: StudyId, s: SessionDep, who: Reader) -> schemas.Tree:
     rows = s.exec(select(*columns).where(Node.study_id == study_id).order_by(col(Node.id))).all()
     # Rows come straight from typed columns: build the bodies without re-validating 5,000 of them.
     nodes = [schemas.NodeSummary.model_construct(**dict(zip(fields, row, strict=True))) for row in rows]
-    return schemas.Tree.model_construct(study_id=study_id, trunk_node_id=st.trunk_node_id, nodes=nodes)
+    body = schemas.Tree.model_construct(study_id=study_id, trunk_node_id=st.trunk_node_id, nodes=nodes)
+    return Response(body.model_dump_json(), media_type="application/json")  # type: ignore[return-value]
 
 
 @router.get("/nodes/{node_id}", response_model=schemas.NodeDetail)
