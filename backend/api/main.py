@@ -1,10 +1,11 @@
-"""The FastAPI application: `/api/v1`, OpenAPI at `/docs`."""
+"""The FastAPI application: `/api/v1`, OpenAPI at `/docs` and `/redoc` (served offline)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 
 from agents.spec import SpecError
 from agents.tree.status import IllegalStudyTransition
@@ -24,7 +25,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the API app for the given settings."""
     settings = settings or get_settings()
     settings.ensure_dirs()
-    app = FastAPI(
+    # Swagger UI and ReDoc from assets the package ships: /docs works with no network outside.
+    app = FastAPIOffline(
         title="Grove",
         version="0.1.0",
         description="Autonomous research over a git repository: studies, hypothesis trees, sealed gates.",

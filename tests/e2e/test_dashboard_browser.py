@@ -13,10 +13,11 @@ import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlparse
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
+from playwright.sync_api import Browser, Page, Playwright, Route, expect, sync_playwright
 
 from backend.core.config import PROJECT_ROOT
 from tests.conftest import free_port, git, spawn_up, wait_for
@@ -175,3 +176,29 @@ def test_dashboard_refuses_a_rebound_host_and_never_sends_its_token(
         assert stack["token"] not in page.content()
     finally:
         b.close()
+
+
+def test_api_docs_render_with_no_network_outside(stack: dict[str, str], browser: Browser) -> None:
+    page = browser.new_page()
+    page.set_default_timeout(30_000)
+    outside: list[str] = []
+
+    def only_loopback(route: Route) -> None:
+        host = urlparse(route.request.url).hostname
+        if host in ("127.0.0.1", "localhost"):
+            route.continue_()
+        else:  # a CDN, a font host: recorded, and refused as an offline machine would
+            outside.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_loopback)
+    root = stack["api"].removesuffix("/api/v1")
+    try:
+        page.goto(f"{root}/docs")
+        expect(page.locator(".swagger-ui .info .title")).to_contain_text("Grove")
+        expect(page.get_by_text("/api/v1/studies", exact=True).first).to_be_visible()
+        page.goto(f"{root}/redoc")
+        expect(page.get_by_role("heading", name=re.compile(r"^Grove"))).to_be_visible()
+        assert outside == []
+    finally:
+        page.close()
