@@ -133,8 +133,13 @@ def events_after(
 
 
 def progress(s: Session, st: Study) -> schemas.Progress:
-    """Return each evaluated node in order with trunk's scores after it (from the event log)."""
+    """Return each evaluated node once, in order, with trunk's scores after it (from the event log).
+
+    A node is `node.evaluated` twice (its job finished, then the coordinator judged it): the first
+    event places it, so the points are one per evaluated experiment.
+    """
     nodes = {n.id: n for n in s.exec(select(Node).where(Node.study_id == st.id))}
+    placed: set[int] = set()
     trunk_dev, trunk_heldout = _mean(st.baseline_dev), _mean(st.baseline_heldout)
     points: list[schemas.ProgressPoint] = []
     rows = s.exec(
@@ -151,6 +156,9 @@ def progress(s: Session, st: Study) -> schemas.Progress:
             if points:
                 points[-1].trunk_dev, points[-1].trunk_heldout = trunk_dev, trunk_heldout
             continue
+        if n.id in placed:
+            continue
+        placed.add(n.id or 0)
         points.append(
             schemas.ProgressPoint(
                 experiment=len(points) + 1,

@@ -101,6 +101,11 @@ def test_study_over_http_runs_to_approval_merges_and_finishes(
     }
     tree = client.get(f"{API}/studies/{sid}/tree", headers=op).json()
     assert len(tree["nodes"]) >= 3
+    # One progress point per evaluated experiment, numbered in order.
+    points = client.get(f"{API}/studies/{sid}/progress", headers=op).json()["points"]
+    evaluated = {n["id"] for n in tree["nodes"] if n["parent_id"] is not None and n["dev_mean"] is not None}
+    assert sorted(p["node_id"] for p in points) == sorted(evaluated)
+    assert [p["experiment"] for p in points] == list(range(1, len(points) + 1))
     assert client.get(f"{API}/studies/{sid}/report", headers=op).text.startswith("# Grove report: api-flow")
 
     # The event stream replays the whole study in order, then resumes after a reconnect.
