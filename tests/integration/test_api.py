@@ -122,6 +122,9 @@ def test_study_over_http_runs_to_approval_merges_and_finishes(
     assert [e["id"] for e in resumed] == [i for i in ids if i > middle]
     log = client.get(f"{API}/studies/{sid}/events/log", params={"after": middle}, headers=op).json()
     assert [e["id"] for e in log] == [i for i in ids if i > middle]
+    # The stream of a finished study ends by itself once it has sent everything.
+    whole = sse(client, f"{API}/studies/{sid}/events", op, until="", limit=100_000)
+    assert [e["id"] for e in whole] == ids and whole[-1]["event"] == "study.finished"
 
 
 def test_auth_rules(service: Service, client: TestClient, tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from backend.core import db, fanout
 from backend.core.config import Settings
 
 router = APIRouter(prefix="/studies/{study_id}", tags=["events"])
+ENDS = frozenset({"study.finished", "study.failed"})  # a stream closes once it has sent one and is drained
 
 
 def _page(
@@ -73,7 +74,10 @@ async def stream(
     last_event_id: Annotated[str | None, Header()] = None,
     after: Cursor = 0,
 ) -> AsyncIterator[ServerSentEvent]:
-    """Stream the study's events (server-sent events); reconnect with `Last-Event-ID` to resume."""
+    """Stream the study's events (server-sent events); reconnect with `Last-Event-ID` to resume.
+
+    The stream ends once the study has finished or failed and every event up to then was sent.
+    """
     get_study(s, study_id)
     # A stream lasts as long as the client stays: it must not hold the request's connection; each poll
     # below opens a short session of its own.
@@ -83,14 +87,18 @@ async def stream(
     with contextlib.suppress(Exception):
         pubsub = aioredis.Redis.from_url(settings.redis_url).pubsub(ignore_subscribe_messages=True)
         await pubsub.subscribe(fanout.channel(study_id))
+    ended = False
     try:
         while True:
             page = await asyncio.to_thread(_poll, settings, study_id, cursor)
             for e in page:
                 cursor = e.id
+                ended = ended or e.type in ENDS
                 yield ServerSentEvent(data=e.model_dump(mode="json"), event=e.type, id=str(e.id))
             if page:
                 continue
+            if ended:
+                return
             if pubsub is None:
                 await asyncio.sleep(0.5)
                 continue
