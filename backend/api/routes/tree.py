@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+import pydantic_core
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi import Path as PathParam
 from fastapi.responses import PlainTextResponse, Response
@@ -40,11 +41,14 @@ def tree(study_id: StudyId, s: SessionDep, who: Reader) -> Response:
     fields = list(schemas.NodeSummary.model_fields)
     columns = [getattr(Node, f) for f in fields]
     rows = s.exec(select(*columns).where(Node.study_id == study_id).order_by(col(Node.id))).all()
-    # Rows come straight from typed columns: build the bodies without re-validating 5,000 of them.
-    nodes = [schemas.NodeSummary.model_construct(**dict(zip(fields, row, strict=True))) for row in rows]
-    body = schemas.Tree.model_construct(study_id=study_id, trunk_node_id=st.trunk_node_id, nodes=nodes)
-    # Serialised here: FastAPI would validate all 5,000 bodies again against the response model.
-    return Response(body.model_dump_json(), media_type="application/json")
+    # Rows come straight from typed columns, in the response model's fields: they are written as
+    # JSON directly, not built into 5,000 models and validated again (a third of the time).
+    body = {
+        "study_id": study_id,
+        "trunk_node_id": st.trunk_node_id,
+        "nodes": [dict(zip(fields, row, strict=True)) for row in rows],
+    }
+    return Response(pydantic_core.to_json(body, inf_nan_mode="null"), media_type="application/json")
 
 
 @router.get("/nodes/{node_id}", response_model=schemas.NodeDetail)
