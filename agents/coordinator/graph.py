@@ -2,8 +2,9 @@
 
 The graph holds only ids; every fact lives behind the ports, which reach each node through the
 run context (`CoordinatorContext`, passed as `context=` to every `invoke`, resumes included).
-Nodes that wait do so with `interrupt()`: `await_jobs` (resumed with the finished job ids),
-`approve` (resumed with `{"approved": bool, "by": str, "reason": str}`) and `paused`.
+Nodes that wait do so with `interrupt()`: `await_jobs` (resumed with the finished job ids; `wait`
+for experiments, and `start` and `gate` where the sealed evaluations run as jobs), `approve`
+(resumed with `{"approved": bool, "by": str, "reason": str}`) and `paused`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
 from agents.coordinator.configuration import CoordinatorConfig, CoordinatorContext
-from agents.coordinator.ports import Integration, NodeRecord, StudyView
+from agents.coordinator.ports import Integration, NodeRecord, Pending, StudyView
 from agents.coordinator.state import CoordinatorState
 from agents.policies.base import IdeationInput, Judgement, NodeEvidence, Policy, RefineRequest
 from agents.policies.llm.model import BudgetExhausted, ModelError
@@ -32,9 +33,16 @@ from agents.verify.constraints import ConstraintResult, ConstraintRule, Verdict,
 from agents.verify.state import ImprovementState
 
 
-def start(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Command[Literal["observe"]]:
-    """Measure the baseline, then go to observe."""
-    runtime.context.gatekeeper.baseline(state["study_id"])
+def start(
+    state: CoordinatorState, runtime: Runtime[CoordinatorContext]
+) -> Command[Literal["start", "observe"]]:
+    """Measure the baseline (waiting for its job where it runs as one), then go to observe."""
+    if runtime.context.storage.study(state["study_id"]).status == "stopping":
+        return Command(update={"round_no": state.get("round_no", 0), "pending": []}, goto="observe")
+    pending = runtime.context.gatekeeper.baseline(state["study_id"])
+    if pending is not None:
+        interrupt({"kind": "await_jobs", "study_id": state["study_id"], "jobs": [pending.job_id]})
+        return Command(goto="start")  # look again in a fresh step: at most one interrupt per run
     return Command(update={"round_no": state.get("round_no", 0), "pending": []}, goto="observe")
 
 
@@ -219,18 +227,28 @@ def integrate(
 
 def gate(
     state: CoordinatorState, runtime: Runtime[CoordinatorContext]
-) -> Command[Literal["approve", "merge", "observe"]]:
-    """Gate the best still-eligible candidate; go to merge (auto), approve, or observe if none passes."""
+) -> Command[Literal["gate", "approve", "merge", "observe"]]:
+    """Gate the best still-eligible candidate; go to merge (auto), approve, or observe if none passes.
+
+    Where the sealed evaluation runs as a job, wait for it and come back to read its verdict.
+    """
     storage, gatekeeper = runtime.context.storage, runtime.context.gatekeeper
     sid = state["study_id"]
     cands = list(state.get("candidates", []))
     while cands:
         study = storage.study(sid)
+        if study.status == "stopping":
+            break  # observe cancels what is running and finishes
         node_id = cands.pop(0)
         still = gate_candidates(study, storage.nodes(sid))
         if node_id not in still:
             continue
-        if gatekeeper.gate(sid, node_id):
+        outcome = gatekeeper.gate(sid, node_id)
+        if isinstance(outcome, Pending):
+            interrupt({"kind": "await_jobs", "study_id": sid, "jobs": [outcome.job_id]})
+            # A fresh step reads the verdict: each run of a node interrupts at most once.
+            return Command(update={"candidates": [node_id, *cands]}, goto="gate")
+        if outcome:
             goto: Literal["approve", "merge"] = "merge" if study.spec.gate.mode == "auto" else "approve"
             if goto == "approve":
                 gatekeeper.await_approval(sid, node_id)

@@ -44,6 +44,13 @@ class NodeRecord:
 
 
 @dataclass(frozen=True)
+class Pending:
+    """A sealed evaluation handed to a job: wait for the job, then ask again."""
+
+    job_id: int
+
+
+@dataclass(frozen=True)
 class Integration:
     node_id: int
     status: str
@@ -91,9 +98,9 @@ class Dispatcher(Protocol):
 class Gatekeeper(Protocol):
     """Runs sealed evaluations and moves the trunk; returns pass/fail only."""
 
-    def baseline(self, study_id: int) -> None: ...
+    def baseline(self, study_id: int) -> Pending | None: ...
 
-    def gate(self, study_id: int, node_id: int) -> bool: ...
+    def gate(self, study_id: int, node_id: int) -> bool | Pending: ...
 
     def await_approval(self, study_id: int, node_id: int) -> None: ...
 

@@ -162,16 +162,23 @@ def pending_trial(space: Space, a: Assignment) -> optuna.trial.FrozenTrial:
     return create_trial(state=TrialState.RUNNING, params=space.full(a), distributions=distributions(space))
 
 
-def ask(study: optuna.Study, space: Space, n: int, seen: set[tuple[str, ...]]) -> list[Assignment]:
-    """Ask for up to `n` new assignments; each stays a running trial so the next one moves away."""
+def ask(
+    study: optuna.Study, space: Space, n: int, seen: set[tuple[str, ...]], seed: int = 0
+) -> list[Assignment]:
+    """Ask for up to `n` new assignments; each stays a running trial so the next one moves away.
+
+    A sampler that keeps suggesting what was already tried (a Gaussian process sure of its optimum
+    on a noiseless objective) would end the study with budget left: the rest is drawn at random.
+    """
     dists = distributions(space)
     out: list[Assignment] = []
-    for _ in range(max(8 * n, 32)):
+    fallback = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    for i in range(2 * max(8 * n, 32)):
         if len(out) >= n:
             break
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trial = study.ask(dists)
+            trial = (study if i < max(8 * n, 32) else fallback).ask(dists)
         a = {k: space.clean(k, trial.params[k]) for k in space.keys}
         key = space.key_of(a)
         if key in seen:

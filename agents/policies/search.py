@@ -140,7 +140,9 @@ class SearchPolicy:
             for _, a, *_ in out:
                 study.add_trial(optuna_bridge.pending_trial(space, a))
             parents = self._parents(ctx, rules)
-            for a in optuna_bridge.ask(study, space, batch - len(out), seen):
+            for a in optuna_bridge.ask(
+                study, space, batch - len(out), seen, sampler_seed(ctx.seed, ctx.round_no)
+            ):
                 parent = min(
                     parents,
                     key=lambda n: (

@@ -86,7 +86,7 @@ def _status_table(study_id: int) -> Table:
         st = s.get(Study, study_id)
         assert st is not None
         nodes = list(s.exec(select(Node).where(Node.study_id == study_id)))
-        jobs = len(list(s.exec(select(Job.id).where(Job.study_id == study_id))))
+        jobs = len(list(s.exec(select(Job.id).where(Job.study_id == study_id, Job.kind == "experiment"))))
         gates = list(
             s.exec(
                 select(Event).where(

@@ -96,8 +96,8 @@ class Job(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     study_id: int = Field(index=True, foreign_key="study.id")
     node_id: int = Field(foreign_key="node.id")
-    attempt: int = 1
-    kind: str = "experiment"
+    attempt: int = 1  # 0 for the sealed jobs
+    kind: str = "experiment"  # experiment | baseline | gate
     status: str = "queued"  # queued|running|done|failed
     token: str = ""
     pid: int | None = None

@@ -21,7 +21,7 @@ from sqlmodel import col, select
 
 from agents.coordinator.configuration import CoordinatorContext
 from agents.coordinator.graph import build_graph
-from agents.coordinator.ports import Dispatcher
+from agents.coordinator.ports import Dispatcher, Gatekeeper
 from agents.policies.base import Policy
 from agents.policies.registry import make_policy
 from agents.tree.status import StudyStatus
@@ -117,7 +117,12 @@ class Driver:
     """Runs one study's graph with the given dispatcher (the local pool or Celery)."""
 
     def __init__(
-        self, settings: Settings, study_id: int, dispatcher: Dispatcher, policy: Policy | None = None
+        self,
+        settings: Settings,
+        study_id: int,
+        dispatcher: Dispatcher,
+        policy: Policy | None = None,
+        gatekeeper: Gatekeeper | None = None,
     ):
         self.settings, self.study_id = settings, study_id
         with db.session(settings.db_url) as s:
@@ -127,7 +132,7 @@ class Driver:
         self.context = CoordinatorContext(
             SqlStorage(settings.db_url),
             dispatcher,
-            LocalGatekeeper(settings),
+            gatekeeper or LocalGatekeeper(settings),
             policy or make_policy(spec, ledger=SqlLedger(settings, study_id)),
         )
         self.graph_def = build_graph()

@@ -196,6 +196,11 @@ def janitor(settings: Settings, max_age_hours: float | None = None) -> list[Path
         studies = list(s.exec(select(Study)))
         running = list(s.exec(select(Job).where(Job.status == "running")))
         live = {f"n{j.node_id}-a{j.attempt}{end}" for j in running for end in ("", "-trunk")}
+        # A running sealed job's worktrees (the baseline's, or a gate's merge and test).
+        live |= {"baseline-dev", "baseline-test"} if any(j.kind == "baseline" for j in running) else set()
+        live |= {
+            f"gate-n{j.node_id}{end}" for j in running if j.kind == "gate" for end in ("", "-merge", "-trunk")
+        }
     for st in studies:
         if not st.repo_path or not (Path(st.repo_path) / ".git").exists():
             continue  # not cloned yet (or its clone failed)

@@ -35,7 +35,7 @@ def render(s: Session, study_id: int) -> str:
     st = s.get(Study, study_id)
     assert st is not None
     nodes = list(s.exec(select(Node).where(Node.study_id == study_id).order_by(col(Node.id))))
-    jobs = list(s.exec(select(Job).where(Job.study_id == study_id)))
+    jobs = list(s.exec(select(Job).where(Job.study_id == study_id, Job.kind == "experiment")))
     receipts = list(s.exec(select(ReceiptRow).where(ReceiptRow.study_id == study_id)))
     events = list(s.exec(select(Event).where(Event.study_id == study_id)))
     spec = spec_of(st)

@@ -46,7 +46,9 @@ def node_records(s: Session, study_id: int) -> list[NodeRecord]:
     )
     last_job: dict[int, int] = {}  # node -> the job of its latest attempt
     for job_id, node_id, _ in s.exec(
-        select(Job.id, Job.node_id, Job.attempt).where(Job.study_id == study_id).order_by(col(Job.attempt))
+        select(Job.id, Job.node_id, Job.attempt)
+        .where(Job.study_id == study_id, Job.kind == "experiment")
+        .order_by(col(Job.attempt))
     ):
         last_job[node_id] = job_id or 0
     receipts: dict[int, list[tuple[int, dict[str, Any]]]] = {}
@@ -131,10 +133,13 @@ def prune_subtree(s: Session, study_id: int, node_id: int, reason: str, lesson: 
 
 
 def experiments_used(s: Session, study_id: int, repeats: int, pending_runs: int = 0) -> int:
-    """Return the experiments a study has spent: its jobs, and every `repeats` extra dev runs as one."""
+    """Return the experiments a study has spent: its experiment jobs, and every `repeats` extra dev runs as one.
+
+    The sealed baseline and gate jobs are not experiments.
+    """
     jobs, extra = s.exec(
         select(func.count(col(Job.id)), func.coalesce(func.sum(Job.extra_runs), 0)).where(
-            Job.study_id == study_id
+            Job.study_id == study_id, Job.kind == "experiment"
         )
     ).one()
     return int(jobs) + (int(extra) + pending_runs) // repeats

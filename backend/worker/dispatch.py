@@ -21,7 +21,11 @@ def job_token(job: Job) -> str:
 
 
 class CeleryDispatcher:
-    """Sends one experiment task per job, on `cpu` or `gpu`, with the spec's time limits."""
+    """Sends one task per job, on `cpu` or `gpu`, with the spec's time limits.
+
+    Experiments go to `<queue>.experiment`; the sealed baseline and gate jobs to `<queue>.sealed`,
+    so a GPU study's held-out test runs on a GPU worker.
+    """
 
     def __init__(self, settings: Settings, app: Celery) -> None:
         self.settings, self.app = settings, app
@@ -38,10 +42,14 @@ class CeleryDispatcher:
             job.token = job_token(job)
             s.add(job)
             token = job.token
+            kind = job.kind
         queue = "gpu" if spec.resources.gpu else "cpu"
-        hard = int(spec.evaluate.timeout * spec.evaluate.repeats + 300)
+        if kind == "experiment":
+            hard = int(spec.evaluate.timeout * spec.evaluate.repeats + 300)
+        else:  # dev and held-out runs, and up to three times the test seeds when it looks again
+            hard = int(spec.evaluate.timeout * (spec.evaluate.repeats + 3 * spec.gate.test_repeats) + 300)
         self.app.send_task(
-            f"{queue}.experiment",
+            f"{queue}.{'experiment' if kind == 'experiment' else 'sealed'}",
             args=[job_id, token],
             task_id=token,
             time_limit=min(hard, self.settings.visibility_timeout - 60),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import traceback
+from collections.abc import Callable
 
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
@@ -16,11 +17,11 @@ from sqlmodel import col, select
 from agents.spec import SpecError
 from agents.tree.status import StudyStatus
 from backend.core import db, fanout
-from backend.core.config import get_settings
+from backend.core.config import Settings, get_settings
 from backend.core.gitops import GitError
 from backend.core.locks import Busy, client, coalesced, lease
 from backend.core.models import Job, Study, now
-from backend.engine import experiment, learning
+from backend.engine import experiment, learning, sealed
 from backend.engine.driver import Driver
 from backend.services import lifecycle
 from backend.services.spec_errors import repository_error
@@ -89,7 +90,12 @@ def advance(self: Task, study_id: int) -> str:
 
     def step() -> bool:
         nonlocal finished
-        finished = Driver(settings, study_id, CeleryDispatcher(settings, app)).advance().finished
+        dispatcher = CeleryDispatcher(settings, app)
+        # The coordinator only decides: the sealed evaluations run as jobs on the study's queue.
+        driver = Driver(
+            settings, study_id, dispatcher, gatekeeper=sealed.SealedJobs(settings, dispatcher.submit)
+        )
+        finished = driver.advance().finished
         return finished
 
     # Advances that find the study busy are coalesced into one more step of the holder.
@@ -102,7 +108,8 @@ def advance(self: Task, study_id: int) -> str:
     return "finished" if finished else "waiting"
 
 
-def _experiment(job_id: int, token: str) -> str:
+def _job(job_id: int, token: str, run: Callable[[Settings, int, str], str]) -> str:
+    """Run a job under its lease, then wake the coordinator (a duplicate delivery finds it held)."""
     settings = get_settings()
     with db.session(settings.db_url) as s:
         job = s.get(Job, job_id)
@@ -111,28 +118,45 @@ def _experiment(job_id: int, token: str) -> str:
         return "unknown job"
     try:
         with lease(settings.redis_url, f"grove:job:{job_id}", settings.lease_seconds):
-            status = experiment.run_experiment(settings, job_id, token)
+            status = run(settings, job_id, token)
     except Busy:
         return "running elsewhere"
+    enqueue_advance(app, study_id)
+    return status
+
+
+def _experiment(settings: Settings, job_id: int, token: str) -> str:
+    try:
+        return str(experiment.run_experiment(settings, job_id, token))
     except experiment.Superseded:
-        status = "superseded"
+        return "superseded"
     except SoftTimeLimitExceeded:
         experiment.record_crash(settings, job_id, token, "the experiment ran past its time limit")
-        status = "failed"
-    enqueue_advance(app, study_id)
-    return str(status)
+        return "failed"
 
 
 @app.task(name="cpu.experiment")
 def experiment_cpu(job_id: int, token: str) -> str:
     """Run one node attempt on the cpu queue."""
-    return _experiment(job_id, token)
+    return _job(job_id, token, _experiment)
 
 
 @app.task(name="gpu.experiment")
 def experiment_gpu(job_id: int, token: str) -> str:
     """Run one node attempt on the gpu queue."""
-    return _experiment(job_id, token)
+    return _job(job_id, token, _experiment)
+
+
+@app.task(name="cpu.sealed")
+def sealed_cpu(job_id: int, token: str) -> str:
+    """Run a study's baseline or gate evaluation on the cpu queue."""
+    return _job(job_id, token, sealed.run)
+
+
+@app.task(name="gpu.sealed")
+def sealed_gpu(job_id: int, token: str) -> str:
+    """Run a GPU study's baseline or gate evaluation on the gpu queue."""
+    return _job(job_id, token, sealed.run)
 
 
 @app.task(name="gpu.learn")

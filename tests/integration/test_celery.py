@@ -9,9 +9,10 @@ from sqlmodel import col, select
 
 from backend.core import db
 from backend.core.models import Job, Node, Study
+from backend.services import lifecycle
 from backend.services.studies import create_study
 from backend.worker.celery_app import make_app
-from tests.conftest import Service, make_repo, tiny_files, wait_for
+from tests.conftest import Service, make_repo, sqlite_service, tiny_files, wait_for
 
 
 def study_status(svc: Service, study_id: int) -> str:
@@ -38,8 +39,85 @@ def test_study_runs_to_the_end_on_workers_with_parallel_executors(service: Servi
             )
         )
     assert st is not None and st.stop_reason.startswith("experiment budget spent")
+    sealed = [j for j in jobs if j.kind != "experiment"]
+    jobs = [j for j in jobs if j.kind == "experiment"]
     assert len(jobs) == 4 and all(j.status == "done" and j.token == f"job-{j.id}-a1" for j in jobs)
+    # The baseline and every gate ran as jobs on the cpu queue, not inside the coordinator.
+    assert [j.kind for j in sealed if j.kind == "baseline"] == ["baseline"]
+    gated = [j.node_id for j in sealed if j.kind == "gate"]
+    assert merged and {n.id for n in merged} <= set(gated)
+    assert all(j.status == "done" and j.token == f"job-{j.id}-a0" for j in sealed)
+    cpu_log = (service.logs / "cpu.log").read_text()
+    coord_log = (service.logs / "coord.log").read_text()
+    assert all(f"cpu.sealed[job-{j.id}-a0]" in cpu_log for j in sealed)
+    assert "sealed[" not in coord_log
     assert merged and st.trunk_commit == merged[-1].gate_commit
     spans = sorted((j.started_at, j.finished_at) for j in jobs if j.started_at and j.finished_at)
     overlaps = any(a[1] > b[0] for a, b in itertools.pairwise(spans))
     assert overlaps, "two executors never ran at once"
+
+
+def run_until(svc: Service, repo: Path, status: str) -> int:
+    """Create the repository's study, start it on the workers, and return its id once it is `status`."""
+    with db.session(svc.settings.db_url) as s:
+        study = create_study(s, svc.settings, (repo / "grove.toml").read_text(), str(repo))
+    make_app(svc.settings).send_task("coordinator.advance", args=[study.id])
+    wait_for(lambda: study_status(svc, study.id or 0) == status, timeout=180)
+    return study.id or 0
+
+
+def test_a_gpu_studys_sealed_runs_go_to_the_gpu_queue(redis_url: str, tmp_path: Path) -> None:
+    svc = sqlite_service(tmp_path / "svc", redis_url, db_number=15)
+    # No cpu worker at all: everything this study runs must reach the gpu worker (a CPU machine here).
+    svc.start_worker("gpu-coord", "coordinator", 1)
+    svc.start_worker("gpu", "gpu", 1)
+    try:
+        files = tiny_files(name="gpu-sealed", experiments=2)
+        files["grove.toml"] += "\n[resources]\ngpu = true\n"
+        sid = run_until(svc, make_repo(tmp_path / "r", files), "finished")
+        with db.session(svc.settings.db_url) as s:
+            sealed = list(s.exec(select(Job).where(Job.study_id == sid, Job.kind != "experiment")))
+        assert {j.kind for j in sealed} == {"baseline", "gate"} and all(j.status == "done" for j in sealed)
+        log = (svc.logs / "gpu.log").read_text()
+        assert all(f"gpu.sealed[job-{j.id}-a0]" in log for j in sealed)
+    finally:
+        svc.stop()
+
+
+def test_a_baseline_that_fails_in_its_job_fails_the_study_with_the_reason(
+    service: Service, tmp_path: Path
+) -> None:
+    files = tiny_files(name="celery-bad-baseline", experiments=2)
+    files["eval.py"] = "import sys\nprint('cannot load the data', file=sys.stderr)\nsys.exit(3)\n"
+    sid = run_until(service, make_repo(tmp_path / "r", files), "failed")
+    with db.session(service.settings.db_url) as s:
+        st = s.get(Study, sid)
+        jobs = list(s.exec(select(Job).where(Job.study_id == sid)))
+    assert st is not None and "fails on the unchanged repository" in st.stop_reason
+    assert "cannot load the data" in st.stop_reason
+    assert [(j.kind, j.status) for j in jobs] == [("baseline", "failed")]
+
+
+def test_a_study_stopped_while_its_baseline_job_runs_finishes(service: Service, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r", tiny_files(name="celery-stop-baseline", experiments=2, sleep=3.0))
+    with db.session(service.settings.db_url) as s:
+        study = create_study(s, service.settings, (repo / "grove.toml").read_text(), str(repo))
+    sid = study.id or 0
+    app = make_app(service.settings)
+    app.send_task("coordinator.advance", args=[sid])
+
+    def baseline_running() -> bool:
+        with db.session(service.settings.db_url) as s:
+            job = s.exec(select(Job).where(Job.study_id == sid, Job.kind == "baseline")).first()
+            return job is not None and job.status == "running"
+
+    wait_for(baseline_running, timeout=60)
+    with db.session(service.settings.db_url) as s:
+        lifecycle.stop(s, sid, by="test")
+    app.send_task("coordinator.advance", args=[sid])
+    wait_for(lambda: study_status(service, sid) == "finished", timeout=120)
+    with db.session(service.settings.db_url) as s:
+        st = s.get(Study, sid)
+        kinds = [j.kind for j in s.exec(select(Job).where(Job.study_id == sid))]
+    assert st is not None and st.stop_reason == "stopped by user"
+    assert kinds == ["baseline"]  # nothing was dispatched after the stop

@@ -124,14 +124,18 @@ def test_coordinator_killed_between_steps_continues_after_restart(
     svc, _ = faulty
     sid = start_study(svc, tmp_path, "kill-coord", experiments=4, sleep=2.0)
     # Kill it once a dispatched job is on a worker: that job must finish without a coordinator.
-    wait_for(lambda: rows(svc.settings, Job, Job.study_id == sid, Job.status == "running"), timeout=120)
+    experiment = Job.kind == "experiment"
+    wait_for(
+        lambda: rows(svc.settings, Job, Job.study_id == sid, experiment, Job.status == "running"), timeout=120
+    )
     svc.stop_worker("coord", sig=9)
     wait_for(
-        lambda: len(rows(svc.settings, Job, Job.study_id == sid, Job.status == "done")) >= 1, timeout=120
+        lambda: len(rows(svc.settings, Job, Job.study_id == sid, experiment, Job.status == "done")) >= 1,
+        timeout=120,
     )
     svc.start_worker("coord", "coordinator", 2, beat=True)
     wait_for(lambda: finished(svc.settings, sid), timeout=240)
-    assert len(rows(svc.settings, Job, Job.study_id == sid)) == 4
+    assert len(rows(svc.settings, Job, Job.study_id == sid, Job.kind == "experiment")) == 4
     assert_clean_end(svc.settings, sid)
 
 
@@ -142,5 +146,5 @@ def test_redis_restart_mid_study_loses_nothing(faulty: tuple[Service, RedisServe
     server.stop()
     server.start()  # empty: every queued message and lease is gone
     wait_for(lambda: finished(svc.settings, sid), timeout=300)
-    assert len(rows(svc.settings, Job, Job.study_id == sid)) == 4
+    assert len(rows(svc.settings, Job, Job.study_id == sid, Job.kind == "experiment")) == 4
     assert_clean_end(svc.settings, sid)

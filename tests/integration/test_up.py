@@ -7,6 +7,7 @@ import re
 import signal
 import socket
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -44,6 +45,19 @@ def worker_group(marker: str, node: str) -> int | None:
     return None
 
 
+def run_to_the_end(api: str, headers: dict[str, str], repo: Path) -> dict[str, Any]:
+    """Submit the repository's study over the API and return it once it has finished."""
+    resp = httpx.post(
+        f"{api}/studies",
+        json={"spec": (repo / "grove.toml").read_text(), "repository": str(repo)},
+        headers=headers,
+    )
+    assert resp.status_code == 201, resp.text
+    url = f"{api}/studies/{resp.json()['id']}"
+    wait_for(lambda: httpx.get(url, headers=headers).json()["status"] == "finished", timeout=180)
+    return dict(httpx.get(url, headers=headers).json())
+
+
 def test_grove_up_serves_a_study_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     port, board = free_port(), free_port()
     proc, out = spawn_up(tmp_path, port, board)
@@ -56,20 +70,11 @@ def test_grove_up_serves_a_study_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         assert f"dashboard http://127.0.0.1:{board}" in text
         assert (tmp_path / "data" / "up.json").stat().st_mode & 0o077 == 0  # it holds a token
         assert httpx.get(f"http://127.0.0.1:{board}/_stcore/health").text == "ok"
-        repo = make_repo(tmp_path / "r", tiny_files(name="up-study", experiments=3))
         headers = {"Authorization": f"Bearer {token}"}
-        resp = httpx.post(
-            f"{api}/studies",
-            json={"spec": (repo / "grove.toml").read_text(), "repository": str(repo)},
-            headers=headers,
+        study = run_to_the_end(
+            api, headers, make_repo(tmp_path / "r", tiny_files(name="up-study", experiments=3))
         )
-        assert resp.status_code == 201, resp.text
-        sid = resp.json()["id"]
-        wait_for(
-            lambda: httpx.get(f"{api}/studies/{sid}", headers=headers).json()["status"] == "finished",
-            timeout=180,
-        )
-        assert httpx.get(f"{api}/studies/{sid}", headers=headers).json()["trunk_heldout"] > 700
+        assert study["trunk_heldout"] > 700
 
         # A crashed part is restarted, and says so; the stack keeps serving.
         marker = str(tmp_path / "data")
@@ -79,17 +84,8 @@ def test_grove_up_serves_a_study_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         wait_for(lambda: "worker-cpu exited with code" in out.read_text(), timeout=30)
         assert "restarted it" in out.read_text() and proc.poll() is None
         wait_for(lambda: worker_group(marker, "cpu") not in (None, dead), timeout=30)
-        again = make_repo(tmp_path / "r2", tiny_files(name="after-crash", experiments=2))
-        resp = httpx.post(
-            f"{api}/studies",
-            json={"spec": (again / "grove.toml").read_text(), "repository": str(again)},
-            headers=headers,
-        )
-        assert resp.status_code == 201, resp.text
-        sid = resp.json()["id"]
-        wait_for(
-            lambda: httpx.get(f"{api}/studies/{sid}", headers=headers).json()["status"] == "finished",
-            timeout=180,
+        run_to_the_end(
+            api, headers, make_repo(tmp_path / "r2", tiny_files(name="after-crash", experiments=2))
         )
     finally:
         proc.send_signal(signal.SIGINT)

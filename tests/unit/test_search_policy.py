@@ -190,6 +190,16 @@ def test_trials_carry_constraints_from_dev_metrics_failures_and_pending_nodes() 
     assert trials[2].value == 0.7
 
 
+def test_a_sampler_that_repeats_itself_still_fills_the_batch() -> None:
+    space = Space({"config.toml:x": {"low": 0.0, "high": 6.0}}, {"config.toml:x": 1.0})
+    # A sampler sure of one point (what a Gaussian process does on a noiseless objective).
+    stuck = optuna.create_study(sampler=optuna.samplers.GridSampler({"config.toml:x": [3.0]}))
+    seen = {space.key_of({"config.toml:x": 3.0})}
+    got = optuna_bridge.ask(stuck, space, 3, seen, seed=5)
+    assert len(got) == 3 and len({space.key_of(a) for a in got}) == 3
+    assert all(0.0 <= a["config.toml:x"] <= 6.0 and a["config.toml:x"] != 3.0 for a in got)
+
+
 def test_samplers_by_name() -> None:
     names = {n: optuna_bridge.make_sampler(n, 0).__class__.__name__ for n in ("tpe", "gp", "random")}  # type: ignore[arg-type]
     assert names == {"tpe": "TPESampler", "gp": "GPSampler", "random": "RandomSampler"}

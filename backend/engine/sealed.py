@@ -1,0 +1,137 @@
+"""Sealed evaluations as jobs: the baseline and the held-out gate, run by a worker, not the coordinator.
+
+The coordinator (`SealedJobs`, its `Gatekeeper` under Celery) creates a `baseline` or `gate` job
+and waits; a `cpu` or `gpu` worker (the study's queue) runs it here with the same code the
+single-process runner calls directly (`LocalGatekeeper`), then wakes the coordinator, which reads
+the verdict from the node. Jobs of these kinds use attempt 0 and never count as experiments.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+
+from sqlmodel import select
+
+from agents.coordinator.ports import Pending
+from backend.core import db
+from backend.core.config import Settings
+from backend.core.models import Job, Node, Study, now
+from backend.engine.gatekeeper import BaselineError, LocalGatekeeper
+from backend.services import lifecycle
+from backend.services.records import add_event, transition
+
+SEALED = ("baseline", "gate")
+
+
+def run(settings: Settings, job_id: int, token: str) -> str:
+    """Run a sealed job whose token is current; return its final status."""
+    with db.session(settings.db_url) as s:
+        job = s.get(Job, job_id)
+        if (
+            job is None
+            or job.kind not in SEALED
+            or job.token != token
+            or job.status not in ("queued", "running")
+        ):
+            return "superseded"
+        job.status, job.started_at = "running", now()
+        s.add(job)
+        study_id, node_id, kind = job.study_id, job.node_id, job.kind
+    gatekeeper = LocalGatekeeper(settings)
+    outcome: dict[str, object] = {}
+    try:
+        if kind == "baseline":
+            gatekeeper.baseline(study_id)
+        else:
+            outcome["passed"] = gatekeeper.gate(study_id, node_id)
+        status = "done"
+    except BaselineError as exc:
+        status, outcome["reason"] = "failed", str(exc)
+    except Exception as exc:  # recorded with its reason: the coordinator must not wait forever
+        traceback.print_exc()
+        status, outcome["reason"] = "failed", f"{type(exc).__name__}: {exc}"[:2000]
+        if kind == "gate":
+            _gate_crashed(settings, node_id, str(outcome["reason"]))
+    with db.session(settings.db_url) as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        job.status, job.finished_at, job.outcome = status, now(), outcome
+        s.add(job)
+    return status
+
+
+def _gate_crashed(settings: Settings, node_id: int, reason: str) -> None:
+    with db.session(settings.db_url) as s:
+        node = s.get(Node, node_id)
+        if node is None or node.gated:
+            return
+        node.gated, node.gate_reason = True, f"failed: the gate job crashed: {reason}"[:2000]
+        s.add(node)
+        add_event(s, node.study_id, "node.gate_failed", node_id, passed=False)
+        transition(s, node, "rejected", reason="held-out gate failed")
+
+
+class SealedJobs:
+    """A gatekeeper that hands the baseline and each gate to a job on the study's worker queue."""
+
+    def __init__(self, settings: Settings, submit: Callable[[int], None]) -> None:
+        self.settings, self.submit = settings, submit
+        self.local = LocalGatekeeper(settings)  # trunk moves, approvals and the report stay here
+
+    def _job(self, study_id: int, node_id: int, kind: str) -> Job:
+        """Return the node's job of this kind, created once (attempt 0)."""
+        with db.session(self.settings.db_url) as s:
+            job = s.exec(select(Job).where(Job.node_id == node_id, Job.kind == kind)).first()
+            if job is None:
+                job = Job(study_id=study_id, node_id=node_id, attempt=0, kind=kind)
+                s.add(job)
+                s.flush()
+                add_event(s, study_id, f"{kind}.queued", node_id, job_id=job.id)
+            return job
+
+    def baseline(self, study_id: int) -> Pending | None:
+        """Measure the baseline in a job; None once it is measured."""
+        with db.session(self.settings.db_url) as s:
+            st = s.get(Study, study_id)
+            assert st is not None
+        if st.baseline_dev and st.baseline_heldout:
+            return None
+        with db.session(self.settings.db_url) as s:
+            lifecycle.start(s, study_id)
+        job = self._job(study_id, st.trunk_node_id or 0, "baseline")
+        if job.status in ("done", "failed"):
+            raise BaselineError(str(job.outcome.get("reason") or "the baseline job ended without a baseline"))
+        self.submit(job.id or 0)
+        return Pending(job.id or 0)
+
+    def gate(self, study_id: int, node_id: int) -> bool | Pending:
+        """Gate the node in a job; its verdict once the job has recorded one."""
+        with db.session(self.settings.db_url) as s:
+            node = s.get(Node, node_id)
+            assert node is not None
+            gated = node.gated
+        if gated:
+            return self.local.gate(study_id, node_id)  # reads the recorded verdict, runs nothing
+        job = self._job(study_id, node_id, "gate")
+        if job.status in ("done", "failed"):
+            _gate_crashed(self.settings, node_id, str(job.outcome.get("reason") or "no verdict recorded"))
+            return False
+        self.submit(job.id or 0)
+        return Pending(job.id or 0)
+
+    def await_approval(self, study_id: int, node_id: int) -> None:
+        """Open the approval of a gate-passed node."""
+        self.local.await_approval(study_id, node_id)
+
+    def merge(self, study_id: int, node_id: int, by: str) -> None:
+        """Move trunk to the node's tested merge commit."""
+        self.local.merge(study_id, node_id, by)
+
+    def reject(self, study_id: int, node_id: int, reason: str, by: str) -> None:
+        """Record a human rejection."""
+        self.local.reject(study_id, node_id, reason, by)
+
+    def finalize(self, study_id: int, reason: str) -> None:
+        """Close the study and write its report."""
+        self.local.finalize(study_id, reason)
