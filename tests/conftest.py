@@ -210,10 +210,12 @@ class Service:
     def __init__(self, settings: Settings, env: dict[str, str]) -> None:
         self.settings, self.env = settings, env
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.args: dict[str, tuple[str, int, bool]] = {}
         self.logs = settings.data_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
 
     def start_worker(self, name: str, queues: str, concurrency: int, beat: bool = False) -> None:
+        self.args[name] = (queues, concurrency, beat)
         cmd = [sys.executable, "-m", "celery", "-A", "backend.worker.celery_app", "worker", "-Q", queues,
                "-c", str(concurrency), "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
                "--loglevel", "INFO", "--pool", "prefork"]  # fmt: skip
@@ -234,6 +236,14 @@ class Service:
         else:
             proc.send_signal(sig)
         proc.wait(timeout=60)
+
+    def revive(self) -> list[str]:
+        """Restart workers that exited by themselves, as a deployment's supervisor would; return them."""
+        dead = [name for name, proc in self.procs.items() if proc.poll() is not None]
+        for name in dead:
+            self.procs.pop(name)
+            self.start_worker(name, *self.args[name])
+        return dead
 
     def stop(self) -> None:
         for name in list(self.procs):

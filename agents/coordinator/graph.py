@@ -457,7 +457,8 @@ def gate_candidates(study: StudyView, records: list[NodeRecord]) -> list[int]:
             dev_gain_lcb=ev.gain_lcb,
             constraints_hold=all(c.get("verdict") == "satisfied" for c in ev.constraints),
             on_current_trunk=r.base_commit == study.trunk_commit,
-            queries_used=max(study.test_queries - 1, 0),  # the baseline measurement is not a gate query
+            # The baseline is not a gate query, nor is a passed gate's own query still to be acted on.
+            queries_used=max(study.test_queries - 1 - int(r.passed_unread), 0),
             max_queries=study.spec.gate.max_test_runs,
         )
         if e.ok and ev.gain_lcb is not None:

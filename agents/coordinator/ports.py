@@ -41,6 +41,9 @@ class NodeRecord:
     completed_order: int
     verification: dict[str, Any] = field(default_factory=dict)
     gated: bool = False
+    passed_unread: bool = (
+        False  # the gate passed it (its query counted) and the coordinator has not acted yet
+    )
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,9 @@ def study_public(s: Session, st: Study) -> schemas.StudyPublic:
     """Return a study with its counters."""
     spec = spec_of(st)
     nodes = s.exec(select(func.count()).select_from(Node).where(Node.study_id == st.id)).one()
-    jobs = s.exec(select(func.count()).select_from(Job).where(Job.study_id == st.id)).one()
+    jobs = s.exec(
+        select(func.count()).select_from(Job).where(Job.study_id == st.id, Job.kind == "experiment")
+    ).one()
     pending = s.exec(
         select(func.count())
         .select_from(Approval)

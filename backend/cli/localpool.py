@@ -12,7 +12,7 @@ from sqlmodel import col, select
 
 from backend.core import db
 from backend.core.config import Settings
-from backend.core.models import Job
+from backend.core.models import Job, now
 from backend.engine import experiment
 
 
@@ -53,13 +53,19 @@ class LocalPool:
     def reconcile(self, study_id: int) -> list[int]:
         """Restart jobs left queued or running by a process that is gone."""
         with db.session(self.settings.db_url) as s:
-            stale = [
-                j.id
+            left = [
+                j
                 for j in s.exec(
                     select(Job).where(Job.study_id == study_id, col(Job.status).in_(["queued", "running"]))
                 )
                 if j.id is not None and j.id not in self.procs
             ]
+            for j in left:
+                if j.kind != "experiment":  # a sealed job of the service: this process gates inline
+                    j.status, j.finished_at = "failed", now()
+                    j.outcome = {"reason": "resumed in one process, which runs sealed evaluations inline"}
+                    s.add(j)
+            stale = [j.id for j in left if j.kind == "experiment" and j.id is not None]
         for job_id in stale:
             self.submit(job_id)
         return stale

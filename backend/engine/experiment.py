@@ -44,7 +44,12 @@ class Superseded(RuntimeError):
 def _claim(settings: Settings, job_id: int, token: str) -> tuple[Job, Node, Study]:
     with db.session(settings.db_url) as s:
         job = s.get(Job, job_id)
-        if job is None or job.token != token or job.status not in ("queued", "running"):
+        if (
+            job is None
+            or job.kind != "experiment"
+            or job.token != token
+            or job.status not in ("queued", "running")
+        ):
             raise Superseded(f"job {job_id} is not ours to run")
         node = s.get(Node, job.node_id)
         study = s.get(Study, job.study_id)

@@ -22,6 +22,7 @@ from backend.services import lifecycle
 from backend.services.records import add_event, transition
 
 SEALED = ("baseline", "gate")
+MAX_TRIES = 3  # a sealed job whose worker dies this often (killed, out of memory) fails
 
 
 def run(settings: Settings, job_id: int, token: str) -> str:
@@ -35,11 +36,17 @@ def run(settings: Settings, job_id: int, token: str) -> str:
             or job.status not in ("queued", "running")
         ):
             return "superseded"
-        job.status, job.started_at = "running", now()
+        tries = int(job.outcome.get("tries", 0)) + 1
+        job.status, job.started_at, job.outcome = "running", now(), {**job.outcome, "tries": tries}
         s.add(job)
         study_id, node_id, kind = job.study_id, job.node_id, job.kind
     gatekeeper = LocalGatekeeper(settings)
-    outcome: dict[str, object] = {}
+    outcome: dict[str, object] = {"tries": tries}
+    if tries > MAX_TRIES:
+        reason = f"its worker died {MAX_TRIES} times (time limit, memory?)"
+        if kind == "gate":
+            _gate_crashed(settings, node_id, reason)
+        return _finish(settings, job_id, token, "failed", {**outcome, "reason": reason})
     try:
         if kind == "baseline":
             gatekeeper.baseline(study_id)
@@ -53,9 +60,15 @@ def run(settings: Settings, job_id: int, token: str) -> str:
         status, outcome["reason"] = "failed", f"{type(exc).__name__}: {exc}"[:2000]
         if kind == "gate":
             _gate_crashed(settings, node_id, str(outcome["reason"]))
+    return _finish(settings, job_id, token, status, outcome)
+
+
+def _finish(settings: Settings, job_id: int, token: str, status: str, outcome: dict[str, object]) -> str:
+    """Record the job's end unless someone else ended it meanwhile (a stopped study cancels it)."""
     with db.session(settings.db_url) as s:
         job = s.get(Job, job_id)
-        assert job is not None
+        if job is None or job.token != token or job.status != "running":
+            return "superseded"
         job.status, job.finished_at, job.outcome = status, now(), outcome
         s.add(job)
     return status

@@ -113,6 +113,9 @@ def _record(
         # A node that passed the gate but was not yet moved on is still a candidate (replay).
         gated=node.gated
         and not (node.status == NodeStatus.EVALUATED and node.gate_reason.startswith("passed")),
+        passed_unread=node.gated
+        and node.status == NodeStatus.EVALUATED
+        and node.gate_reason.startswith("passed"),
     )
 
 

@@ -46,8 +46,8 @@ class CeleryDispatcher:
         queue = "gpu" if spec.resources.gpu else "cpu"
         if kind == "experiment":
             hard = int(spec.evaluate.timeout * spec.evaluate.repeats + 300)
-        else:  # dev and held-out runs, and up to three times the test seeds when it looks again
-            hard = int(spec.evaluate.timeout * (spec.evaluate.repeats + 3 * spec.gate.test_repeats) + 300)
+        else:  # baseline: dev and test runs; gate: up to 3x the test seeds on the merge and 2x more on trunk
+            hard = int(spec.evaluate.timeout * (spec.evaluate.repeats + 5 * spec.gate.test_repeats) + 300)
         self.app.send_task(
             f"{queue}.{'experiment' if kind == 'experiment' else 'sealed'}",
             args=[job_id, token],

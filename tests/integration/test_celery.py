@@ -121,3 +121,15 @@ def test_a_study_stopped_while_its_baseline_job_runs_finishes(service: Service, 
         kinds = [j.kind for j in s.exec(select(Job).where(Job.study_id == sid))]
     assert st is not None and st.stop_reason == "stopped by user"
     assert kinds == ["baseline"]  # nothing was dispatched after the stop
+
+
+def test_a_gate_job_that_uses_the_last_sealed_query_still_merges(service: Service, tmp_path: Path) -> None:
+    # One gate query allowed: the job spends it, and the coordinator must still act on the pass.
+    files = tiny_files(name="celery-last-query", experiments=4, max_test_runs=1)
+    sid = run_until(service, make_repo(tmp_path / "r", files), "finished")
+    with db.session(service.settings.db_url) as s:
+        st = s.get(Study, sid)
+        gated = list(s.exec(select(Node).where(Node.study_id == sid, Node.gated == True)))  # noqa: E712
+    assert st is not None and st.test_queries == 2  # the baseline and the one gate
+    assert len(gated) == 1 and gated[0].gate_reason.startswith("passed")
+    assert gated[0].status == "merged" and st.trunk_commit == gated[0].gate_commit
