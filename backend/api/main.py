@@ -11,6 +11,7 @@ from fastapi_offline import FastAPIOffline
 
 from agents.spec import SpecError
 from agents.tree.status import IllegalStudyTransition
+from backend.api.docs_policy import OfflineDocs
 from backend.api.limits import BodyLimit
 from backend.api.routes import approvals, events, health, learning, studies, tree
 from backend.core import fanout
@@ -37,6 +38,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.sse_open = {}
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(OfflineDocs)
     app.state.celery = make_app(settings)
     fanout.enable(settings.redis_url)
     api = APIRouter(prefix=API_PREFIX)

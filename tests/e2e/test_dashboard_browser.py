@@ -199,6 +199,7 @@ def test_api_docs_render_with_no_network_outside(stack: dict[str, str], browser:
         expect(page.get_by_text("/api/v1/studies", exact=True).first).to_be_visible()
         page.goto(f"{root}/redoc")
         expect(page.get_by_role("heading", name=re.compile(r"^Grove"))).to_be_visible()
+        expect(page.get_by_text("API docs by Redocly")).to_be_visible()  # the footer whose logo is remote
         assert outside == []
     finally:
         page.close()
