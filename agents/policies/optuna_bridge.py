@@ -170,19 +170,26 @@ def ask(
     A sampler that keeps suggesting what was already tried (a Gaussian process sure of its optimum
     on a noiseless objective) would end the study with budget left: the rest is drawn at random.
     """
-    dists = distributions(space)
     out: list[Assignment] = []
-    fallback = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-    for i in range(2 * max(8 * n, 32)):
+    _take(study, space, n, seen, out)
+    if len(out) < n:
+        _take(optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed)), space, n, seen, out)
+    return out
+
+
+def _take(
+    study: optuna.Study, space: Space, n: int, seen: set[tuple[str, ...]], out: list[Assignment]
+) -> None:
+    """Append new assignments from `study` to `out` until it holds `n` (or the tries run out)."""
+    dists = distributions(space)
+    for _ in range(max(8 * n, 32)):
         if len(out) >= n:
-            break
+            return
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trial = (study if i < max(8 * n, 32) else fallback).ask(dists)
+            trial = study.ask(dists)
         a = {k: space.clean(k, trial.params[k]) for k in space.keys}
         key = space.key_of(a)
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(a)
-    return out
+        if key not in seen:
+            seen.add(key)
+            out.append(a)

@@ -9,6 +9,7 @@ from sqlmodel import Session, col, func, select
 from backend.api import schemas
 from backend.core.models import Approval, Event, Job, LlmCall, Node, Study
 from backend.services.records import spec_of
+from backend.services.storage import experiments_used
 
 
 def _mean(values: list[float]) -> float | None:
@@ -19,9 +20,7 @@ def study_public(s: Session, st: Study) -> schemas.StudyPublic:
     """Return a study with its counters."""
     spec = spec_of(st)
     nodes = s.exec(select(func.count()).select_from(Node).where(Node.study_id == st.id)).one()
-    jobs = s.exec(
-        select(func.count()).select_from(Job).where(Job.study_id == st.id, Job.kind == "experiment")
-    ).one()
+    jobs = experiments_used(s, st.id or 0, spec.evaluate.repeats)  # what the budget is charged
     pending = s.exec(
         select(func.count())
         .select_from(Approval)

@@ -6,7 +6,7 @@ pass/fail.
 
 from __future__ import annotations
 
-from sqlmodel import select
+from sqlmodel import Session, select
 
 from agents.tree.gate import heldout_decision
 from agents.tree.sequential import Plan, Step
@@ -22,6 +22,24 @@ from backend.services.records import add_event, spec_of, transition
 
 class BaselineError(RuntimeError):
     """The unchanged repository does not evaluate cleanly, so no gain can be measured."""
+
+
+def record_verdict(
+    s: Session,
+    node: Node,
+    passed: bool,
+    reason: str,
+    commit: str = "",
+    values: list[float] | None = None,
+    gain: float | None = None,
+) -> None:
+    """Store a node's gate verdict with its event; a failed gate rejects the node."""
+    node.gated, node.gate_reason, node.gate_commit = True, reason, commit
+    node.heldout_values, node.heldout_gain = values or [], gain
+    s.add(node)
+    add_event(s, node.study_id, "node.gate_passed" if passed else "node.gate_failed", node.id, passed=passed)
+    if not passed:
+        transition(s, node, NodeStatus.REJECTED, reason="held-out gate failed")
 
 
 class LocalGatekeeper:
@@ -169,14 +187,7 @@ class LocalGatekeeper:
         with db.session(self.settings.db_url) as s:
             node = s.get(Node, node_id)
             assert node is not None
-            node.gated, node.gate_reason, node.gate_commit = True, reason, merged if passed else ""
-            node.heldout_values, node.heldout_gain = values or [], gain
-            s.add(node)
-            add_event(
-                s, study_id, "node.gate_passed" if passed else "node.gate_failed", node_id, passed=passed
-            )
-            if not passed:
-                transition(s, node, NodeStatus.REJECTED, reason="held-out gate failed")
+            record_verdict(s, node, passed, reason, merged if passed else "", values or [], gain)
         return passed
 
     def _look_again(  # type: ignore[no-untyped-def]

@@ -17,9 +17,9 @@ from agents.coordinator.ports import Pending
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Job, Node, Study, now
-from backend.engine.gatekeeper import BaselineError, LocalGatekeeper
+from backend.engine.gatekeeper import BaselineError, LocalGatekeeper, record_verdict
 from backend.services import lifecycle
-from backend.services.records import add_event, transition
+from backend.services.records import add_event
 
 SEALED = ("baseline", "gate")
 MAX_TRIES = 3  # a sealed job whose worker dies this often (killed, out of memory) fails
@@ -77,12 +77,8 @@ def _finish(settings: Settings, job_id: int, token: str, status: str, outcome: d
 def _gate_crashed(settings: Settings, node_id: int, reason: str) -> None:
     with db.session(settings.db_url) as s:
         node = s.get(Node, node_id)
-        if node is None or node.gated:
-            return
-        node.gated, node.gate_reason = True, f"failed: the gate job crashed: {reason}"[:2000]
-        s.add(node)
-        add_event(s, node.study_id, "node.gate_failed", node_id, passed=False)
-        transition(s, node, "rejected", reason="held-out gate failed")
+        if node is not None and not node.gated:
+            record_verdict(s, node, False, f"failed: the gate job crashed: {reason}"[:2000])
 
 
 class SealedJobs:

@@ -78,6 +78,10 @@ def _record(
 ) -> NodeRecord:
     assert node.id is not None
     mine = receipts.get(node.id, []) if node.dev_values else []
+    # A node that passed the gate but was not yet moved on is still a candidate (replay).
+    passed_unread = (
+        node.gated and node.status == NodeStatus.EVALUATED and node.gate_reason.startswith("passed")
+    )
     job = last_job.get(node.id)
     evidence = NodeEvidence(
         id=node.id,
@@ -110,12 +114,8 @@ def _record(
         attempts=node.attempts,
         completed_order=node.completed_order,
         verification=dict(node.verification),
-        # A node that passed the gate but was not yet moved on is still a candidate (replay).
-        gated=node.gated
-        and not (node.status == NodeStatus.EVALUATED and node.gate_reason.startswith("passed")),
-        passed_unread=node.gated
-        and node.status == NodeStatus.EVALUATED
-        and node.gate_reason.startswith("passed"),
+        gated=node.gated and not passed_unread,
+        passed_unread=passed_unread,
     )
 
 
