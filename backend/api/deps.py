@@ -91,3 +91,4 @@ def require(role: str | None) -> Callable[..., Principal]:
 Reader = Annotated[Principal, Depends(require(None))]
 Operator = Annotated[Principal, Depends(require("operator"))]
 Approver = Annotated[Principal, Depends(require("approver"))]
+Worker = Annotated[Principal, Depends(require("worker"))]

@@ -13,7 +13,7 @@ from agents.spec import SpecError
 from agents.tree.status import IllegalStudyTransition
 from backend.api.docs_policy import OfflineDocs
 from backend.api.limits import BodyLimit
-from backend.api.routes import approvals, events, health, learning, studies, tree
+from backend.api.routes import approvals, events, health, learning, studies, tree, worker
 from backend.core import fanout
 from backend.core.config import Settings, get_settings
 from backend.core.gitops import GitError
@@ -37,12 +37,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.sse_open = {}
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes,
+        larger={f"{API_PREFIX}/worker/": settings.max_upload_bytes},
+    )  # fmt: skip
     app.add_middleware(OfflineDocs)
     app.state.celery = make_app(settings)
     fanout.enable(settings.redis_url)
     api = APIRouter(prefix=API_PREFIX)
-    for module in (studies, tree, approvals, events, learning, health):
+    for module in (studies, tree, approvals, events, learning, health, worker):
         api.include_router(module.router)
     app.include_router(api)
 

@@ -13,7 +13,7 @@ from sqlmodel import col, select
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Job, now
-from backend.engine import experiment
+from backend.engine.site import LocalSite
 
 
 class LocalPool:
@@ -80,9 +80,7 @@ class LocalPool:
                 job = s.get(Job, job_id)
                 unfinished = job is not None and job.token == token and job.status in ("queued", "running")
             if unfinished:
-                experiment.record_crash(
-                    self.settings, job_id, token, f"executor process exited with code {code}"
-                )
+                LocalSite(self.settings).crash(job_id, token, f"executor process exited with code {code}")
 
     def finished(self, job_ids: list[int]) -> list[int]:
         """Return which of the jobs have finished (done or failed)."""

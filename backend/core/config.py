@@ -28,6 +28,9 @@ class Settings(BaseSettings):
     # Where `grove submit` finds the API (defaults to what `grove up` wrote in the data dir).
     api_url: str | None = None
     token: str | None = None
+    # A worker on a machine without the database: it reaches the study's records and repository
+    # through the API at `api_url` with this token (role `worker`).
+    worker_token: str | None = None
     # How untrusted commands are boxed: "bwrap" (namespaces) or "none" (trusted local use only).
     sandbox: Literal["bwrap", "none"] = "bwrap"
     sandbox_bwrap: str = "bwrap"
@@ -44,6 +47,8 @@ class Settings(BaseSettings):
     stale_worktree_hours: float = 24.0
     # Requests with a larger body get 413; each token may hold this many event streams open.
     max_body_bytes: int = 2_000_000
+    # A worker's uploads (a job's commits as a bundle, a run's full output) may be this large.
+    max_upload_bytes: int = 512_000_000
     sse_per_token: int = 8
     # Folders under which the API accepts local repository paths (comma separated; none by default).
     repo_roots: str = ""

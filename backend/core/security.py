@@ -12,7 +12,7 @@ from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import ApiToken, now
 
-ROLES = ("viewer", "operator", "approver")
+ROLES = ("viewer", "operator", "approver", "worker")
 
 
 def hash_token(token: str) -> str:

@@ -29,8 +29,9 @@ from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Approval, Job, Study
 from backend.engine.gatekeeper import BaselineError, LocalGatekeeper
+from backend.engine.jobstore import DbStore
 from backend.services import lifecycle
-from backend.services.ledger import SqlLedger
+from backend.services.ledger import StoreLedger
 from backend.services.records import spec_of
 from backend.services.storage import SqlStorage
 
@@ -133,7 +134,7 @@ class Driver:
             SqlStorage(settings.db_url),
             dispatcher,
             gatekeeper or LocalGatekeeper(settings),
-            policy or make_policy(spec, ledger=SqlLedger(settings, study_id)),
+            policy or make_policy(spec, ledger=StoreLedger(DbStore(settings, study_id, None))),
         )
         self.graph_def = build_graph()
 

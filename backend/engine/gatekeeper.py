@@ -6,167 +6,108 @@ pass/fail.
 
 from __future__ import annotations
 
-from sqlmodel import Session, select
+from sqlmodel import select
 
+from agents.spec import Spec
 from agents.tree.gate import heldout_decision
 from agents.tree.sequential import Plan, Step
 from agents.tree.status import NodeStatus
 from backend.core import db
 from backend.core.config import Settings
-from backend.core.gitops import GitError, MergeConflict
+from backend.core.gitops import GitError, MergeConflict, Repo
 from backend.core.models import Approval, Node, Study, now
 from backend.engine import workspace
+from backend.engine.jobstore import DbStore, JobStore, local_repo
 from backend.services import lifecycle, report
-from backend.services.records import add_event, spec_of, transition
+from backend.services.records import spec_of, transition
 
 
 class BaselineError(RuntimeError):
     """The unchanged repository does not evaluate cleanly, so no gain can be measured."""
 
 
-def record_verdict(
-    s: Session,
-    node: Node,
-    passed: bool,
-    reason: str,
-    commit: str = "",
-    values: list[float] | None = None,
-    gain: float | None = None,
-) -> None:
-    """Store a node's gate verdict with its event; a failed gate rejects the node."""
-    node.gated, node.gate_reason, node.gate_commit = True, reason, commit
-    node.heldout_values, node.heldout_gain = values or [], gain
-    s.add(node)
-    add_event(s, node.study_id, "node.gate_passed" if passed else "node.gate_failed", node.id, passed=passed)
-    if not passed:
-        transition(s, node, NodeStatus.REJECTED, reason="held-out gate failed")
+class SealedRunner:
+    """Runs a study's sealed evaluations (the baseline, a gate) wherever its job landed."""
 
+    def __init__(self, settings: Settings, store: JobStore, repo: Repo) -> None:
+        self.settings, self.store, self.repo = settings, store, repo
+        if settings.sandbox == "none":
+            store.mark_unsandboxed()
 
-class LocalGatekeeper:
-    """Runs sealed evaluations in worktrees of Grove's clone."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-
-    def _load(self, study_id: int) -> Study:
-        with db.session(self.settings.db_url) as s:
-            st = s.get(Study, study_id)
-            assert st is not None
-            return st
-
-    def baseline(self, study_id: int) -> None:
+    def baseline(self) -> None:
         """Measure trunk at base on dev and held-out once (idempotent)."""
-        st = self._load(study_id)
+        st = self.store.study()
         spec = spec_of(st)
-        repo = workspace.repo_of(st)
-        with db.session(self.settings.db_url) as s:
-            lifecycle.start(s, study_id)
         if not st.baseline_dev:
             path = workspace.worktree_path(self.settings, st, "baseline-dev")
             workspace.prepare(
-                repo,
-                path,
-                f"grove/{st.name}/baseline",
-                st.base_commit,
-                sealed=spec.files.sealed,
+                self.repo, path, f"grove/{st.name}/baseline", st.base_commit, sealed=spec.files.sealed,
                 reason="baseline",
-            )
+            )  # fmt: skip
             try:
                 rs = workspace.run_repeats(
-                    self.settings, st, spec, kind="dev", worktree=path, commit=st.base_commit,
-                    label="baseline", node_id=st.trunk_node_id,
+                    self.settings, self.store, self.repo, st, spec, kind="dev", worktree=path,
+                    commit=st.base_commit, label="baseline", node_id=st.trunk_node_id,
                 )  # fmt: skip
             finally:
-                repo.remove_worktree(path)
+                self.repo.remove_worktree(path)
             if not all(r.ok for r in rs):
                 bad = next(r for r in rs if not r.ok)
                 raise BaselineError(
                     f"the dev evaluation fails on the unchanged repository: {bad.reason}\n{bad.stderr_tail[-1500:]}"
                 )
-            values = [r.objective(spec.objective.metric) or 0.0 for r in rs]
-            with db.session(self.settings.db_url) as s:
-                study = s.get(Study, study_id)
-                root = s.get(Node, st.trunk_node_id)
-                assert study is not None and root is not None
-                study.baseline_dev = study.trunk_dev = values
-                root.dev_values, root.dev_n = values, len(values)
-                root.dev_mean = sum(values) / len(values)
-                s.add_all([study, root])
-                add_event(s, study_id, "node.evaluated", root.id, dev=values, baseline=True)
+            self.store.baseline_dev([r.objective(spec.objective.metric) or 0.0 for r in rs])
         if not st.baseline_heldout:
             values_t = self._heldout(st, spec, st.base_commit, "baseline-test", node_id=st.trunk_node_id)
             if values_t is None:
                 raise BaselineError("the sealed test evaluation fails on the unchanged repository")
-            with db.session(self.settings.db_url) as s:
-                study = s.get(Study, study_id)
-                root = s.get(Node, st.trunk_node_id)
-                assert study is not None and root is not None
-                study.baseline_heldout = study.trunk_heldout = values_t
-                root.heldout_values = values_t
-                s.add_all([study, root])
+            self.store.baseline_heldout(values_t)
 
-    def _heldout(  # type: ignore[no-untyped-def]
-        self, st: Study, spec, commit: str, label: str, node_id: int | None, seeds: range | None = None
+    def _heldout(
+        self, st: Study, spec: Spec, commit: str, label: str, node_id: int | None, seeds: range | None = None
     ) -> list[float] | None:
         """Run the sealed test on `commit` (seeds `0..test_repeats-1` or `seeds`); None if a run failed.
 
         A first run is one sealed-split query; more seeds for the same question are not.
         """
-        repo = workspace.repo_of(st)
         path = workspace.worktree_path(self.settings, st, label)
-        workspace.prepare(repo, path, f"grove/{st.name}/{label}", commit, sealed=None, reason=label)
+        workspace.prepare(self.repo, path, f"grove/{st.name}/{label}", commit, sealed=None, reason=label)
         try:
             rs = workspace.run_repeats(
-                self.settings,
-                st,
-                spec,
-                kind="test",
-                worktree=path,
-                commit=commit,
-                label=label,
-                node_id=node_id,
-                seeds=seeds,
-            )
+                self.settings, self.store, self.repo, st, spec, kind="test", worktree=path, commit=commit,
+                label=label, node_id=node_id, seeds=seeds,
+            )  # fmt: skip
         finally:
-            repo.remove_worktree(path)
+            self.repo.remove_worktree(path)
         if seeds is None:
-            with db.session(self.settings.db_url) as s:
-                study = s.get(Study, st.id)
-                assert study is not None
-                study.test_queries += 1
-                s.add(study)
+            self.store.test_query()
         if not all(r.ok for r in rs):
             return None
         return [r.objective(spec.objective.metric) or 0.0 for r in rs]
 
-    def gate(self, study_id: int, node_id: int) -> bool:
+    def gate(self, node_id: int) -> bool:
         """Merge the candidate onto a copy of trunk, test the merged commit, return pass/fail."""
-        st = self._load(study_id)
+        st = self.store.study()
         spec = spec_of(st)
-        repo = workspace.repo_of(st)
-        with db.session(self.settings.db_url) as s:
-            node = s.get(Node, node_id)
-            assert node is not None
-            if node.gated:
-                return node.status in (NodeStatus.AWAITING_APPROVAL, NodeStatus.MERGED) or (
-                    node.status == NodeStatus.EVALUATED and node.gate_reason.startswith("passed")
-                )
-            branch, title = node.branch, node.title
+        node = self.store.node(node_id)
+        if node.gated:
+            return passed_gate(node)
         label = f"gate-n{node_id}"
         path = workspace.worktree_path(self.settings, st, f"{label}-merge")
+        gate_branch = f"grove/{st.name}/gate/n{node_id}"
         passed, reason, merged, values, gain = False, "", "", None, None
         try:
-            workspace.prepare(
-                repo, path, f"grove/{st.name}/gate/n{node_id}", st.trunk_commit, sealed=None, reason=label
+            workspace.prepare(self.repo, path, gate_branch, st.trunk_commit, sealed=None, reason=label)
+            merged = self.repo.merge_into(
+                path, node.commit or node.branch, f"Grove: merge n{node_id} ({node.title})"
             )
-            merged = repo.merge_into(path, branch, f"Grove: merge n{node_id} ({title})")
         except MergeConflict:
             reason = "failed: merge conflict with trunk"
         except GitError as exc:
             reason = f"failed: {exc}"
         finally:
-            repo.remove_worktree(path)
-        violation = workspace.diff_violation(repo, st.trunk_commit, merged, spec) if merged else ""
+            self.repo.remove_worktree(path)
+        violation = workspace.diff_violation(self.repo, st.trunk_commit, merged, spec) if merged else ""
         if violation:
             reason = f"rejected: {violation}"
         elif merged:
@@ -184,14 +125,13 @@ class LocalGatekeeper:
                 )  # fmt: skip
                 passed, gain = d.passed, d.gain
                 reason = ("passed: " if d.passed else "failed: ") + d.reason
-        with db.session(self.settings.db_url) as s:
-            node = s.get(Node, node_id)
-            assert node is not None
-            record_verdict(s, node, passed, reason, merged if passed else "", values or [], gain)
+        if passed:
+            self.store.publish(self.repo, gate_branch, merged)  # trunk moves to it once approved
+        self.store.verdict(passed, reason, merged if passed else "", values or [], gain)
         return passed
 
-    def _look_again(  # type: ignore[no-untyped-def]
-        self, st: Study, spec, merged: str, label: str, node_id: int, values: list[float]
+    def _look_again(
+        self, st: Study, spec: Spec, merged: str, label: str, node_id: int, values: list[float]
     ) -> tuple[list[float] | None, list[float]]:
         """Give an unclear held-out gain more paired test seeds, trunk's too (up to 3 x test_repeats).
 
@@ -208,31 +148,51 @@ class LocalGatekeeper:
             target = plan.next_n(n)
             if len(trunk) < target:
                 more_t = self._heldout(
-                    st,
-                    spec,
-                    st.trunk_commit,
-                    f"{label}-trunk",
-                    st.trunk_node_id,
-                    seeds=range(len(trunk), target),
-                )
+                    st, spec, st.trunk_commit, f"{label}-trunk", st.trunk_node_id, seeds=range(len(trunk), target)
+                )  # fmt: skip
                 if more_t is None:
                     break
                 trunk += more_t
-                with db.session(self.settings.db_url) as s:
-                    study = s.get(Study, st.id)
-                    assert study is not None
-                    if study.trunk_commit == st.trunk_commit and len(study.trunk_heldout) < len(trunk):
-                        study.trunk_heldout = list(trunk)
-                        root = s.get(Node, study.trunk_node_id)
-                        if root is not None:
-                            root.heldout_values = list(trunk)
-                            s.add(root)
-                        s.add(study)
+                self.store.keep_trunk_heldout(st.trunk_commit, trunk)
             more = self._heldout(st, spec, merged, label, node_id, seeds=range(n, target))
             if more is None:
                 return None, trunk
             values = values + more
         return values, trunk
+
+
+def passed_gate(node: Node) -> bool:
+    """Return whether a gated node's recorded verdict is a pass."""
+    return node.status in (NodeStatus.AWAITING_APPROVAL, NodeStatus.MERGED) or (
+        node.status == NodeStatus.EVALUATED and node.gate_reason.startswith("passed")
+    )
+
+
+class LocalGatekeeper:
+    """Runs sealed evaluations in worktrees of Grove's clone, and moves trunk."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def _load(self, study_id: int) -> Study:
+        with db.session(self.settings.db_url) as s:
+            st = s.get(Study, study_id)
+            assert st is not None
+            return st
+
+    def _runner(self, study_id: int, node_id: int | None) -> SealedRunner:
+        store = DbStore(self.settings, study_id, node_id)
+        return SealedRunner(self.settings, store, local_repo(self._load(study_id)))
+
+    def baseline(self, study_id: int) -> None:
+        """Measure trunk at base on dev and held-out once (idempotent)."""
+        with db.session(self.settings.db_url) as s:
+            lifecycle.start(s, study_id)
+        self._runner(study_id, None).baseline()
+
+    def gate(self, study_id: int, node_id: int) -> bool:
+        """Merge the candidate onto a copy of trunk, test the merged commit, return pass/fail."""
+        return self._runner(study_id, node_id).gate(node_id)
 
     def await_approval(self, study_id: int, node_id: int) -> None:
         """Mark a gate-passed node as waiting for a human and open an approval."""

@@ -16,69 +16,49 @@ from sqlmodel import select
 from agents.coordinator.ports import Pending
 from backend.core import db
 from backend.core.config import Settings
-from backend.core.models import Job, Node, Study, now
-from backend.engine.gatekeeper import BaselineError, LocalGatekeeper, record_verdict
+from backend.core.models import Job, Node, Study
+from backend.engine.gatekeeper import BaselineError, LocalGatekeeper, SealedRunner
+from backend.engine.jobstore import SEALED, DbStore
+from backend.engine.site import Site
 from backend.services import lifecycle
 from backend.services.records import add_event
 
-SEALED = ("baseline", "gate")
+__all__ = ["MAX_TRIES", "SEALED", "SealedJobs", "run"]
 MAX_TRIES = 3  # a sealed job whose worker dies this often (killed, out of memory) fails
 
 
-def run(settings: Settings, job_id: int, token: str) -> str:
+def run(site: Site, job_id: int, token: str) -> str:
     """Run a sealed job whose token is current; return its final status."""
-    with db.session(settings.db_url) as s:
-        job = s.get(Job, job_id)
-        if (
-            job is None
-            or job.kind not in SEALED
-            or job.token != token
-            or job.status not in ("queued", "running")
-        ):
-            return "superseded"
-        tries = int(job.outcome.get("tries", 0)) + 1
-        job.status, job.started_at, job.outcome = "running", now(), {**job.outcome, "tries": tries}
-        s.add(job)
-        study_id, node_id, kind = job.study_id, job.node_id, job.kind
-    gatekeeper = LocalGatekeeper(settings)
+    claimed = site.claim_sealed(job_id, token)
+    if claimed is None:
+        return "superseded"
+    job, store = claimed
+    tries = int(job.outcome.get("tries", 1))
     outcome: dict[str, object] = {"tries": tries}
     if tries > MAX_TRIES:
         reason = f"its worker died {MAX_TRIES} times (time limit, memory?)"
-        if kind == "gate":
-            _gate_crashed(settings, node_id, reason)
-        return _finish(settings, job_id, token, "failed", {**outcome, "reason": reason})
+        if job.kind == "gate":
+            store.gate_crashed(reason)
+        return store.finish_sealed("failed", {**outcome, "reason": reason})
     try:
-        if kind == "baseline":
-            gatekeeper.baseline(study_id)
+        runner = SealedRunner(site.settings, store, site.repo(store.study()))
+        if job.kind == "baseline":
+            runner.baseline()
         else:
-            outcome["passed"] = gatekeeper.gate(study_id, node_id)
+            outcome["passed"] = runner.gate(job.node_id)
         status = "done"
     except BaselineError as exc:
         status, outcome["reason"] = "failed", str(exc)
     except Exception as exc:  # recorded with its reason: the coordinator must not wait forever
         traceback.print_exc()
         status, outcome["reason"] = "failed", f"{type(exc).__name__}: {exc}"[:2000]
-        if kind == "gate":
-            _gate_crashed(settings, node_id, str(outcome["reason"]))
-    return _finish(settings, job_id, token, status, outcome)
+        if job.kind == "gate":
+            store.gate_crashed(str(outcome["reason"]))
+    return store.finish_sealed(status, outcome)
 
 
-def _finish(settings: Settings, job_id: int, token: str, status: str, outcome: dict[str, object]) -> str:
-    """Record the job's end unless someone else ended it meanwhile (a stopped study cancels it)."""
-    with db.session(settings.db_url) as s:
-        job = s.get(Job, job_id)
-        if job is None or job.token != token or job.status != "running":
-            return "superseded"
-        job.status, job.finished_at, job.outcome = status, now(), outcome
-        s.add(job)
-    return status
-
-
-def _gate_crashed(settings: Settings, node_id: int, reason: str) -> None:
-    with db.session(settings.db_url) as s:
-        node = s.get(Node, node_id)
-        if node is not None and not node.gated:
-            record_verdict(s, node, False, f"failed: the gate job crashed: {reason}"[:2000])
+def _gate_crashed(settings: Settings, study_id: int, node_id: int, reason: str) -> None:
+    DbStore(settings, study_id, node_id).gate_crashed(reason)
 
 
 class SealedJobs:
@@ -124,7 +104,9 @@ class SealedJobs:
             return self.local.gate(study_id, node_id)  # reads the recorded verdict, runs nothing
         job = self._job(study_id, node_id, "gate")
         if job.status in ("done", "failed"):
-            _gate_crashed(self.settings, node_id, str(job.outcome.get("reason") or "no verdict recorded"))
+            _gate_crashed(
+                self.settings, study_id, node_id, str(job.outcome.get("reason") or "no verdict recorded")
+            )
             return False
         self.submit(job.id or 0)
         return Pending(job.id or 0)

@@ -13,9 +13,9 @@ from agents.spec import Spec
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.gitops import Repo, git
-from backend.core.models import Job, ReceiptRow, Study
+from backend.core.models import Job, Study
 from backend.engine import evaluation, sandbox
-from backend.services.records import mark_unsandboxed
+from backend.engine.jobstore import JobStore
 
 
 def repo_of(study: Study) -> Repo:
@@ -88,15 +88,8 @@ def limits_of(spec: Spec) -> sandbox.Limits:
     )
 
 
-def isolation_of(settings: Settings, study: Study | None = None) -> sandbox.Isolation:
-    """Return how this machine boxes untrusted commands (Grove's settings, never the spec's).
-
-    Given the study the commands run for, an unsandboxed machine is recorded on it.
-    """
-    if settings.sandbox == "none" and study is not None and study.sandbox != "none":
-        with db.session(settings.db_url) as s:
-            mark_unsandboxed(s, study.id or 0)
-        study.sandbox = "none"
+def isolation_of(settings: Settings) -> sandbox.Isolation:
+    """Return how this machine boxes untrusted commands (Grove's settings, never the spec's)."""
 
     def items(value: str) -> tuple[str, ...]:
         return tuple(p.strip() for p in value.split(",") if p.strip())
@@ -113,6 +106,8 @@ def isolation_of(settings: Settings, study: Study | None = None) -> sandbox.Isol
 
 def run_repeats(
     settings: Settings,
+    store: JobStore,
+    repo: Repo,
     study: Study,
     spec: Spec,
     *,
@@ -121,7 +116,6 @@ def run_repeats(
     commit: str,
     label: str,
     node_id: int | None,
-    job_id: int | None = None,
     seeds: range | None = None,
 ) -> list[evaluation.Receipt]:
     """Run the dev or test command `repeats` times (GROVE_SEED=0..n-1, or `seeds`) and store the receipts."""
@@ -131,7 +125,7 @@ def run_repeats(
     fp = evaluation.fingerprint(worktree, patterns)
     # The evaluator's files (and, in a sealed run, the sealed files) are read-only in every run:
     # code under test cannot rewrite the labels, nor the evaluator for the next seed.
-    files = repo_of(study).files_at(commit)
+    files = repo.files_at(commit)
     readonly = tuple(
         globs.select(spec.files.protected + (spec.files.sealed if kind == "test" else []), files)
     )
@@ -147,7 +141,7 @@ def run_repeats(
             commit=commit,
             limits=limits_of(spec),
             evaluator_fingerprint=fp,
-            isolation=isolation_of(settings, study),
+            isolation=isolation_of(settings),
             readonly=readonly,
             output_cap=settings.output_cap_bytes,
             tail_bytes=settings.tail_bytes,
@@ -155,19 +149,8 @@ def run_repeats(
         receipts.append(r)
         if not r.ok:
             break
-    with db.session(settings.db_url) as s:
-        for r in receipts:
-            s.add(
-                ReceiptRow.model_validate(
-                    {**_row(r), "study_id": study.id or 0, "node_id": node_id, "job_id": job_id}
-                )
-            )
+    store.add_receipts(node_id, [r.to_dict() for r in receipts])
     return receipts
-
-
-def _row(r: evaluation.Receipt) -> dict[str, object]:
-    d = r.to_dict()
-    return {k: d[k] for k in d if k in ReceiptRow.model_fields}
 
 
 def remove_study_worktrees(settings: Settings, study: Study) -> list[Path]:

@@ -42,7 +42,7 @@ class CeleryDispatcher:
             job.token = job_token(job)
             s.add(job)
             token = job.token
-            kind = job.kind
+            kind, study_id = job.kind, job.study_id
         queue = "gpu" if spec.resources.gpu else "cpu"
         if kind == "experiment":
             hard = int(spec.evaluate.timeout * spec.evaluate.repeats + 300)
@@ -50,7 +50,7 @@ class CeleryDispatcher:
             hard = int(spec.evaluate.timeout * (spec.evaluate.repeats + 5 * spec.gate.test_repeats) + 300)
         self.app.send_task(
             f"{queue}.{'experiment' if kind == 'experiment' else 'sealed'}",
-            args=[job_id, token],
+            args=[job_id, token, study_id],
             task_id=token,
             time_limit=min(hard, self.settings.visibility_timeout - 60),
             soft_time_limit=min(hard - 30, self.settings.visibility_timeout - 90),

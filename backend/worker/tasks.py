@@ -23,11 +23,14 @@ from backend.core.locks import Busy, client, coalesced, lease
 from backend.core.models import Job, Study, now
 from backend.engine import experiment, learning, sealed
 from backend.engine.driver import Driver
+from backend.engine.jobstore import Superseded
+from backend.engine.site import LocalSite, Site
 from backend.services import lifecycle
 from backend.services.spec_errors import repository_error
 from backend.services.studies import clone_study
 from backend.worker.celery_app import app
 from backend.worker.dispatch import CeleryDispatcher, enqueue_advance
+from backend.worker.remote import RemoteSite
 
 
 @worker_process_init.connect
@@ -108,55 +111,63 @@ def advance(self: Task, study_id: int) -> str:
     return "finished" if finished else "waiting"
 
 
-def _job(job_id: int, token: str, run: Callable[[Settings, int, str], str]) -> str:
+def site_of(settings: Settings) -> Site:
+    """Return where this worker runs jobs: beside the database, or through the API (`GROVE_WORKER_TOKEN`)."""
+    if settings.worker_token:
+        return RemoteSite(settings)
+    return LocalSite(settings)
+
+
+def _job(job_id: int, token: str, study_id: int | None, run: Callable[[Site, int, str], str]) -> str:
     """Run a job under its lease, then wake the coordinator (a duplicate delivery finds it held)."""
     settings = get_settings()
-    with db.session(settings.db_url) as s:
-        job = s.get(Job, job_id)
-        study_id = job.study_id if job else None
+    if study_id is None:  # a task sent before tasks carried their study
+        with db.session(settings.db_url) as s:
+            job = s.get(Job, job_id)
+            study_id = job.study_id if job else None
     if study_id is None:
         return "unknown job"
     try:
         with lease(settings.redis_url, f"grove:job:{job_id}", settings.lease_seconds):
-            status = run(settings, job_id, token)
+            status = run(site_of(settings), job_id, token)
     except Busy:
         return "running elsewhere"
     enqueue_advance(app, study_id)
     return status
 
 
-def _experiment(settings: Settings, job_id: int, token: str) -> str:
+def _experiment(site: Site, job_id: int, token: str) -> str:
     try:
-        return str(experiment.run_experiment(settings, job_id, token))
-    except experiment.Superseded:
+        return str(experiment.run_experiment(site, job_id, token))
+    except Superseded:
         return "superseded"
     except SoftTimeLimitExceeded:
-        experiment.record_crash(settings, job_id, token, "the experiment ran past its time limit")
+        site.crash(job_id, token, "the experiment ran past its time limit")
         return "failed"
 
 
 @app.task(name="cpu.experiment")
-def experiment_cpu(job_id: int, token: str) -> str:
+def experiment_cpu(job_id: int, token: str, study_id: int | None = None) -> str:
     """Run one node attempt on the cpu queue."""
-    return _job(job_id, token, _experiment)
+    return _job(job_id, token, study_id, _experiment)
 
 
 @app.task(name="gpu.experiment")
-def experiment_gpu(job_id: int, token: str) -> str:
+def experiment_gpu(job_id: int, token: str, study_id: int | None = None) -> str:
     """Run one node attempt on the gpu queue."""
-    return _job(job_id, token, _experiment)
+    return _job(job_id, token, study_id, _experiment)
 
 
 @app.task(name="cpu.sealed")
-def sealed_cpu(job_id: int, token: str) -> str:
+def sealed_cpu(job_id: int, token: str, study_id: int | None = None) -> str:
     """Run a study's baseline or gate evaluation on the cpu queue."""
-    return _job(job_id, token, sealed.run)
+    return _job(job_id, token, study_id, sealed.run)
 
 
 @app.task(name="gpu.sealed")
-def sealed_gpu(job_id: int, token: str) -> str:
+def sealed_gpu(job_id: int, token: str, study_id: int | None = None) -> str:
     """Run a GPU study's baseline or gate evaluation on the gpu queue."""
-    return _job(job_id, token, sealed.run)
+    return _job(job_id, token, study_id, sealed.run)
 
 
 @app.task(name="gpu.learn")

@@ -1,0 +1,238 @@
+"""The worker data plane: claims, a job's record calls, its uploads, and git over HTTP.
+
+Every route needs a token with the `worker` role; a job's calls also need the job's current
+token (the task id Celery delivered), so a worker can touch only the study of a job it holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ValidationError, validate_call
+from starlette.concurrency import run_in_threadpool
+
+from backend.api.deps import MAX_ID, SettingsDep, Worker
+from backend.core import db, gitops
+from backend.core.models import Node, Study
+from backend.engine import jobstore
+from backend.engine.jobstore import CALLS, DbStore, Refused, Superseded
+
+router = APIRouter(prefix="/worker", tags=["worker"])
+_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class Claim(BaseModel):
+    token: str
+    host: str = ""
+    pid: int = 0
+
+
+class Call(BaseModel):
+    token: str
+    args: dict[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class Held:
+    id: int
+    study_id: int
+    node_id: int
+    kind: str
+    node_branch: str
+
+
+def _dump(row: Any) -> dict[str, Any]:
+    return dict(row.model_dump(mode="json"))
+
+
+def _held(settings: Any, job_id: int, token: str) -> Held:
+    job = jobstore.job_of(settings, job_id, token)
+    if job is None:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is not running under this token")
+    with db.session(settings.db_url) as s:
+        node = s.get(Node, job.node_id)
+        return Held(job.id or 0, job.study_id, job.node_id, job.kind, node.branch if node else "")
+
+
+def _study(settings: Any, study_id: int) -> Study:
+    with db.session(settings.db_url) as s:
+        st = s.get(Study, study_id)
+        if st is None or not st.repo_path:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"study {study_id} has no repository")
+        s.expunge(st)
+        return st
+
+
+@router.post("/jobs/{job_id}/claim")
+def claim(job_id: int, body: Claim, settings: SettingsDep, who: Worker) -> dict[str, Any]:
+    """Mark an experiment job running for this worker and return its job, node and study."""
+    try:
+        job, node, study = jobstore.claim_experiment(settings, job_id, body.token, body.host[:200], body.pid)
+    except Superseded as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    return {"job": _dump(job), "node": _dump(node), "study": _dump(study)}
+
+
+@router.post("/jobs/{job_id}/claim-sealed")
+def claim_sealed(job_id: int, body: Claim, settings: SettingsDep, who: Worker) -> dict[str, Any]:
+    """Mark a sealed (baseline or gate) job running for this worker; count the try."""
+    job = jobstore.claim_sealed(settings, job_id, body.token)
+    if job is None:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is not ours to run")
+    return {"job": _dump(job), "study": _dump(_study(settings, job.study_id))}
+
+
+@router.post("/jobs/{job_id}/call/{name}")
+def call(job_id: int, name: str, body: Call, settings: SettingsDep, who: Worker) -> Any:
+    """Run one of a job's record calls (`JobStore`) on the database, scoped to the job's study."""
+    if name not in CALLS:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no worker call {name!r}")
+    job = _held(settings, job_id, body.token)
+    store = DbStore(settings, job.study_id, job.node_id, job.id, body.token)
+    try:
+        out = validate_call(getattr(store, name))(**body.args)
+    except ValidationError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"{name}: {exc}") from None
+    except Refused as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+    except Superseded as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    if isinstance(out, Study | Node):
+        return _dump(out)
+    return out
+
+
+@router.put("/jobs/{job_id}/outputs/{rel:path}")
+async def upload_output(
+    job_id: int,
+    rel: str,
+    request: Request,
+    settings: SettingsDep,
+    who: Worker,
+    token: Annotated[str, Query()],
+) -> dict[str, str]:
+    """Store a full output of one of the job's runs under the API's data directory; return its path."""
+    job = await run_in_threadpool(_held, settings, job_id, token)
+    parts = rel.split("/")
+    if not 1 <= len(parts) <= 3 or not all(_PART.match(p) and ".." not in p for p in parts):
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"output name {rel!r} is not allowed")
+    study = await run_in_threadpool(_study, settings, job.study_id)
+    base = (settings.data_dir / "outputs" / study.name).resolve()
+    dest = base.joinpath(*parts)
+    data = (await request.body())[: settings.output_cap_bytes]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".part")
+    tmp.write_bytes(data)
+    os.replace(tmp, dest)
+    return {"path": str(dest)}
+
+
+@router.post("/jobs/{job_id}/publish")
+async def publish(
+    job_id: int,
+    request: Request,
+    settings: SettingsDep,
+    who: Worker,
+    token: Annotated[str, Query()],
+    ref: Annotated[str, Query()],
+    commit: Annotated[str, Query(pattern="^[0-9a-f]{40}$")],
+) -> dict[str, str]:
+    """Take a job's commits as a git bundle into Grove's clone, under the job's own branch only."""
+    job = await run_in_threadpool(_held, settings, job_id, token)
+    study = await run_in_threadpool(_study, settings, job.study_id)
+    allowed = {f"grove/{study.name}/gate/n{job.node_id}"} if job.kind == "gate" else {job.node_branch}
+    if ref not in allowed:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"job {job_id} may not publish {ref!r}")
+    data = await request.body()
+    await run_in_threadpool(_take_bundle, gitops.Repo(Path(study.repo_path)), data, ref, commit)
+    return {"ref": ref, "commit": commit}
+
+
+def _take_bundle(repo: gitops.Repo, data: bytes, ref: str, commit: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="grove-bundle-") as tmp:
+        bundle = Path(tmp) / "in.bundle"
+        bundle.write_bytes(data)
+        try:
+            repo.git("bundle", "verify", "-q", str(bundle))
+            with repo.lock():
+                repo.git("fetch", "--quiet", "--no-tags", str(bundle), f"+refs/heads/{ref}:refs/heads/{ref}")
+        except gitops.GitError as exc:
+            raise HTTPException(
+                status.HTTP_422_UNPROCESSABLE_CONTENT, f"bundle: {exc.stderr[:500]}"
+            ) from None
+    if repo.rev(f"refs/heads/{ref}") != commit:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"the bundle's {ref} is not {commit}")
+
+
+@router.api_route("/git/{study_id}/{path:path}", methods=["GET", "POST"])
+async def git_http(
+    study_id: int, path: str, request: Request, settings: SettingsDep, who: Worker
+) -> StreamingResponse:
+    """Serve a study's repository read-only with git's smart HTTP backend (fetch only, never push)."""
+    if study_id < 1 or study_id > MAX_ID:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "no such study")
+    if "receive-pack" in path or "receive-pack" in request.url.query:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "the study repository is read-only over HTTP")
+    study = await run_in_threadpool(_study, settings, study_id)
+    repo = Path(study.repo_path)
+    env = gitops.git_env()
+    n = int(env["GIT_CONFIG_COUNT"])
+    for i, (key, value) in enumerate((("http.receivepack", "false"), ("uploadpack.allowFilter", "true"))):
+        env[f"GIT_CONFIG_KEY_{n + i}"], env[f"GIT_CONFIG_VALUE_{n + i}"] = key, value
+    env["GIT_CONFIG_COUNT"] = str(n + 2)
+    env.update(
+        GIT_PROJECT_ROOT=str(repo.parent),
+        GIT_HTTP_EXPORT_ALL="1",
+        PATH_INFO=f"/{repo.name}/{path}",
+        QUERY_STRING=request.url.query,
+        REQUEST_METHOD=request.method,
+        CONTENT_TYPE=request.headers.get("content-type", ""),
+        REMOTE_USER=who.name,
+        REMOTE_ADDR=request.client.host if request.client else "",
+        GIT_PROTOCOL=request.headers.get("git-protocol", ""),
+        HTTP_CONTENT_ENCODING=request.headers.get("content-encoding", ""),
+    )
+    body = await request.body()
+    proc = await asyncio.create_subprocess_exec(
+        "git", "http-backend", env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    stdin = proc.stdin
+
+    async def feed() -> None:
+        # The backend may answer (and exit) before it has read the whole request, e.g. on a bad one.
+        with contextlib.suppress(ConnectionError):
+            stdin.write(body)
+            await stdin.drain()
+            stdin.close()
+
+    feeding = asyncio.create_task(feed())
+    headers: dict[str, str] = {}
+    code = 200
+    while line := (await proc.stdout.readline()).rstrip(b"\r\n"):
+        key, _, value = line.decode("latin-1").partition(":")
+        if key.lower() == "status":
+            code = int(value.strip().split()[0])
+        else:
+            headers[key.strip()] = value.strip()
+    stdout = proc.stdout
+
+    async def rest() -> AsyncIterator[bytes]:
+        while chunk := await stdout.read(65536):
+            yield chunk
+        await feeding
+        await proc.wait()
+
+    media = headers.pop("Content-Type", None)
+    return StreamingResponse(rest(), status_code=code, headers=headers, media_type=media)

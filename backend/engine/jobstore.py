@@ -1,0 +1,461 @@
+"""A job's reads and writes of Grove's records: the seam between a worker and the database.
+
+Engine code that runs on a worker (an experiment, a sealed baseline or gate) reaches Grove's
+records only through a `JobStore` bound to its study (and job). `DbStore` writes the database
+directly (the single-process runner, a worker beside the API); `backend.worker.remote.ApiStore`
+sends the same calls to the API, which runs them here, so a worker on another machine needs no
+database and no shared data directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from pathlib import Path
+from typing import Any, Protocol
+
+from sqlmodel import Session, col, func, select
+
+from agents.tree.stats import summarize
+from agents.tree.status import NodeStatus
+from backend.core import db
+from backend.core.config import Settings
+from backend.core.gitops import Repo
+from backend.core.models import Job, LlmCall, Node, ReceiptRow, Study, Trajectory, now
+from backend.services.records import add_event, latest_insight, mark_unsandboxed, spec_of, transition
+from backend.services.storage import experiments_used
+
+SEALED = ("baseline", "gate")
+
+
+class Superseded(RuntimeError):
+    """This job's token is no longer current; another run owns it."""
+
+
+class Refused(ValueError):
+    """A call named a node of another study, or a ref outside the study's namespace."""
+
+
+class JobStore(Protocol):
+    """What a running job may read and write; every call is scoped to its study."""
+
+    def study(self) -> Study: ...
+    def node(self, node_id: int) -> Node: ...
+    def event(self, kind: str, node_id: int | None, payload: dict[str, Any]) -> None: ...
+    def finish(self, status: str, extra_runs: int, fields: dict[str, Any]) -> None: ...
+    def crash(self, reason: str) -> None: ...
+    def finish_sealed(self, status: str, outcome: dict[str, Any]) -> str: ...
+    def gate_crashed(self, reason: str) -> None: ...
+    def insights(self) -> list[str]: ...
+    def save_trajectory(self, trajectory: dict[str, Any]) -> None: ...
+    def relabel(self, old: str, new: str) -> None: ...
+    def add_receipts(self, node_id: int | None, receipts: list[dict[str, Any]]) -> None: ...
+    def not_worth_it(self, mean: float, spent: int, more: int) -> str: ...
+    def keep_trunk_dev(self, base_commit: str, have: int, values: list[float]) -> None: ...
+    def baseline_dev(self, values: list[float]) -> None: ...
+    def baseline_heldout(self, values: list[float]) -> None: ...
+    def test_query(self) -> None: ...
+    def verdict(
+        self, passed: bool, reason: str, commit: str, values: list[float], gain: float | None
+    ) -> None: ...
+    def keep_trunk_heldout(self, trunk_commit: str, values: list[float]) -> None: ...
+    def llm_budget(self) -> tuple[float, float]: ...
+    def llm_record(self, call: dict[str, Any]) -> int: ...
+    def mark_unsandboxed(self) -> None: ...
+    def publish(self, repo: Repo, ref: str, commit: str) -> None: ...
+
+
+# The calls a remote worker may make, by name (the API runs exactly these on a `DbStore`).
+CALLS = frozenset(name for name in JobStore.__dict__ if not name.startswith("_") and name not in ("publish",))
+
+
+def claim_experiment(
+    settings: Settings, job_id: int, token: str, host: str, pid: int
+) -> tuple[Job, Node, Study]:
+    """Mark an experiment job running (its node too) and return its rows; raise Superseded if not ours."""
+    with db.session(settings.db_url) as s:
+        job = s.get(Job, job_id)
+        if (
+            job is None
+            or job.kind != "experiment"
+            or job.token != token
+            or job.status not in ("queued", "running")
+        ):
+            raise Superseded(f"job {job_id} is not ours to run")
+        node = s.get(Node, job.node_id)
+        study = s.get(Study, job.study_id)
+        assert node is not None and study is not None
+        job.status, job.started_at, job.pid = "running", now(), pid
+        s.add(job)
+        add_event(
+            s, job.study_id, "job.started", job.node_id, job_id=job_id, attempt=job.attempt, pid=pid, host=host
+        )  # fmt: skip
+        if node.status == NodeStatus.QUEUED:
+            transition(s, node, NodeStatus.RUNNING, job_id=job_id, attempt=job.attempt)
+        s.flush()
+        for row in (job, node, study):
+            s.refresh(row)
+            s.expunge(row)
+        return job, node, study
+
+
+def claim_sealed(settings: Settings, job_id: int, token: str) -> Job | None:
+    """Mark a sealed job running and count the try; None if it is not ours to run."""
+    with db.session(settings.db_url) as s:
+        job = s.get(Job, job_id)
+        if (
+            job is None
+            or job.kind not in SEALED
+            or job.token != token
+            or job.status not in ("queued", "running")
+        ):
+            return None
+        tries = int(job.outcome.get("tries", 0)) + 1
+        job.status, job.started_at, job.outcome = "running", now(), {**job.outcome, "tries": tries}
+        s.add(job)
+        s.flush()
+        s.refresh(job)
+        s.expunge(job)
+        return job
+
+
+def job_of(settings: Settings, job_id: int, token: str) -> Job | None:
+    """Return a job while this token is current and the job is running (a remote worker's right to call)."""
+    with db.session(settings.db_url) as s:
+        job = s.get(Job, job_id)
+        if job is None or job.token != token or job.status != "running":
+            return None
+        s.expunge(job)
+        return job
+
+
+def host() -> tuple[str, int]:
+    """Return this process's host name and pid, as a claim records them."""
+    return socket.gethostname(), os.getpid()
+
+
+class DbStore:
+    """A `JobStore` that writes the database (scoped to one study, and to one job when it has one)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        study_id: int,
+        node_id: int | None,
+        job_id: int | None = None,
+        token: str = "",
+    ) -> None:
+        self.settings, self.study_id, self.node_id = settings, study_id, node_id
+        self.job_id, self.token = job_id, token
+
+    # reads ---------------------------------------------------------------------
+
+    def study(self) -> Study:
+        """Return the study as it is now."""
+        with db.session(self.settings.db_url) as s:
+            st = s.get(Study, self.study_id)
+            assert st is not None
+            s.expunge(st)
+            return st
+
+    def node(self, node_id: int) -> Node:
+        """Return one of the study's nodes as it is now."""
+        with db.session(self.settings.db_url) as s:
+            node = self._node(s, node_id)
+            s.expunge(node)
+            return node
+
+    def _node(self, s: Session, node_id: int | None) -> Node:
+        node = s.get(Node, node_id) if node_id is not None else None
+        if node is None or node.study_id != self.study_id:
+            raise Refused(f"node {node_id} is not a node of study {self.study_id}")
+        return node
+
+    def insights(self) -> list[str]:
+        """Return the newest insight of each ancestor of the job's node, root first."""
+        out: list[str] = []
+        with db.session(self.settings.db_url) as s:
+            parent = self._node(s, self.node_id).parent_id
+            while parent is not None:
+                anc = s.get(Node, parent)
+                if anc is None:
+                    break
+                text = latest_insight(s, parent)
+                if text:
+                    out.append(f"n{parent}: {text}")
+                parent = anc.parent_id
+        return list(reversed(out))
+
+    def not_worth_it(self, mean: float, spent: int, more: int) -> str:
+        """Return why more dev seeds are not worth running for the job's node now, or ''."""
+        with db.session(self.settings.db_url) as s:
+            node = self._node(s, self.node_id)
+            study = s.get(Study, self.study_id)
+            assert study is not None
+            spec = spec_of(study)
+            sign = 1.0 if spec.maximize else -1.0
+            others = s.exec(
+                select(Node).where(
+                    Node.study_id == self.study_id, Node.id != node.id, Node.base_commit == node.base_commit,
+                    col(Node.status).in_(["evaluated", "awaiting_approval"]),
+                )
+            ).all()  # fmt: skip
+            better = [
+                o for o in others
+                if o.dev_mean is not None and sign * o.dev_mean > sign * mean
+                and o.verification.get("decision") == "accept"
+            ]  # fmt: skip
+            if better:
+                return f"n{better[0].id} is better on dev and already a candidate"
+            # This job's own runs so far, and at most `more` of the node's and of trunk's for the next look.
+            used = experiments_used(s, self.study_id, spec.evaluate.repeats, pending_runs=spent + 2 * more)
+        if used > spec.budget.experiments:
+            return "the experiment budget would be overspent"
+        return ""
+
+    def llm_budget(self) -> tuple[float, float]:
+        """Return the USD the study's LLM calls have cost and its budget."""
+        with db.session(self.settings.db_url) as s:
+            st = s.get(Study, self.study_id)
+            assert st is not None
+            used = s.exec(
+                select(func.coalesce(func.sum(LlmCall.usd), 0.0)).where(LlmCall.study_id == self.study_id)
+            ).one()
+            return float(used), spec_of(st).budget.usd
+
+    # writes --------------------------------------------------------------------
+
+    def event(self, kind: str, node_id: int | None, payload: dict[str, Any]) -> None:
+        """Append an event of the study."""
+        with db.session(self.settings.db_url) as s:
+            if node_id is not None:
+                self._node(s, node_id)
+            add_event(s, self.study_id, kind, node_id, **payload)
+
+    def _job(self, s: Session) -> Job:
+        job = s.get(Job, self.job_id) if self.job_id is not None else None
+        if job is None or job.token != self.token or job.status != "running":
+            raise Superseded(f"job {self.job_id} was taken over")
+        return job
+
+    def finish(self, status: str, extra_runs: int, fields: dict[str, Any]) -> None:
+        """End the experiment job with its node's new status and fields; raise Superseded if not ours."""
+        allowed = {
+            "commit",
+            "diff_stats",
+            "failure",
+            "reflection",
+            "dev_values",
+            "dev_mean",
+            "dev_std",
+            "dev_n",
+        }
+        if set(fields) - allowed:
+            raise Refused(f"an experiment may not set {sorted(set(fields) - allowed)}")
+        with db.session(self.settings.db_url) as s:
+            job = self._job(s)
+            node = self._node(s, job.node_id)
+            for k, v in fields.items():
+                setattr(node, k, v)
+            if node.status != status:
+                transition(s, node, status, job_id=job.id, reason=str(fields.get("failure", "")))
+            job.status, job.finished_at = ("done" if status == NodeStatus.EVALUATED else "failed"), now()
+            job.outcome = {
+                "status": status,
+                "reason": str(fields.get("failure", "")),
+                "detail": str(fields.get("reflection", "")),
+            }
+            job.extra_runs = extra_runs
+            s.add_all([job, node])
+
+    def crash(self, reason: str) -> None:
+        """Mark an experiment whose process died (or ran out of time) as failed."""
+        with contextlib.suppress(Superseded):
+            self.finish(NodeStatus.FAILED, 0, {"failure": reason})
+        with db.session(self.settings.db_url) as s:
+            job = s.get(Job, self.job_id)
+            if job is not None:
+                add_event(s, job.study_id, "job.crashed", job.node_id, job_id=self.job_id, reason=reason)
+
+    def finish_sealed(self, status: str, outcome: dict[str, Any]) -> str:
+        """Record a sealed job's end unless someone else ended it meanwhile (a stop cancels it)."""
+        with db.session(self.settings.db_url) as s:
+            try:
+                job = self._job(s)
+            except Superseded:
+                return "superseded"
+            job.status, job.finished_at, job.outcome = status, now(), outcome
+            s.add(job)
+        return status
+
+    def gate_crashed(self, reason: str) -> None:
+        """Fail the gate of the job's node, unless it already has a verdict."""
+        with db.session(self.settings.db_url) as s:
+            node = self._node(s, self.node_id)
+            if not node.gated:
+                record_verdict(s, node, False, f"failed: the gate job crashed: {reason}"[:2000])
+
+    def save_trajectory(self, trajectory: dict[str, Any]) -> None:
+        """Keep the executor's transcript of this attempt (once)."""
+        with db.session(self.settings.db_url) as s:
+            job = self._job(s)
+            if s.exec(select(Trajectory).where(Trajectory.job_id == job.id)).first() is None:
+                s.add(
+                    Trajectory(
+                        study_id=job.study_id, node_id=job.node_id, job_id=job.id or 0, attempt=job.attempt,
+                        messages=list(trajectory.get("messages", [])), feedback=list(trajectory.get("feedback", [])),
+                        report=str(trajectory.get("report", "")),
+                    )
+                )  # fmt: skip
+
+    def relabel(self, old: str, new: str) -> None:
+        """Give the job's node the title of its real diff (trunk may have moved since it was proposed)."""
+        with db.session(self.settings.db_url) as s:
+            node = self._node(s, self.node_id)
+            node.title = new
+            node.hypothesis = {k: v.replace(old, new) for k, v in node.hypothesis.items()}
+            s.add(node)
+            add_event(s, node.study_id, "node.relabeled", node.id, old=old, new=new)
+
+    def add_receipts(self, node_id: int | None, receipts: list[dict[str, Any]]) -> None:
+        """Store evaluation receipts of one of the study's nodes (this job's)."""
+        with db.session(self.settings.db_url) as s:
+            if node_id is not None:
+                self._node(s, node_id)
+            # Trunk's extra runs belong to trunk's node, not to the job that ran them.
+            job_id = self.job_id if node_id == self.node_id else None
+            for r in receipts:
+                row = {k: r[k] for k in r if k in ReceiptRow.model_fields and k not in ("id", "created_at")}
+                s.add(
+                    ReceiptRow.model_validate(
+                        {**row, "study_id": self.study_id, "node_id": node_id, "job_id": job_id}
+                    )
+                )
+
+    def keep_trunk_dev(self, base_commit: str, have: int, values: list[float]) -> None:
+        """Keep trunk's extra dev values (seeds `have..`) unless trunk moved; another job may have added some."""
+        with db.session(self.settings.db_url) as s:
+            st = s.get(Study, self.study_id)
+            assert st is not None
+            if st.trunk_commit == base_commit and have <= len(st.trunk_dev) < have + len(values):
+                st.trunk_dev = [*st.trunk_dev, *values[len(st.trunk_dev) - have :]]
+                root = s.get(Node, st.trunk_node_id)
+                if root is not None and len(root.dev_values) < len(st.trunk_dev):
+                    root.dev_values = list(st.trunk_dev)
+                    summ = summarize(root.dev_values)
+                    root.dev_mean, root.dev_std, root.dev_n = summ.mean, summ.std, summ.n
+                    s.add(root)
+                s.add(st)
+                add_event(
+                    s, self.study_id, "trunk.repeated", st.trunk_node_id, seeds=len(st.trunk_dev),
+                    by_node=self.node_id,
+                )  # fmt: skip
+
+    def baseline_dev(self, values: list[float]) -> None:
+        """Record the unchanged repository's dev values."""
+        with db.session(self.settings.db_url) as s:
+            study = s.get(Study, self.study_id)
+            assert study is not None
+            root = s.get(Node, study.trunk_node_id)
+            assert root is not None
+            study.baseline_dev = study.trunk_dev = values
+            root.dev_values, root.dev_n = values, len(values)
+            root.dev_mean = sum(values) / len(values)
+            s.add_all([study, root])
+            add_event(s, self.study_id, "node.evaluated", root.id, dev=values, baseline=True)
+
+    def baseline_heldout(self, values: list[float]) -> None:
+        """Record the unchanged repository's held-out values."""
+        with db.session(self.settings.db_url) as s:
+            study = s.get(Study, self.study_id)
+            assert study is not None
+            root = s.get(Node, study.trunk_node_id)
+            assert root is not None
+            study.baseline_heldout = study.trunk_heldout = values
+            root.heldout_values = values
+            s.add_all([study, root])
+
+    def test_query(self) -> None:
+        """Count one query of the sealed split."""
+        with db.session(self.settings.db_url) as s:
+            study = s.get(Study, self.study_id)
+            assert study is not None
+            study.test_queries += 1
+            s.add(study)
+
+    def verdict(
+        self, passed: bool, reason: str, commit: str, values: list[float], gain: float | None
+    ) -> None:
+        """Record the gate verdict of the job's node."""
+        with db.session(self.settings.db_url) as s:
+            record_verdict(s, self._node(s, self.node_id), passed, reason, commit, values, gain)
+
+    def keep_trunk_heldout(self, trunk_commit: str, values: list[float]) -> None:
+        """Keep trunk's longer held-out values unless trunk moved meanwhile."""
+        with db.session(self.settings.db_url) as s:
+            study = s.get(Study, self.study_id)
+            assert study is not None
+            if study.trunk_commit == trunk_commit and len(study.trunk_heldout) < len(values):
+                study.trunk_heldout = list(values)
+                root = s.get(Node, study.trunk_node_id)
+                if root is not None:
+                    root.heldout_values = list(values)
+                    s.add(root)
+                s.add(study)
+
+    def llm_record(self, call: dict[str, Any]) -> int:
+        """Store one LLM call (its new messages only) and charge it to the node and the study."""
+        with db.session(self.settings.db_url) as s:
+            node_id = call.get("node_id")
+            if node_id is not None:
+                self._node(s, node_id)
+            row = LlmCall.model_validate({**call, "study_id": self.study_id})
+            s.add(row)
+            s.flush()
+            assert row.id is not None
+            if node_id is not None:
+                node = s.get(Node, node_id)
+                assert node is not None
+                cost = dict(node.cost)
+                cost["tokens"] = int(cost.get("tokens", 0)) + row.tokens_in + row.tokens_out
+                cost["usd"] = float(cost.get("usd", 0.0)) + row.usd
+                cost["calls"] = int(cost.get("calls", 0)) + 1
+                node.cost = cost
+                s.add(node)
+            add_event(
+                s, self.study_id, "llm.call", node_id, role=row.role, model=row.model,
+                tokens=row.tokens_in + row.tokens_out, usd=row.usd,
+            )  # fmt: skip
+            return row.id
+
+    def mark_unsandboxed(self) -> None:
+        """Record that the study's code ran without the sandbox on this machine."""
+        with db.session(self.settings.db_url) as s:
+            mark_unsandboxed(s, self.study_id)
+
+    def publish(self, repo: Repo, ref: str, commit: str) -> None:
+        """Make a commit made in `repo` reachable in Grove's clone (it already is: the same repository)."""
+
+
+def record_verdict(
+    s: Any,
+    node: Node,
+    passed: bool,
+    reason: str,
+    commit: str = "",
+    values: list[float] | None = None,
+    gain: float | None = None,
+) -> None:
+    """Store a node's gate verdict with its event; a failed gate rejects the node."""
+    node.gated, node.gate_reason, node.gate_commit = True, reason, commit
+    node.heldout_values, node.heldout_gain = values or [], gain
+    s.add(node)
+    add_event(s, node.study_id, "node.gate_passed" if passed else "node.gate_failed", node.id, passed=passed)
+    if not passed:
+        transition(s, node, NodeStatus.REJECTED, reason="held-out gate failed")
+
+
+def local_repo(study: Study) -> Repo:
+    """Return Grove's clone of a study's repository."""
+    return Repo(Path(study.repo_path))

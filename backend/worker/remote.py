@@ -1,0 +1,268 @@
+"""A worker on another machine: records and repository through the API, nothing shared on disk.
+
+Started with `GROVE_API_URL`, `GROVE_WORKER_TOKEN` (a token with the `worker` role) and
+`GROVE_REDIS_URL` only. It fetches a study's repository by git over HTTP from the API into its
+own data directory, runs the job there, and hands back through the API what the job made: its
+records (`ApiStore`, the same calls `DbStore` makes), receipts' full outputs, and its commits as
+a git bundle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from backend.core.config import Settings
+from backend.core.gitops import GitError, Repo, git, git_env
+from backend.core.models import Job, Node, Study
+from backend.engine import jobstore
+from backend.engine.jobstore import JobStore, Refused, Superseded
+
+WORKER_PREFIX = "/api/v1/worker"
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per call would drown the worker's log
+
+
+class RemoteError(RuntimeError):
+    """The API refused or failed a worker's call (the message says which and why)."""
+
+
+class Api:
+    """The API's worker endpoints, with the worker's token."""
+
+    def __init__(self, settings: Settings) -> None:
+        if not settings.api_url or not settings.worker_token:
+            raise RemoteError("a remote worker needs GROVE_API_URL and GROVE_WORKER_TOKEN")
+        self.base = settings.api_url.rstrip("/")
+        self.token = settings.worker_token
+        self.http = httpx.Client(
+            base_url=self.base + WORKER_PREFIX,
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=httpx.Timeout(300.0, connect=30.0),
+        )
+
+    def post(self, path: str, **kwargs: Any) -> Any:
+        """POST to a worker endpoint; map 409 to Superseded and other refusals to RemoteError."""
+        return self._answer(self.http.post(path, **kwargs))
+
+    def put(self, path: str, **kwargs: Any) -> Any:
+        """PUT to a worker endpoint."""
+        return self._answer(self.http.put(path, **kwargs))
+
+    @staticmethod
+    def _answer(r: httpx.Response) -> Any:
+        if r.status_code == 409:
+            raise Superseded(_detail(r))
+        if r.status_code == 422:
+            raise Refused(_detail(r))
+        if r.status_code >= 400:
+            raise RemoteError(f"{r.request.method} {r.request.url.path}: {r.status_code} {_detail(r)}")
+        return r.json()
+
+    def git(self, *args: str, cwd: Path) -> str:
+        """Run git with the worker's token sent to the API (in git's environment, never on its command line)."""
+        env = git_env()
+        n = int(env["GIT_CONFIG_COUNT"])
+        # Grove's git allows only https and ssh remotes; the API on a private network may be plain http.
+        extra = (
+            ("http.extraHeader", f"Authorization: Bearer {self.token}"),
+            ("protocol.http.allow", "always"),
+        )
+        for i, (key, value) in enumerate(extra):
+            env[f"GIT_CONFIG_KEY_{n + i}"], env[f"GIT_CONFIG_VALUE_{n + i}"] = key, value
+        env["GIT_CONFIG_COUNT"] = str(n + len(extra))
+        env["GIT_TERMINAL_PROMPT"] = "0"
+        proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise GitError(list(args), proc.returncode, proc.stderr)
+        return proc.stdout
+
+
+def _detail(r: httpx.Response) -> str:
+    try:
+        detail = r.json().get("detail", r.text)
+    except ValueError:
+        return r.text[:500]
+    return str(detail.get("message", detail) if isinstance(detail, dict) else detail)
+
+
+class RemoteSite:
+    """Runs jobs with a local mirror of each study's repository and the API for every record."""
+
+    def __init__(self, settings: Settings) -> None:
+        if "worktrees_dir" not in settings.model_fields_set:
+            settings = settings.model_copy(update={"worktrees_dir": settings.data_dir / "worktrees"})
+        self.settings = settings
+        self.api = Api(settings)
+        for d in (settings.data_dir / "repos", settings.worktrees_dir):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def claim_experiment(self, job_id: int, token: str) -> tuple[Job, Node, Study, JobStore]:
+        """Mark an experiment running and return its rows and store; raise Superseded if not ours."""
+        name, pid = jobstore.host()
+        got = self.api.post(f"/jobs/{job_id}/claim", json={"token": token, "host": name, "pid": pid})
+        job, node, study = Job(**got["job"]), Node(**got["node"]), Study(**got["study"])
+        return job, node, study, ApiStore(self, job_id, token, study)
+
+    def claim_sealed(self, job_id: int, token: str) -> tuple[Job, JobStore] | None:
+        """Mark a sealed job running (one more try) and return it with its store; None if not ours."""
+        try:
+            got = self.api.post(f"/jobs/{job_id}/claim-sealed", json={"token": token})
+        except Superseded:
+            return None
+        job, study = Job(**got["job"]), Study(**got["study"])
+        return job, ApiStore(self, job_id, token, study)
+
+    def repo(self, study: Study) -> Repo:
+        """Return this worker's mirror of the study's repository, fetched up to date from the API."""
+        path = (self.settings.data_dir / "repos" / study.name).resolve()
+        if not (path / ".git").exists():
+            path.mkdir(parents=True, exist_ok=True)
+            git("init", "-q", str(path))
+        repo = Repo(path)
+        with repo.lock():
+            self.api.git(
+                "fetch", "--quiet", "--no-tags", "--prune", f"{self.api.base}{WORKER_PREFIX}/git/{study.id}",
+                f"+refs/heads/grove/{study.name}/*:refs/remotes/grove/*", cwd=path,
+            )  # fmt: skip
+        return repo
+
+    def crash(self, job_id: int, token: str, reason: str) -> None:
+        """Fail an experiment whose run ended without finishing (killed, out of time)."""
+        with contextlib.suppress(Superseded):
+            self.api.post(f"/jobs/{job_id}/call/crash", json={"token": token, "args": {"reason": reason}})
+
+
+class ApiStore:
+    """A `JobStore` whose calls the API runs on the database, scoped to the job that claimed it."""
+
+    def __init__(self, site: RemoteSite, job_id: int, token: str, study: Study) -> None:
+        self.site, self.api, self.job_id, self.token = site, site.api, job_id, token
+        self.outputs = (site.settings.data_dir / "outputs" / study.name).resolve()
+
+    def _call(self, name: str, **args: Any) -> Any:
+        return self.api.post(f"/jobs/{self.job_id}/call/{name}", json={"token": self.token, "args": args})
+
+    def study(self) -> Study:
+        """Return the study as it is now."""
+        return Study(**self._call("study"))
+
+    def node(self, node_id: int) -> Node:
+        """Return one of the study's nodes as it is now."""
+        return Node(**self._call("node", node_id=node_id))
+
+    def event(self, kind: str, node_id: int | None, payload: dict[str, Any]) -> None:
+        """Append an event of the study."""
+        self._call("event", kind=kind, node_id=node_id, payload=payload)
+
+    def finish(self, status: str, extra_runs: int, fields: dict[str, Any]) -> None:
+        """End the experiment job with its node's new status and fields."""
+        self._call("finish", status=status, extra_runs=extra_runs, fields=fields)
+
+    def crash(self, reason: str) -> None:
+        """Mark the experiment failed because its run died."""
+        self._call("crash", reason=reason)
+
+    def finish_sealed(self, status: str, outcome: dict[str, Any]) -> str:
+        """Record the sealed job's end; 'superseded' if someone else ended it."""
+        try:
+            return str(self._call("finish_sealed", status=status, outcome=outcome))
+        except Superseded:
+            return "superseded"
+
+    def gate_crashed(self, reason: str) -> None:
+        """Fail the gate of the job's node."""
+        self._call("gate_crashed", reason=reason)
+
+    def insights(self) -> list[str]:
+        """Return the newest insight of each ancestor of the job's node."""
+        return list(self._call("insights"))
+
+    def save_trajectory(self, trajectory: dict[str, Any]) -> None:
+        """Keep the executor's transcript of this attempt."""
+        self._call("save_trajectory", trajectory=trajectory)
+
+    def relabel(self, old: str, new: str) -> None:
+        """Give the job's node the title of its real diff."""
+        self._call("relabel", old=old, new=new)
+
+    def add_receipts(self, node_id: int | None, receipts: list[dict[str, Any]]) -> None:
+        """Upload each receipt's full output, then store the receipts with where the API keeps it."""
+        rows = []
+        for r in receipts:
+            row = dict(r)
+            for key in ("stdout_path", "stderr_path"):
+                row[key] = self._upload(Path(r[key])) if r.get(key) else ""
+            rows.append(row)
+        self._call("add_receipts", node_id=node_id, receipts=rows)
+
+    def _upload(self, path: Path) -> str:
+        """Send one output file (up to the output cap) and return the API's path for it."""
+        try:
+            rel = path.resolve().relative_to(self.outputs)
+            data = path.read_bytes()[: self.site.settings.output_cap_bytes]
+        except (ValueError, OSError):
+            return ""
+        got = self.api.put(
+            f"/jobs/{self.job_id}/outputs/{rel.as_posix()}", params={"token": self.token}, content=data
+        )
+        return str(got["path"])
+
+    def not_worth_it(self, mean: float, spent: int, more: int) -> str:
+        """Return why more dev seeds are not worth running now, or ''."""
+        return str(self._call("not_worth_it", mean=mean, spent=spent, more=more))
+
+    def keep_trunk_dev(self, base_commit: str, have: int, values: list[float]) -> None:
+        """Keep trunk's extra dev values."""
+        self._call("keep_trunk_dev", base_commit=base_commit, have=have, values=values)
+
+    def baseline_dev(self, values: list[float]) -> None:
+        """Record the unchanged repository's dev values."""
+        self._call("baseline_dev", values=values)
+
+    def baseline_heldout(self, values: list[float]) -> None:
+        """Record the unchanged repository's held-out values."""
+        self._call("baseline_heldout", values=values)
+
+    def test_query(self) -> None:
+        """Count one query of the sealed split."""
+        self._call("test_query")
+
+    def verdict(
+        self, passed: bool, reason: str, commit: str, values: list[float], gain: float | None
+    ) -> None:
+        """Record the gate verdict of the job's node."""
+        self._call("verdict", passed=passed, reason=reason, commit=commit, values=values, gain=gain)
+
+    def keep_trunk_heldout(self, trunk_commit: str, values: list[float]) -> None:
+        """Keep trunk's longer held-out values."""
+        self._call("keep_trunk_heldout", trunk_commit=trunk_commit, values=values)
+
+    def llm_budget(self) -> tuple[float, float]:
+        """Return the USD spent on LLM calls and the study's budget."""
+        used, budget = self._call("llm_budget")
+        return float(used), float(budget)
+
+    def llm_record(self, call: dict[str, Any]) -> int:
+        """Store one LLM call and charge it."""
+        return int(self._call("llm_record", call=call))
+
+    def mark_unsandboxed(self) -> None:
+        """Record that the study's code ran without the sandbox."""
+        self._call("mark_unsandboxed")
+
+    def publish(self, repo: Repo, ref: str, commit: str) -> None:
+        """Send the commits of `ref` that the API lacks as a bundle; it stores them under the same ref."""
+        with tempfile.TemporaryDirectory(prefix="grove-bundle-") as tmp:
+            bundle = Path(tmp) / "push.bundle"
+            repo.git("bundle", "create", "-q", str(bundle), f"refs/heads/{ref}", "--not", "--remotes=grove")
+            self.api.post(
+                f"/jobs/{self.job_id}/publish",
+                params={"token": self.token, "ref": ref, "commit": commit},
+                content=bundle.read_bytes(),
+            )

@@ -1,0 +1,139 @@
+"""Workers on other machines: no database, no shared data directory, only the API, a token and Redis."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlmodel import select
+
+from backend.core import db, security
+from backend.core.config import PROJECT_ROOT
+from backend.core.models import Event, Job, Node, Study
+from backend.services.studies import create_study
+from backend.worker.celery_app import make_app
+from tests.conftest import Service, free_port, make_repo, sqlite_service, tiny_files, wait_for
+
+FAST = {"GROVE_LEASE_SECONDS": "4", "GROVE_RECONCILE_SECONDS": "2"}
+
+
+class Stack:
+    """An API process and a coordinator over one data directory; workers elsewhere."""
+
+    def __init__(self, root: Path, redis_url: str) -> None:
+        self.svc = sqlite_service(root / "api", redis_url, db_number=11)
+        self.svc.env.update(FAST)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        log = open(self.svc.logs / "api.log", "ab")  # noqa: SIM115
+        self.api = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "backend.api.app:app", "--host", "127.0.0.1", "--port", str(self.port)],
+            env=self.svc.env, stdout=log, stderr=log, cwd=PROJECT_ROOT,
+        )  # fmt: skip
+        wait_for(self._healthy, timeout=60)
+        self.token = security.create_token(self.svc.settings, ["worker"], "fleet")
+        self.svc.start_worker("coord", "coordinator", 2, beat=True)
+        self.workers: dict[str, Service] = {}
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/api/v1/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def add_worker(self, name: str, root: Path) -> Path:
+        """Start a cpu worker that knows only the API's URL, its token and Redis; return its data directory."""
+        data = root / name
+        data.mkdir(parents=True)
+        env = {
+            "PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8",
+            "GROVE_API_URL": self.url, "GROVE_WORKER_TOKEN": self.token,
+            "GROVE_REDIS_URL": self.svc.settings.redis_url, "GROVE_DATA_DIR": str(data), **FAST,
+        }  # fmt: skip
+        worker = Service(self.svc.settings.model_copy(update={"data_dir": data / "_test"}), env)
+        worker.start_worker(name, "cpu", 1)
+        self.workers[name] = worker
+        return data
+
+    def stop(self) -> None:
+        for w in self.workers.values():
+            w.stop()
+        self.svc.stop()
+        self.api.terminate()
+        self.api.wait(timeout=30)
+
+
+@pytest.fixture
+def stack(tmp_path: Path, redis_url: str) -> Iterator[Stack]:
+    import redis as redis_lib
+
+    redis_lib.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/11").flushdb()
+    s = Stack(tmp_path, redis_url)
+    yield s
+    s.stop()
+
+
+def rows(stack: Stack, model: type, *where: object) -> list:  # type: ignore[type-arg]
+    with db.session(stack.svc.settings.db_url) as s:
+        return list(s.exec(select(model).where(*where)))  # type: ignore[call-overload]
+
+
+def worker_of(pid: int, stack: Stack) -> str:
+    """Return the name of the worker whose pool process has this pid."""
+    ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return next(n for n, w in stack.workers.items() if w.procs[n].pid in (pid, ppid))
+
+
+def test_two_workers_without_shared_storage_run_a_study_and_survive_a_kill(
+    stack: Stack, tmp_path: Path
+) -> None:
+    w1 = stack.add_worker("w1", tmp_path / "m1")
+    w2 = stack.add_worker("w2", tmp_path / "m2")
+    repo = make_repo(tmp_path / "src", tiny_files(name="remote", experiments=4, sleep=2.0))
+    with db.session(stack.svc.settings.db_url) as s:
+        study = create_study(s, stack.svc.settings, (repo / "grove.toml").read_text(), str(repo))
+    sid = study.id or 0
+    make_app(stack.svc.settings).send_task("coordinator.advance", args=[sid])
+
+    # Kill the worker running the first experiment: the other one takes the same job over.
+    experiment = Job.kind == "experiment"
+    wait_for(lambda: rows(stack, Job, Job.study_id == sid, experiment, Job.status == "running"), timeout=120)
+    victim = rows(stack, Job, Job.study_id == sid, experiment, Job.status == "running")[0]
+    killed = worker_of(victim.pid, stack)
+    stack.workers[killed].stop_worker(killed, sig=9)
+    wait_for(lambda: rows(stack, Study, Study.id == sid)[0].status == "finished", timeout=300)
+
+    st = rows(stack, Study, Study.id == sid)[0]
+    jobs = rows(stack, Job, Job.study_id == sid)
+    merged = [n for n in rows(stack, Node, Node.study_id == sid, Node.status == "merged") if n.parent_id]
+    assert merged and st.trunk_commit == merged[-1].gate_commit
+    again = rows(stack, Job, Job.id == victim.id)[0]
+    assert again.status == "done" and again.attempt == victim.attempt
+    starts = rows(stack, Event, Event.node_id == victim.node_id, Event.type == "job.started")
+    assert len({e.payload["pid"] for e in starts}) >= 2, "the killed job was not taken over"
+    # The sealed runs were jobs on the workers' queue, and the gates ran there.
+    sealed = [j for j in jobs if j.kind != "experiment"]
+    assert {j.kind for j in sealed} == {"baseline", "gate"} and all(j.status == "done" for j in sealed)
+    logs = "".join((w.logs / f"{n}.log").read_text() for n, w in stack.workers.items())
+    assert all(f"cpu.sealed[job-{j.id}-a0]" in logs for j in sealed)
+    # Each worker kept what it needed in its own directory and never opened a database.
+    survivor = w2 if killed == "w1" else w1
+    assert (survivor / "repos" / "remote" / ".git").is_dir()
+    for data in (w1, w2):
+        assert not (data / "grove.db").exists()
+    # Full outputs came back to the API's data directory, and the node's commits to Grove's clone.
+    receipts_dir = stack.svc.settings.data_dir / "outputs" / "remote"
+    assert any(receipts_dir.rglob("dev-seed0.stdout"))
+    for node in merged:
+        assert (
+            subprocess.run(
+                ["git", "cat-file", "-e", f"{node.commit}^{{commit}}"], cwd=st.repo_path, check=False
+            ).returncode
+            == 0
+        )
+    assert "Traceback" not in logs
