@@ -164,17 +164,20 @@ def _take_bundle(repo: gitops.Repo, data: bytes, ref: str, commit: str) -> None:
         bundle.write_bytes(data)
         try:
             repo.git("bundle", "verify", "-q", str(bundle))
+            heads = repo.git("bundle", "list-heads", str(bundle), f"refs/heads/{ref}").split()
+            if heads[:1] != [commit]:
+                raise HTTPException(
+                    status.HTTP_422_UNPROCESSABLE_CONTENT, f"the bundle's {ref} is not {commit}"
+                )
             with repo.lock():
                 repo.git("fetch", "--quiet", "--no-tags", str(bundle), f"+refs/heads/{ref}:refs/heads/{ref}")
         except gitops.GitError as exc:
             raise HTTPException(
                 status.HTTP_422_UNPROCESSABLE_CONTENT, f"bundle: {exc.stderr[:500]}"
             ) from None
-    if repo.rev(f"refs/heads/{ref}") != commit:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"the bundle's {ref} is not {commit}")
 
 
-@router.api_route("/git/{study_id}/{path:path}", methods=["GET", "POST"])
+@router.api_route("/git/{study_id}/{path:path}", methods=["GET", "POST"], include_in_schema=False)
 async def git_http(
     study_id: int, path: str, request: Request, settings: SettingsDep, who: Worker
 ) -> StreamingResponse:

@@ -1,0 +1,183 @@
+"""The worker data plane refuses what a worker token, or a stolen one, should not be able to do.
+
+A worker may read a study's repository, and write only through the job it holds: its own node's
+records, its own branch, outputs under the study's folder. It can never push, move trunk, name a
+node of another study, or call anything but the job-store calls.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from backend.api.main import create_app
+from backend.core import db
+from backend.core.config import Settings
+from backend.core.gitops import git_env
+from backend.core.models import Job, Node, Study
+from backend.core.security import create_token
+from backend.services.studies import create_study
+from tests.conftest import free_port, make_repo, serve, tiny_files
+
+W = "/api/v1/worker"
+
+
+@dataclass
+class Plane:
+    settings: Settings
+    client: TestClient
+    url: str
+    worker: dict[str, str]
+    study: Study
+    other: Study
+    job: Job
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Plane]:
+    root = tmp_path_factory.mktemp("plane")
+    settings = Settings(data_dir=root / "data", worktrees_dir=root / "wt", redis_url=redis_url)
+    settings.ensure_dirs()
+    studies = []
+    with db.session(settings.db_url) as s:
+        for name in ("mine", "theirs"):
+            repo = make_repo(root / name, tiny_files(name=name))
+            studies.append(create_study(s, settings, (repo / "grove.toml").read_text(), str(repo)))
+        mine = studies[0]
+        node = Node(study_id=mine.id or 0, parent_id=mine.trunk_node_id, depth=1, title="x", status="running",
+                    base_commit=mine.trunk_commit, branch=f"grove/{mine.name}/n99")  # fmt: skip
+        s.add(node)
+        s.flush()
+        job = Job(study_id=mine.id or 0, node_id=node.id or 0, attempt=1, status="running", token="job-t")
+        s.add(job)
+        s.flush()
+        for row in (*studies, job):
+            s.refresh(row)
+            s.expunge(row)
+    app = create_app(settings)
+    port = free_port()
+    server, thread = serve(app, port)
+    token = create_token(settings, ["worker"], "fleet")
+    with TestClient(app) as client:
+        yield Plane(settings, client, f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"},
+                    studies[0], studies[1], job)  # fmt: skip
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def call(p: Plane, name: str, token: str = "job-t", **args: object) -> tuple[int, object]:
+    r = p.client.post(
+        f"{W}/jobs/{p.job.id}/call/{name}", json={"token": token, "args": args}, headers=p.worker
+    )
+    return r.status_code, r.json()
+
+
+def git(p: Plane, *args: str, cwd: Path, token: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = git_env()
+    n = int(env["GIT_CONFIG_COUNT"])
+    extra = [("protocol.http.allow", "always")]
+    if token:
+        extra.append(("http.extraHeader", f"Authorization: Bearer {token}"))
+    for i, (k, v) in enumerate(extra):
+        env[f"GIT_CONFIG_KEY_{n + i}"], env[f"GIT_CONFIG_VALUE_{n + i}"] = k, v
+    env["GIT_CONFIG_COUNT"], env["GIT_TERMINAL_PROMPT"] = str(n + len(extra)), "0"
+    return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_only_worker_tokens_reach_the_plane(plane: Plane) -> None:
+    operator = {"Authorization": f"Bearer {create_token(plane.settings, ['operator', 'approver'], 'op')}"}
+    for headers, code in (({}, 401), (operator, 403)):
+        r = plane.client.post(f"{W}/jobs/{plane.job.id}/call/study", json={"token": "job-t"}, headers=headers)
+        assert r.status_code == code
+        assert plane.client.get(f"{W}/git/{plane.study.id}/info/refs", headers=headers).status_code == code
+    # And a worker token is no operator: it cannot create or stop studies.
+    r = plane.client.post(f"/api/v1/studies/{plane.study.id}/stop", headers=plane.worker)
+    assert r.status_code == 403
+
+
+def test_calls_need_the_jobs_current_token_and_stay_in_its_study(plane: Plane) -> None:
+    assert call(plane, "study")[0] == 200
+    assert call(plane, "study", token="job-stale")[0] == 409
+    for name in ("_node", "__init__", "publish", "settings", "missing"):
+        assert call(plane, name)[0] == 404, name
+    theirs_root = plane.other.trunk_node_id
+    code, body = call(plane, "node", node_id=theirs_root)
+    assert code == 422 and "not a node of study" in str(body)
+    code, _ = call(plane, "add_receipts", node_id=theirs_root, receipts=[])
+    assert code == 422
+    # A job's finish may set its node's results, not its gate verdict or its place in the tree.
+    code, body = call(plane, "finish", status="evaluated", extra_runs=0, fields={"gate_commit": "f" * 40})
+    assert code == 422 and "may not set" in str(body)
+    assert call(plane, "verdict", passed="yes please", reason="", commit="", values=[], gain=None)[0] == 422
+
+
+def test_outputs_stay_under_the_studys_folder(plane: Plane) -> None:
+    put = plane.client.put
+    ok = put(f"{W}/jobs/{plane.job.id}/outputs/n99-a1/dev-seed0.stdout", params={"token": "job-t"},
+             content=b"hello", headers=plane.worker)  # fmt: skip
+    assert ok.status_code == 200
+    assert Path(ok.json()["path"]).read_bytes() == b"hello"
+    assert Path(ok.json()["path"]).is_relative_to(plane.settings.data_dir / "outputs" / "mine")
+    for bad in ("%2e%2e/%2e%2e/grove.db", "..%2fgrove.db", ".hidden", "a/b/c/d", "n99/%2e%2e"):
+        r = put(f"{W}/jobs/{plane.job.id}/outputs/{bad}", params={"token": "job-t"}, content=b"x",
+                headers=plane.worker)  # fmt: skip
+        assert r.status_code in (404, 422), bad
+    assert put(f"{W}/jobs/{plane.job.id}/outputs/x.stdout", params={"token": "nope"}, content=b"x",
+               headers=plane.worker).status_code == 409  # fmt: skip
+
+
+def test_the_repository_is_fetch_only_and_trunk_moves_only_by_the_gate(plane: Plane, tmp_path: Path) -> None:
+    token = plane.worker["Authorization"].removeprefix("Bearer ")
+    url = f"{plane.url}{W}/git/{plane.study.id}"
+    local = tmp_path / "mirror"
+    subprocess.run(["git", "init", "-q", str(local)], check=True)
+    assert git(plane, "fetch", "-q", url, "+refs/heads/*:refs/remotes/api/*", cwd=local).returncode != 0
+    fetched = git(plane, "fetch", "-q", url, "+refs/heads/*:refs/remotes/api/*", cwd=local, token=token)
+    assert fetched.returncode == 0, fetched.stderr
+    trunk = f"refs/remotes/api/{plane.study.trunk_branch}"
+    assert git(plane, "rev-parse", trunk, cwd=local).stdout.strip() == plane.study.trunk_commit
+    # Push is refused, with or without a worker token.
+    subprocess.run(["git", "checkout", "-q", "-B", "evil", trunk], cwd=local, check=True)
+    subprocess.run(["git", "-c", "user.name=x", "-c", "user.email=x@x", "commit", "-q", "--allow-empty", "-m", "evil"],
+                   cwd=local, check=True)  # fmt: skip
+    evil = git(plane, "rev-parse", "HEAD", cwd=local).stdout.strip()
+    pushed = git(plane, "push", url, f"HEAD:refs/heads/{plane.study.trunk_branch}", cwd=local, token=token)
+    assert pushed.returncode != 0
+    r = plane.client.post(f"{W}/git/{plane.study.id}/git-receive-pack", content=b"0000", headers=plane.worker)
+    assert r.status_code == 403
+    # A bundle may update only the job's own branch, never trunk.
+    bundle = tmp_path / "evil.bundle"
+    subprocess.run(["git", "branch", "-f", plane.study.trunk_branch, "HEAD"], cwd=local, check=True)
+    subprocess.run(["git", "bundle", "create", "-q", str(bundle), f"refs/heads/{plane.study.trunk_branch}"],
+                   cwd=local, check=True)  # fmt: skip
+    r = plane.client.post(
+        f"{W}/jobs/{plane.job.id}/publish", params={"token": "job-t", "ref": plane.study.trunk_branch, "commit": evil},
+        content=bundle.read_bytes(), headers=plane.worker,
+    )  # fmt: skip
+    assert r.status_code == 422
+    # Its own branch, but with a commit other than the one the bundle holds.
+    mine = f"grove/{plane.study.name}/n99"
+    subprocess.run(["git", "branch", "-f", mine, "HEAD"], cwd=local, check=True)
+    subprocess.run(
+        ["git", "bundle", "create", "-q", str(bundle), f"refs/heads/{mine}"], cwd=local, check=True
+    )
+    r = plane.client.post(
+        f"{W}/jobs/{plane.job.id}/publish", params={"token": "job-t", "ref": mine, "commit": "0" * 40},
+        content=bundle.read_bytes(), headers=plane.worker,
+    )  # fmt: skip
+    assert r.status_code == 422
+    r = plane.client.post(
+        f"{W}/jobs/{plane.job.id}/publish", params={"token": "job-t", "ref": mine, "commit": evil},
+        content=b"not a bundle", headers=plane.worker,
+    )  # fmt: skip
+    assert r.status_code == 422
+    clone = plane.study.repo_path
+    head = subprocess.run(
+        ["git", "rev-parse", plane.study.trunk_branch], cwd=clone, capture_output=True, text=True
+    )
+    assert head.stdout.strip() == plane.study.trunk_commit
