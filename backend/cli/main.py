@@ -387,7 +387,11 @@ def worker_cmd(
         bool, typer.Option(help="also run the reconciler's schedule (one per deployment)")
     ] = False,
 ) -> None:
-    """Run a Celery worker for more machines (uses GROVE_REDIS_URL and GROVE_DATABASE_URL)."""
+    """Run a Celery worker for more machines.
+
+    Beside the database: GROVE_REDIS_URL and GROVE_DATABASE_URL. On another machine: GROVE_REDIS_URL,
+    GROVE_API_URL and GROVE_WORKER_TOKEN (a `worker` token) only; it fetches and uploads over the API.
+    """
     import os
 
     from backend.cli.up import gpu_devices, worker_command
@@ -398,6 +402,23 @@ def worker_cmd(
         err.print(f"[red]error:[/] --queues: unknown queue {bad[0]!r} (use cpu, gpu, coordinator)")
         raise typer.Exit(2)
     settings = get_settings()
+    if settings.worker_token and "coordinator" in queues.split(","):
+        err.print(
+            "[red]error:[/] --queues: the coordinator needs the database; run it beside the API, not with GROVE_WORKER_TOKEN"
+        )
+        raise typer.Exit(2)
+    if settings.worker_token and not settings.api_url:
+        err.print("[red]error:[/] GROVE_WORKER_TOKEN is set but GROVE_API_URL is not: say where the API is")
+        raise typer.Exit(2)
+    if settings.worker_token:
+        from backend.worker.remote import Api, RemoteError
+
+        try:
+            who = Api(settings).ping()
+        except RemoteError as exc:
+            err.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from None
+        console.print(f"remote worker {who!r}: jobs through {settings.api_url}, files in {settings.data_dir}")
     _require_sandbox(settings)
     schedule = settings.data_dir / "beat" if beat else None
     name = queues.replace(",", "-")
@@ -524,7 +545,9 @@ app.add_typer(token_app, name="token")
 
 @token_app.command("create")
 def token_create(
-    role: Annotated[list[str], typer.Option("--role", help="viewer, operator or approver (repeatable)")],
+    role: Annotated[
+        list[str], typer.Option("--role", help="viewer, operator, approver or worker (repeatable)")
+    ],
     name: Annotated[str, typer.Option(help="who the token is for")] = "",
     expires_days: Annotated[
         float | None, typer.Option(help="the token stops working after this many days")

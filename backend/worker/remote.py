@@ -46,6 +46,16 @@ class Api:
             timeout=httpx.Timeout(300.0, connect=30.0),
         )
 
+    def ping(self) -> str:
+        """Check the API's URL and the worker token; return the token's name or raise RemoteError."""
+        try:
+            r = self.http.get("/ping", timeout=10)
+        except httpx.HTTPError as exc:
+            raise RemoteError(f"cannot reach the API at {self.base}: {exc}") from None
+        if r.status_code in (401, 403):
+            raise RemoteError(f"the API at {self.base} refused GROVE_WORKER_TOKEN: {_detail(r)}")
+        return str(self._answer(r)["worker"])
+
     def post(self, path: str, **kwargs: Any) -> Any:
         """POST to a worker endpoint; map 409 to Superseded and other refusals to RemoteError."""
         return self._answer(self.http.post(path, **kwargs))

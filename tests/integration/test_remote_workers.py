@@ -137,3 +137,21 @@ def test_two_workers_without_shared_storage_run_a_study_and_survive_a_kill(
             == 0
         )
     assert "Traceback" not in logs
+
+
+def test_grove_worker_checks_its_api_and_token_before_taking_jobs(stack: Stack, tmp_path: Path) -> None:
+    base = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8",
+            "GROVE_REDIS_URL": stack.svc.settings.redis_url, "GROVE_DATA_DIR": str(tmp_path / "w")}  # fmt: skip
+    cases = [
+        ({"GROVE_API_URL": stack.url, "GROVE_WORKER_TOKEN": "grove_wrong"}, "cpu", "refused GROVE_WORKER_TOKEN"),
+        ({"GROVE_API_URL": f"http://127.0.0.1:{free_port()}", "GROVE_WORKER_TOKEN": stack.token}, "cpu",
+         "cannot reach the API"),
+        ({"GROVE_WORKER_TOKEN": stack.token}, "cpu", "GROVE_API_URL is not"),
+        ({"GROVE_API_URL": stack.url, "GROVE_WORKER_TOKEN": stack.token}, "cpu,coordinator", "needs the database"),
+    ]  # fmt: skip
+    for extra, queues, message in cases:
+        proc = subprocess.run(
+            [sys.executable, "-m", "backend.cli.main", "worker", "--queues", queues],
+            env={**base, **extra}, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 2 and message in " ".join(proc.stderr.split()), (queues, proc.stderr)

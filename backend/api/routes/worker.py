@@ -73,6 +73,12 @@ def _study(settings: Any, study_id: int) -> Study:
         return st
 
 
+@router.get("/ping")
+def ping(who: Worker) -> dict[str, str]:
+    """Answer a worker checking its URL and token before it takes jobs."""
+    return {"worker": who.name}
+
+
 @router.post("/jobs/{job_id}/claim")
 def claim(job_id: int, body: Claim, settings: SettingsDep, who: Worker) -> dict[str, Any]:
     """Mark an experiment job running for this worker and return its job, node and study."""
