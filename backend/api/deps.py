@@ -56,12 +56,14 @@ class Principal:
 
 
 def principal(
-    s: SessionDep, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+    s: SessionDep, settings: SettingsDep, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 ) -> Principal | None:
     """Return who is calling, or None without a valid token."""
     if creds is None:
         return None
     row = security.lookup(s, creds.credentials)
+    if row is None and security.is_fleet_token(settings, creds.credentials):
+        return Principal("fleet", frozenset({"worker"}))
     if row is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, "invalid or revoked token", headers={"WWW-Authenticate": "Bearer"}
@@ -81,6 +83,8 @@ def require(role: str | None) -> Callable[..., Principal]:
                 "a bearer token is required",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+        if role is None and who.roles <= {"worker"}:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, "a worker token reaches only the worker routes")
         if role is not None and role not in who.roles:
             raise HTTPException(status.HTTP_403_FORBIDDEN, f"this needs a token with the {role!r} role")
         return who

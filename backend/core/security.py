@@ -84,3 +84,9 @@ def lookup(s: Session, token: str) -> ApiToken | None:
     if row is None or _state(row) != "live" or not secrets.compare_digest(row.token_hash, digest):
         return None
     return row
+
+
+def is_fleet_token(settings: Settings, token: str) -> bool:
+    """Return whether a token is the deployment's shared worker token (`GROVE_WORKER_TOKEN` on the API)."""
+    fleet = settings.worker_token or ""
+    return len(fleet) >= 32 and secrets.compare_digest(fleet.encode(), token.encode())

@@ -31,9 +31,9 @@ def test_worker_healthchecks_pass_against_live_workers(tmp_path: Path, redis_url
     # A container's HOSTNAME is its hostname, which Celery's %h in the worker's node name reads too.
     env = {**svc.env, "HOSTNAME": socket.gethostname()}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the image's `celery`
-    checks = {"coordinator": "coordinator", "worker-cpu": "cpu", "worker-gpu": "gpu"}
+    checks = {"coordinator": "coordinator", "worker-cpu-1": "cpu", "worker-cpu-2": "cpu", "worker-gpu": "gpu"}
     try:
-        for name in checks.values():
+        for name in set(checks.values()):
             svc.start_worker(name, name, 1)
         for service, name in checks.items():
             argv = docker_argv(SERVICES[service]["healthcheck"]["test"])

@@ -181,3 +181,17 @@ def test_the_repository_is_fetch_only_and_trunk_moves_only_by_the_gate(plane: Pl
         ["git", "rev-parse", plane.study.trunk_branch], cwd=clone, capture_output=True, text=True
     )
     assert head.stdout.strip() == plane.study.trunk_commit
+
+
+def test_the_fleet_token_is_a_worker_token_and_must_be_long(plane: Plane) -> None:
+    fleet = "f" * 8 + "0123456789abcdef0123456789abcdef"
+    with pytest.raises(ValueError, match="GROVE_WORKER_TOKEN"):
+        create_app(plane.settings.model_copy(update={"worker_token": "short-secret"}))
+    app = create_app(plane.settings.model_copy(update={"worker_token": fleet}))
+    with TestClient(app) as client:
+        assert client.get(f"{W}/ping", headers={"Authorization": f"Bearer {fleet}"}).json() == {
+            "worker": "fleet"
+        }
+        assert client.get(f"{W}/ping", headers={"Authorization": f"Bearer {fleet}x"}).status_code == 401
+        # Only the worker role: the fleet token cannot read studies or act as an operator.
+        assert client.get("/api/v1/studies", headers={"Authorization": f"Bearer {fleet}"}).status_code == 403

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from compose_spec import PyCompose
 from typer.testing import CliRunner
 
 from backend.cli.main import app
-from backend.core.config import PROJECT_ROOT
+from backend.core.config import PROJECT_ROOT, Settings
 
 COMPOSE = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())  # anchors and merges resolved
 SERVICES = COMPOSE["services"]
@@ -21,7 +22,8 @@ SERVICES = COMPOSE["services"]
 def test_compose_file_follows_the_compose_spec() -> None:
     parsed = PyCompose.from_json(json.dumps(COMPOSE))
     assert set(parsed.service_names()) == {
-        "redis", "postgres", "migrate", "api", "coordinator", "worker-cpu", "worker-gpu", "dashboard",
+        "redis", "postgres", "migrate", "api", "coordinator", "worker-cpu-1", "worker-cpu-2", "worker-gpu",
+        "dashboard",
     }  # fmt: skip
 
 
@@ -38,13 +40,29 @@ def test_every_long_running_service_has_a_healthcheck() -> None:
             assert svc.get("healthcheck", {}).get("test"), name
 
 
-def test_gpu_worker_reserves_a_gpu_and_grove_services_share_volumes() -> None:
-    devices = SERVICES["worker-gpu"]["deploy"]["resources"]["reservations"]["devices"]
+def test_gpu_worker_reserves_a_gpu_and_is_optional() -> None:
+    gpu = SERVICES["worker-gpu"]
+    devices = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
-    for name in ("api", "coordinator", "worker-cpu", "worker-gpu"):
+    assert gpu["profiles"] == ["gpu"] and gpu["command"][3] == "gpu"
+
+
+def test_api_and_coordinator_share_data_and_workers_share_nothing() -> None:
+    for name in ("api", "coordinator"):
         mounts = SERVICES[name]["volumes"]
         assert "grove-data:/data" in mounts and "grove-worktrees:/worktrees" in mounts, name
         assert SERVICES[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    workers = [n for n in SERVICES if n.startswith("worker-")]
+    volumes = [SERVICES[n]["volumes"] for n in workers]
+    assert len(workers) == 3 and all(len(v) == 1 and v[0].endswith(":/data") for v in volumes)
+    assert len({v[0] for v in volumes}) == 3, "each worker has a volume of its own"
+    for name in workers:
+        svc = SERVICES[name]
+        env = svc["environment"]
+        # No database, no shared volume: only the API, the fleet token, Redis and the model's key.
+        assert "env_file" not in svc and not any("DATABASE" in k for k in env), name
+        assert env["GROVE_API_URL"] == "http://api:8000" and "GROVE_WORKER_TOKEN" in env
+        assert svc["depends_on"] == {"api": {"condition": "service_healthy"}}
 
 
 def _grove_command_exists(argv: list[str]) -> None:
@@ -78,13 +96,19 @@ def test_every_command_names_something_in_the_project() -> None:
                 importlib.import_module("backend.worker.celery_app")
 
 
-def test_env_example_defines_what_the_services_read() -> None:
-    keys = {
-        line.split("=", 1)[0]
-        for line in (PROJECT_ROOT / ".env.example").read_text().splitlines()
-        if line and not line.startswith("#")
-    }
-    assert {"GROVE_DATABASE_URL", "GROVE_REDIS_URL", "POSTGRES_PASSWORD"} <= keys
+def test_env_example_documents_every_setting() -> None:
+    text = (PROJECT_ROOT / ".env.example").read_text()
+    keys = {line.lstrip("# ").split("=", 1)[0] for line in text.splitlines() if "=" in line}
+    assert {"GROVE_DATABASE_URL", "GROVE_REDIS_URL", "POSTGRES_PASSWORD", "GROVE_WORKER_TOKEN"} <= keys
+    settings = {f"GROVE_{name.upper()}" for name in Settings.model_fields}
+    assert settings <= keys, sorted(settings - keys)
+    # And every GROVE_ variable the code reads by name.
+    read = set()
+    for path in [*PROJECT_ROOT.glob("backend/**/*.py"), *PROJECT_ROOT.glob("agents/**/*.py"),
+                 *PROJECT_ROOT.glob("frontend/**/*.py")]:  # fmt: skip
+        read |= set(re.findall(r"environ(?:\.get)?\(\s*\"(GROVE_[A-Z_]+)\"", path.read_text()))
+        read |= set(re.findall(r"environ\[\"(GROVE_[A-Z_]+)\"\]", path.read_text()))
+    assert read and read - {"GROVE_SEED", "GROVE_METRICS_FILE"} <= keys, sorted(read - keys)
 
 
 def test_dockerfile_copies_existing_paths() -> None:
