@@ -56,7 +56,9 @@ class Principal:
 
 
 def principal(
-    s: SessionDep, settings: SettingsDep, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+    s: SessionDep,
+    settings: SettingsDep,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal | None:
     """Return who is calling, or None without a valid token."""
     if creds is None:

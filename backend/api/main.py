@@ -27,8 +27,8 @@ API_PREFIX = "/api/v1"
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the API app for the given settings."""
     settings = settings or get_settings()
-    if settings.worker_token and len(settings.worker_token) < 32:
-        raise ValueError("GROVE_WORKER_TOKEN: use at least 32 random characters (e.g. `openssl rand -hex 32`)")
+    if settings.fleet_token and len(settings.fleet_token) < 32:
+        raise ValueError("GROVE_FLEET_TOKEN: use at least 32 random characters (e.g. `openssl rand -hex 32`)")
     settings.ensure_dirs()
     # Swagger UI and ReDoc from assets the package ships: /docs works with no network outside.
     app = FastAPIOffline(

@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     # A worker on a machine without the database: it reaches the study's records and repository
     # through the API at `api_url` with this token (role `worker`).
     worker_token: str | None = None
+    # On the API: a shared secret it accepts as a `worker` token (at least 32 characters), so a
+    # deployment can hand its workers one GROVE_WORKER_TOKEN without issuing one first.
+    fleet_token: str | None = None
     # How untrusted commands are boxed: "bwrap" (namespaces) or "none" (trusted local use only).
     sandbox: Literal["bwrap", "none"] = "bwrap"
     sandbox_bwrap: str = "bwrap"

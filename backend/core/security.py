@@ -87,6 +87,6 @@ def lookup(s: Session, token: str) -> ApiToken | None:
 
 
 def is_fleet_token(settings: Settings, token: str) -> bool:
-    """Return whether a token is the deployment's shared worker token (`GROVE_WORKER_TOKEN` on the API)."""
-    fleet = settings.worker_token or ""
+    """Return whether a token is the deployment's shared worker token (`GROVE_FLEET_TOKEN`)."""
+    fleet = settings.fleet_token or ""
     return len(fleet) >= 32 and secrets.compare_digest(fleet.encode(), token.encode())

@@ -38,7 +38,8 @@ class Api:
     def __init__(self, settings: Settings) -> None:
         if not settings.api_url or not settings.worker_token:
             raise RemoteError("a remote worker needs GROVE_API_URL and GROVE_WORKER_TOKEN")
-        self.base = settings.api_url.rstrip("/")
+        # The same GROVE_API_URL as the CLI's and the dashboard's (".../api/v1") is accepted too.
+        self.base = settings.api_url.rstrip("/").removesuffix("/api/v1")
         self.token = settings.worker_token
         self.http = httpx.Client(
             base_url=self.base + WORKER_PREFIX,

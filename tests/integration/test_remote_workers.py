@@ -46,13 +46,13 @@ class Stack:
         except httpx.HTTPError:
             return False
 
-    def add_worker(self, name: str, root: Path) -> Path:
+    def add_worker(self, name: str, root: Path, api: str = "") -> Path:
         """Start a cpu worker that knows only the API's URL, its token and Redis; return its data directory."""
         data = root / name
         data.mkdir(parents=True)
         env = {
             "PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8",
-            "GROVE_API_URL": self.url, "GROVE_WORKER_TOKEN": self.token,
+            "GROVE_API_URL": api or self.url, "GROVE_WORKER_TOKEN": self.token,
             "GROVE_REDIS_URL": self.svc.settings.redis_url, "GROVE_DATA_DIR": str(data), **FAST,
         }  # fmt: skip
         worker = Service(self.svc.settings.model_copy(update={"data_dir": data / "_test"}), env)
@@ -93,7 +93,7 @@ def test_two_workers_without_shared_storage_run_a_study_and_survive_a_kill(
     stack: Stack, tmp_path: Path
 ) -> None:
     w1 = stack.add_worker("w1", tmp_path / "m1")
-    w2 = stack.add_worker("w2", tmp_path / "m2")
+    w2 = stack.add_worker("w2", tmp_path / "m2", api=f"{stack.url}/api/v1")  # either form of the URL
     repo = make_repo(tmp_path / "src", tiny_files(name="remote", experiments=4, sleep=2.0))
     with db.session(stack.svc.settings.db_url) as s:
         study = create_study(s, stack.svc.settings, (repo / "grove.toml").read_text(), str(repo))

@@ -185,9 +185,9 @@ def test_the_repository_is_fetch_only_and_trunk_moves_only_by_the_gate(plane: Pl
 
 def test_the_fleet_token_is_a_worker_token_and_must_be_long(plane: Plane) -> None:
     fleet = "f" * 8 + "0123456789abcdef0123456789abcdef"
-    with pytest.raises(ValueError, match="GROVE_WORKER_TOKEN"):
-        create_app(plane.settings.model_copy(update={"worker_token": "short-secret"}))
-    app = create_app(plane.settings.model_copy(update={"worker_token": fleet}))
+    with pytest.raises(ValueError, match="GROVE_FLEET_TOKEN"):
+        create_app(plane.settings.model_copy(update={"fleet_token": "short-secret"}))
+    app = create_app(plane.settings.model_copy(update={"fleet_token": fleet}))
     with TestClient(app) as client:
         assert client.get(f"{W}/ping", headers={"Authorization": f"Bearer {fleet}"}).json() == {
             "worker": "fleet"

@@ -99,7 +99,7 @@ def test_every_command_names_something_in_the_project() -> None:
 def test_env_example_documents_every_setting() -> None:
     text = (PROJECT_ROOT / ".env.example").read_text()
     keys = {line.lstrip("# ").split("=", 1)[0] for line in text.splitlines() if "=" in line}
-    assert {"GROVE_DATABASE_URL", "GROVE_REDIS_URL", "POSTGRES_PASSWORD", "GROVE_WORKER_TOKEN"} <= keys
+    assert {"GROVE_DATABASE_URL", "GROVE_REDIS_URL", "POSTGRES_PASSWORD", "GROVE_FLEET_TOKEN"} <= keys
     settings = {f"GROVE_{name.upper()}" for name in Settings.model_fields}
     assert settings <= keys, sorted(settings - keys)
     # And every GROVE_ variable the code reads by name.
