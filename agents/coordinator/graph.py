@@ -291,23 +291,37 @@ def _active_jobs(state: CoordinatorState) -> list[int]:
     return list(state.get("pending", []))
 
 
+# Storage hands back the same record object while a node is unchanged: its tree node is kept too.
+_TREE_NODES: dict[int, tuple[NodeRecord, TreeNode]] = {}
+
+
 def tree_of(records: list[NodeRecord]) -> Tree:
     """Build the pure tree view from node records."""
-    return Tree.of(
-        TreeNode(
-            id=r.evidence.id,
-            parent_id=r.evidence.parent_id,
-            depth=r.evidence.depth,
-            status=NodeStatus(r.evidence.status),
-            prior=r.prior,
-            gain=r.evidence.gain,
-            gain_lcb=r.evidence.gain_lcb,
-            summary=r.evidence.summary,
-            insight=r.evidence.insight,
-            order=r.completed_order,
-            origin=r.evidence.origin,
-        )
-        for r in records
+    out = []
+    for r in records:
+        hit = _TREE_NODES.get(id(r))
+        if hit is None or hit[0] is not r:
+            hit = (r, _tree_node(r))
+            _TREE_NODES[id(r)] = hit
+        out.append(hit[1])
+    if len(_TREE_NODES) > 4 * len(records) + 1000:
+        _TREE_NODES.clear()
+    return Tree.of(out)
+
+
+def _tree_node(r: NodeRecord) -> TreeNode:
+    return TreeNode(
+        id=r.evidence.id,
+        parent_id=r.evidence.parent_id,
+        depth=r.evidence.depth,
+        status=NodeStatus(r.evidence.status),
+        prior=r.prior,
+        gain=r.evidence.gain,
+        gain_lcb=r.evidence.gain_lcb,
+        summary=r.evidence.summary,
+        insight=r.evidence.insight,
+        order=r.completed_order,
+        origin=r.evidence.origin,
     )
 
 

@@ -125,6 +125,9 @@ def make_sampler(name: SamplerName, seed: int) -> optuna.samplers.BaseSampler:
         )  # fmt: skip
 
 
+HISTORY = 256  # trials a sampler sees at most
+
+
 def replay(
     space: Space,
     nodes: Sequence[NodeEvidence],
@@ -133,8 +136,40 @@ def replay(
     maximize: bool,
     sampler: optuna.samplers.BaseSampler,
 ) -> optuna.Study:
-    """Return an in-memory study holding one trial per node whose assignment lies in the space."""
+    """Return an in-memory study holding one trial per node whose assignment lies in the space.
+
+    A long study shows the sampler a window of its history (`HISTORY` trials at most: every running
+    one, the best measured half, the most recent of the rest), so asking costs the same at node
+    5,000 as at node 300; a GP could not fit thousands of points in a step anyway.
+    """
     study = optuna.create_study(direction="maximize" if maximize else "minimize", sampler=sampler)
+    study.add_trials(_trials(space, window(nodes, maximize), rules))
+    return study
+
+
+def window(nodes: Sequence[NodeEvidence], maximize: bool) -> Sequence[NodeEvidence]:
+    """Return about `HISTORY` nodes: the root, every pending one, the best measured half, the most recent."""
+    if len(nodes) <= HISTORY:
+        return nodes
+    sign = 1.0 if maximize else -1.0
+
+    def measured(n: NodeEvidence) -> bool:
+        return n.dev_mean is not None and n.status != "failed" and math.isfinite(n.dev_mean)
+
+    ordered = sorted(nodes, key=lambda n: n.id)
+    keep = {n.id for n in ordered if n.status in PENDING or n.parent_id is None}  # and the root
+    best = sorted((n for n in ordered if measured(n)), key=lambda n: (-sign * (n.dev_mean or 0.0), n.id))
+    keep |= {n.id for n in best[: HISTORY // 2]}
+    rest = [n for n in ordered if n.id not in keep]
+    keep |= {n.id for n in rest[len(rest) - max(HISTORY - len(keep), 0) :]}
+    return [n for n in ordered if n.id in keep]
+
+
+def _trials(
+    space: Space, nodes: Sequence[NodeEvidence], rules: Sequence[dict[str, Any]]
+) -> list[optuna.trial.FrozenTrial]:
+    """Return one trial per node whose assignment lies in the space, oldest first."""
+    out = []
     dists = distributions(space)
     for n in sorted(nodes, key=lambda n: n.id):
         params = space.full({**space.base, **n.edits})
@@ -153,8 +188,8 @@ def replay(
             trial = create_trial(state=TrialState.FAIL, params=params, distributions=dists)
         else:
             continue
-        study.add_trial(trial)
-    return study
+        out.append(trial)
+    return out
 
 
 def pending_trial(space: Space, a: Assignment) -> optuna.trial.FrozenTrial:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +140,10 @@ class SearchPolicy:
             )  # fmt: skip
             for _, a, *_ in out:
                 study.add_trial(optuna_bridge.pending_trial(space, a))
-            parents = self._parents(ctx, rules)
+            # The nearest of the nodes the sampler saw: the best and the recent, never thousands.
+            parents = self._parents(
+                replace(ctx, nodes=list(optuna_bridge.window(ctx.nodes, ctx.maximize))), rules
+            )
             for a in optuna_bridge.ask(
                 study, space, batch - len(out), seen, sampler_seed(ctx.seed, ctx.round_no)
             ):

@@ -26,6 +26,10 @@ class TreeNode:
 @dataclass
 class Tree:
     nodes: dict[int, TreeNode] = field(default_factory=dict)
+    _kids: dict[int | None, list[TreeNode]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _indexed: int = field(default=-1, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, nodes: Iterable[TreeNode]) -> Tree:
@@ -34,7 +38,12 @@ class Tree:
 
     def children(self, node_id: int) -> list[TreeNode]:
         """Return a node's children ordered by id."""
-        return sorted((n for n in self.nodes.values() if n.parent_id == node_id), key=lambda n: n.id)
+        if self._indexed != len(self.nodes):  # built once; the view is not edited after it is made
+            self._kids = {}
+            for n in sorted(self.nodes.values(), key=lambda n: n.id):
+                self._kids.setdefault(n.parent_id, []).append(n)
+            self._indexed = len(self.nodes)
+        return list(self._kids.get(node_id, []))
 
     def ancestors(self, node_id: int) -> list[TreeNode]:
         """Return the ancestors of a node, nearest first."""

@@ -88,7 +88,8 @@ class Node(SQLModel, table=True):
     completed_order: int = 0
     cost: dict[str, Any] = _json({})
     created_at: datetime = Field(default_factory=now)
-    updated_at: datetime = Field(default_factory=now)
+    # Bumped by every ORM update of the row: the coordinator re-reads only the nodes that changed.
+    updated_at: datetime = Field(default_factory=now, sa_column_kwargs={"onupdate": now})
 
 
 class Job(SQLModel, table=True):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import time
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlmodel import Session, col, func, select
@@ -69,6 +71,118 @@ def node_records(s: Session, study_id: int) -> list[NodeRecord]:
     return [_record(n, insight, last_job, receipts, reports) for n in rows]
 
 
+class RecordCache:
+    """One study's node records kept between coordinator steps, refreshed from what changed since.
+
+    Nodes are re-read when their `updated_at` moved, and so are nodes that got a new insight
+    version, experiment job, dev receipt or report; every look goes back `MARGIN` before the last,
+    so a row written by a slightly late clock or a slow transaction is still seen. A full reload
+    happens every `FULL_EVERY` seconds regardless.
+    """
+
+    MARGIN = timedelta(seconds=120)
+    FULL_EVERY = 600.0
+
+    def __init__(self, margin: timedelta | None = None) -> None:
+        self.margin = self.MARGIN if margin is None else margin
+        self.since: datetime | None = None
+        self.loaded_at = 0.0
+        self.nodes: dict[int, Node] = {}
+        self.insight: dict[int, tuple[int, str]] = {}  # node -> (version, text)
+        self.last_job: dict[int, tuple[int, int]] = {}  # node -> (attempt, job)
+        self.receipts: dict[
+            int, dict[int, tuple[int | None, dict[str, Any]]]
+        ] = {}  # node -> rid -> (job, metrics)
+        self.reports: dict[int, str] = {}  # job -> report
+        self.records: dict[int, NodeRecord] = {}
+
+    def refresh(self, s: Session, study_id: int) -> list[NodeRecord]:
+        """Return every node's record, re-reading only what changed since the last call."""
+        started = now()
+        if self.since is None or time.monotonic() - self.loaded_at > self.FULL_EVERY:
+            self.__init__(self.margin)  # type: ignore[misc]
+            self.loaded_at = time.monotonic()
+        since = self.since - self.margin if self.since is not None else None
+
+        def recent(query: Any, column: Any) -> Any:
+            return query if since is None else query.where(column >= since)
+
+        touched: set[int] = set()
+        for n in s.exec(recent(select(Node).where(Node.study_id == study_id), Node.updated_at)):
+            assert n.id is not None
+            s.expunge(n)
+            self.nodes[n.id] = n
+            touched.add(n.id)
+        for nid, version, text in s.exec(
+            recent(
+                select(InsightVersion.node_id, InsightVersion.version, InsightVersion.text).where(
+                    InsightVersion.study_id == study_id
+                ),
+                InsightVersion.created_at,
+            )
+        ):
+            if version >= self.insight.get(nid, (0, ""))[0]:
+                self.insight[nid] = (version, text)
+                touched.add(nid)
+        for jid, nid, attempt in s.exec(
+            recent(
+                select(Job.id, Job.node_id, Job.attempt).where(
+                    Job.study_id == study_id, Job.kind == "experiment"
+                ),
+                Job.created_at,
+            )
+        ):
+            if attempt >= self.last_job.get(nid, (-1, 0))[0]:
+                self.last_job[nid] = (attempt, jid or 0)
+                touched.add(nid)
+        for rid, nid, jid, metrics in s.exec(
+            recent(
+                select(ReceiptRow.id, ReceiptRow.node_id, ReceiptRow.job_id, ReceiptRow.metrics).where(
+                    ReceiptRow.study_id == study_id,
+                    ReceiptRow.kind == "dev",
+                    ReceiptRow.ok == True,  # noqa: E712
+                ),
+                ReceiptRow.created_at,
+            )
+        ):
+            if nid is not None and rid not in self.receipts.setdefault(nid, {}):
+                self.receipts[nid][rid or 0] = (jid, dict(metrics or {}))
+                touched.add(nid)
+        for jid, nid, report in s.exec(
+            recent(
+                select(Trajectory.job_id, Trajectory.node_id, Trajectory.report).where(
+                    Trajectory.study_id == study_id, Trajectory.report != ""
+                ),
+                Trajectory.created_at,
+            )
+        ):
+            self.reports[jid] = report
+            touched.add(nid)
+        for nid in touched:
+            node = self.nodes.get(nid)
+            if node is not None:
+                self.records[nid] = self._build(node)
+        self.since = started
+        return [self.records[k] for k in sorted(self.records)]
+
+    def _build(self, node: Node) -> NodeRecord:
+        assert node.id is not None
+        last = self.last_job.get(node.id)
+        job = last[1] if last else None
+        mine = sorted(
+            (rid, metrics)
+            for rid, (of_job, metrics) in self.receipts.get(node.id, {}).items()
+            if job is None or of_job in (job, None)
+        )
+        insight = {node.id: self.insight[node.id][1]} if node.id in self.insight else {}
+        return _record(
+            node, insight, {node.id: job} if job is not None else {}, {node.id: mine}, self.reports
+        )
+
+
+_CACHES: dict[tuple[str, int], RecordCache] = {}
+
+
 def _record(
     node: Node,
     insight: dict[int, str],
@@ -122,11 +236,15 @@ def _record(
 def prune_subtree(s: Session, study_id: int, node_id: int, reason: str, lesson: str) -> None:
     """Prune a node and its prunable descendants; the node keeps its lesson as an insight."""
     rows = {n.id: n for n in s.exec(select(Node).where(Node.study_id == study_id))}
+    kids: dict[int | None, list[int]] = {}
+    for c in rows.values():
+        if c.id is not None:
+            kids.setdefault(c.parent_id, []).append(c.id)
     stack = [node_id]
     while stack:
         nid = stack.pop()
         n = rows[nid]
-        stack += [c.id for c in rows.values() if c.parent_id == nid and c.id is not None]
+        stack += kids.get(nid, [])
         if n.status in TERMINAL or n.status in ACTIVE or n.status == NodeStatus.AWAITING_APPROVAL:
             continue
         if n.status == NodeStatus.EVALUATED and nid != node_id:
@@ -184,9 +302,10 @@ class SqlStorage:
             )
 
     def nodes(self, study_id: int) -> list[NodeRecord]:
-        """Return every node of the study."""
+        """Return every node of the study (from this process's cache, refreshed with what changed)."""
+        cache = _CACHES.setdefault((self.url, study_id), RecordCache())
         with db.session(self.url) as s:
-            return node_records(s, study_id)
+            return cache.refresh(s, study_id)
 
     def add_proposals(self, study_id: int, round_no: int, proposals: list[Proposal]) -> list[int]:
         """Insert the proposals of an ideation round once (a replayed round returns the same ids)."""

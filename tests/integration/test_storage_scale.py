@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 from sqlalchemy import event
@@ -81,3 +82,50 @@ def test_reading_the_tree_takes_the_same_queries_at_any_size(settings: Settings,
     assert last.evidence.dev_metrics == {"m": 199.0} and len(last.dev_receipts) == 1
     assert last.evidence.insight == "newest 199" and last.evidence.report == "report 199"
     assert records[0].evidence.parent_id is None and records[0].evidence.report == ""
+
+
+def test_the_cached_tree_matches_a_full_read_after_every_kind_of_change(
+    settings: Settings, tiny_repo: Path
+) -> None:
+    from sqlmodel import select
+
+    from backend.services.storage import RecordCache, node_records
+
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, tiny_files()["grove.toml"], str(tiny_repo))
+        assert study.id is not None and study.trunk_node_id is not None
+        sid, root = study.id, study.trunk_node_id
+    with db.session(settings.db_url) as s:
+        grow(s, sid, root, 30)
+    # No look-back margin: only what the change markers say changed is read again.
+    cache = RecordCache(margin=timedelta(0))
+
+    def cached_read() -> list[object]:
+        with db.session(settings.db_url) as s:
+            return list(cache.refresh(s, sid))
+
+    def full() -> list[object]:
+        with db.session(settings.db_url) as s:
+            return list(node_records(s, sid))
+
+    assert cached_read() == full()
+    with db.session(settings.db_url) as s:
+        nodes = list(s.exec(select(Node).where(Node.study_id == sid).order_by(Node.id)))  # type: ignore[arg-type]
+        old, other, third = nodes[3], nodes[7], nodes[11]
+        old.dev_mean, old.status = 9.5, "rejected"  # a plain update of an old node
+        s.add(old)
+        s.add(InsightVersion(study_id=sid, node_id=other.id or 0, version=3, text="third thoughts"))
+        job = Job(study_id=sid, node_id=third.id or 0, attempt=3)  # a new attempt: only its receipts count
+        s.add(job)
+        s.flush()
+        s.add(ReceiptRow(study_id=sid, node_id=third.id, job_id=job.id, ok=True, metrics={"m": 42.0}))
+        s.add(Trajectory(study_id=sid, node_id=third.id or 0, job_id=job.id or 0, report="third report"))
+        s.add(Node(study_id=sid, parent_id=old.id, depth=2, status="proposed", title="new child"))
+    cached = cached_read()
+    assert cached == full() and SqlStorage(settings.db_url).nodes(sid) == cached
+    by_id = {r.evidence.id: r for r in cached}
+    assert by_id[old.id or 0].evidence.dev_mean == 9.5 and by_id[old.id or 0].evidence.status == "rejected"
+    assert by_id[other.id or 0].evidence.insight == "third thoughts"
+    assert by_id[third.id or 0].evidence.dev_metrics == {"m": 42.0}
+    assert by_id[third.id or 0].evidence.report == "third report"
+    assert cached[-1].evidence.title == "new child"

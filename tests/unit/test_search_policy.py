@@ -349,3 +349,33 @@ def test_the_llm_ideators_first_root_child_answers_a_restart_request() -> None:
 
 def ctx_of(nodes: list[NodeEvidence]) -> IdeationInput:
     return replace(ctx(nodes), k=3)
+
+
+def test_a_long_history_is_windowed_keeping_the_best_the_running_and_the_recent() -> None:
+    space = Space(SPACE, BASE)
+    nodes = [ev(1, None, {}, 0.5)]
+    for i in range(2, 1202):  # 1,200 measured nodes, scores rising with id except a few early stars
+        score = 10.0 if i in (5, 6, 7) else i / 10_000
+        nodes.append(ev(i, 1, {"c.toml:t.lr": 1e-4 + i * 1e-5}, score))
+    nodes.append(ev(1300, 1, {"c.toml:t.lr": 0.05}, None, status="running"))
+    study = optuna_bridge.replay(
+        space, nodes, [], maximize=True, sampler=optuna.samplers.RandomSampler(seed=0)
+    )
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == optuna_bridge.HISTORY
+    kept = optuna_bridge.window(nodes, maximize=True)
+    assert kept[0].parent_id is None and {5, 6, 7, 1201, 1300} <= {n.id for n in kept}
+    # A search proposal still hangs under a node, and asking stays deterministic.
+    policy = SearchPolicy(sampler="tpe")
+    first = policy.ideate(ctx(nodes, k=2))
+    assert first == policy.ideate(ctx(nodes, k=2)) and len(first) == 2
+    lrs = {round(t.params["c.toml:t.lr"], 8) for t in trials}
+    assert {round(1e-4 + i * 1e-5, 8) for i in (5, 6, 7)} <= lrs  # the best, however old
+    assert round(1e-4 + 1201 * 1e-5, 8) in lrs  # the newest
+    assert any(t.state == TrialState.RUNNING for t in trials)  # what is running now
+    assert study.best_value == 10.0
+    # Minimizing keeps the other end.
+    low = optuna_bridge.replay(
+        space, nodes, [], maximize=False, sampler=optuna.samplers.RandomSampler(seed=0)
+    )
+    assert low.best_value == min(n.dev_mean for n in nodes if n.dev_mean is not None)

@@ -1,0 +1,125 @@
+"""Coordinator step time as the tree grows: a study with 100 nodes vs the same study with 5,000.
+
+A step is what the coordinator does when an experiment ends: integrate the result, back-propagate,
+prune, ask the policy for the next proposals and dispatch them. The trees are built by inserting
+evaluated nodes in bulk; the measured steps then run the real graph (SQLite, the `search`
+policy, real experiments run inline between steps, outside the timing).
+
+    python benchmarks/coordinator_step.py [--small 100] [--large 5000] [--steps 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+from backend.core import db
+from backend.core.config import PROJECT_ROOT, Settings
+from backend.core.models import Job, Node, now
+from backend.engine import sealed
+from backend.engine.driver import Driver
+from backend.engine.experiment import run_experiment
+from backend.engine.sealed import SealedJobs
+from backend.engine.site import LocalSite
+from backend.services.studies import create_study
+
+sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
+from service_overhead import make_repo
+
+
+class Inline:
+    """A dispatcher that hands out tokens and leaves running the jobs to the benchmark."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings, self.pending = settings, []  # type: ignore[var-annotated]
+
+    def submit(self, job_id: int) -> None:
+        """Queue the job with a fresh token."""
+        with db.session(self.settings.db_url) as s:
+            job = s.get(Job, job_id)
+            if job is None or job.status in ("done", "failed"):
+                return
+            job.token, job.status = uuid.uuid4().hex, "queued"
+            s.add(job)
+            self.pending.append((job_id, job.token, job.kind))
+
+    def run(self) -> None:
+        """Run every pending job here, as a worker would."""
+        while self.pending:
+            job_id, token, kind = self.pending.pop(0)
+            if kind == "experiment":
+                run_experiment(LocalSite(self.settings), job_id, token)
+            else:
+                sealed.run(LocalSite(self.settings), job_id, token)
+
+
+def grow(settings: Settings, study_id: int, root_id: int, commit: str, n: int) -> None:
+    """Add `n` evaluated nodes under trunk, as a long study would have left them."""
+    rng = random.Random(0)
+    long_ago = now() - timedelta(days=1)  # written earlier in a long study, not in this step
+    with db.session(settings.db_url) as s:
+        for i in range(n):
+            x = rng.uniform(0, 100)
+            dev = [-abs(x - 50) - 60 + rng.gauss(0, 1) for _ in range(2)]
+            status = rng.choice(["evaluated", "evaluated", "rejected", "failed", "pruned"])
+            s.add(Node(
+                study_id=study_id, parent_id=root_id, depth=1, title=f"config.toml:knob.x 0 → {x:.3f}",
+                status=status, origin="policy", edits={"config.toml:knob.x": x}, hypothesis={"mechanism": "search"},
+                dev_values=dev if status != "failed" else [], dev_mean=sum(dev) / 2 if status != "failed" else None,
+                dev_n=2 if status != "failed" else 0, branch=f"bulk/{i}", base_commit=commit, round_no=-1,
+                commit=commit if status != "failed" else "", created_at=long_ago, updated_at=long_ago,
+            ))  # fmt: skip
+
+
+def step_times(root: Path, nodes: int, steps: int) -> list[float]:
+    """Return the wall time of each measured coordinator step on a study of `nodes` nodes."""
+    settings = Settings(data_dir=root / "data", worktrees_dir=root / "wt")
+    settings.ensure_dirs()
+    repo = make_repo(root / "repo", f"step{nodes}", 10 * nodes, 1, "-abs(cfg['knob']['x'] - 50)", 0.0)
+    text = (repo / "grove.toml").read_text().replace("repeats = 1", "repeats = 2")
+    text = text.replace('kind = "search"', 'kind = "search"\nsampler = "tpe"')
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, text, str(repo))
+        sid, root_id, base = study.id or 0, study.trunk_node_id or 0, study.trunk_commit
+    grow(settings, sid, root_id, base, nodes - 1)
+    inline = Inline(settings)
+    # As under Celery, the baseline and the gates are jobs: the coordinator only decides.
+    driver = Driver(settings, sid, inline, gatekeeper=SealedJobs(settings, inline.submit))
+    driver.advance()  # the baseline job
+    inline.run()
+    driver.advance()  # the first proposal
+    times = []
+    for _ in range(steps):
+        inline.run()
+        started = time.perf_counter()
+        driver.advance()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def main() -> None:
+    """Measure both sizes in one run and print the ratio."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--small", type=int, default=100)
+    ap.add_argument("--large", type=int, default=5000)
+    ap.add_argument("--steps", type=int, default=8)
+    args = ap.parse_args()
+    result = {}
+    for n in (args.small, args.large):
+        with tempfile.TemporaryDirectory(prefix="grove-step-") as tmp:
+            times = step_times(Path(tmp), n, args.steps)
+        result[n] = statistics.median(times)
+        print(f"{n:>6} nodes: step median {result[n] * 1000:.0f} ms (min {min(times) * 1000:.0f}, "
+              f"max {max(times) * 1000:.0f}, {len(times)} steps)")  # fmt: skip
+    print(f"step time {args.large} / {args.small} nodes: {result[args.large] / result[args.small]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
