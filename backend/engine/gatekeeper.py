@@ -31,12 +31,17 @@ class SealedRunner:
 
     def __init__(self, settings: Settings, store: JobStore, repo: Repo) -> None:
         self.settings, self.store, self.repo = settings, store, repo
-        if settings.sandbox == "none":
-            store.mark_unsandboxed()
+
+    def _unboxed(self) -> None:
+        """Record on the study that its code is about to run without the sandbox here."""
+        if self.settings.sandbox == "none":
+            self.store.mark_unsandboxed()
 
     def baseline(self) -> None:
         """Measure trunk at base on dev and held-out once (idempotent)."""
         st = self.store.study()
+        if not (st.baseline_dev and st.baseline_heldout):
+            self._unboxed()
         spec = spec_of(st)
         if not st.baseline_dev:
             path = workspace.worktree_path(self.settings, st, "baseline-dev")
@@ -92,6 +97,7 @@ class SealedRunner:
         node = self.store.node(node_id)
         if node.gated:
             return passed_gate(node)
+        self._unboxed()
         label = f"gate-n{node_id}"
         path = workspace.worktree_path(self.settings, st, f"{label}-merge")
         gate_branch = f"grove/{st.name}/gate/n{node_id}"

@@ -33,6 +33,10 @@ class Superseded(RuntimeError):
     """This job's token is no longer current; another run owns it."""
 
 
+class Unreachable(RuntimeError):
+    """The records could not be reached (the API is down or failed): the job is tried again later."""
+
+
 class Refused(ValueError):
     """A call named a node of another study, or a ref outside the study's namespace."""
 
@@ -66,8 +70,19 @@ class JobStore(Protocol):
     def publish(self, repo: Repo, ref: str, commit: str) -> None: ...
 
 
-# The calls a remote worker may make, by name (the API runs exactly these on a `DbStore`).
-CALLS = frozenset(name for name in JobStore.__dict__ if not name.startswith("_") and name not in ("publish",))
+# The calls a remote worker's job may make, by its kind (the API runs exactly these on a `DbStore`).
+_COMMON = frozenset({"study", "node", "add_receipts", "mark_unsandboxed"})
+CALLS: dict[str, frozenset[str]] = {
+    "experiment": _COMMON | {
+        "event", "finish", "crash", "insights", "save_trajectory", "relabel", "not_worth_it",
+        "keep_trunk_dev", "llm_budget", "llm_record",
+    },
+    "baseline": _COMMON | {"finish_sealed", "baseline_dev", "baseline_heldout", "test_query"},
+    "gate": _COMMON | {"finish_sealed", "gate_crashed", "test_query", "verdict", "keep_trunk_heldout"},
+}  # fmt: skip
+EVENTS = frozenset({"node.repeated"})  # the only events a job writes by name
+LLM_FIELDS = frozenset({"node_id", "role", "model", "base_id", "base_len", "messages", "response",
+                        "tokens_in", "tokens_out", "usd"})  # fmt: skip
 
 
 def claim_experiment(
@@ -227,7 +242,9 @@ class DbStore:
     # writes --------------------------------------------------------------------
 
     def event(self, kind: str, node_id: int | None, payload: dict[str, Any]) -> None:
-        """Append an event of the study."""
+        """Append an event of the study (of the kinds a job writes)."""
+        if kind not in EVENTS or set(payload) & {"s", "study_id", "type_", "node_id"}:
+            raise Refused(f"a job may not write a {kind!r} event with keys {sorted(payload)}")
         with db.session(self.settings.db_url) as s:
             if node_id is not None:
                 self._node(s, node_id)
@@ -251,10 +268,14 @@ class DbStore:
             "dev_std",
             "dev_n",
         }
+        if status not in (NodeStatus.EVALUATED, NodeStatus.FAILED, NodeStatus.REJECTED):
+            raise Refused(f"an experiment ends evaluated, failed or rejected, not {status!r}")
         if set(fields) - allowed:
             raise Refused(f"an experiment may not set {sorted(set(fields) - allowed)}")
         with db.session(self.settings.db_url) as s:
             job = self._job(s)
+            if job.kind != "experiment":
+                raise Refused(f"job {job.id} is a {job.kind} job, not an experiment")
             node = self._node(s, job.node_id)
             for k, v in fields.items():
                 setattr(node, k, v)
@@ -280,6 +301,8 @@ class DbStore:
 
     def finish_sealed(self, status: str, outcome: dict[str, Any]) -> str:
         """Record a sealed job's end unless someone else ended it meanwhile (a stop cancels it)."""
+        if status not in ("done", "failed"):
+            raise Refused(f"a sealed job ends done or failed, not {status!r}")
         with db.session(self.settings.db_url) as s:
             try:
                 job = self._job(s)
@@ -406,10 +429,18 @@ class DbStore:
 
     def llm_record(self, call: dict[str, Any]) -> int:
         """Store one LLM call (its new messages only) and charge it to the node and the study."""
+        bad = set(call) - LLM_FIELDS
+        costs = [call.get(k, 0) for k in ("tokens_in", "tokens_out", "usd", "base_len")]
+        if bad or not all(isinstance(c, int | float) and c >= 0 for c in costs):
+            raise Refused(f"an LLM call may not carry {sorted(bad)} or negative counts")
         with db.session(self.settings.db_url) as s:
             node_id = call.get("node_id")
             if node_id is not None:
                 self._node(s, node_id)
+            base_id = call.get("base_id")
+            base = s.get(LlmCall, base_id) if base_id is not None else None
+            if base_id is not None and (base is None or base.study_id != self.study_id):
+                raise Refused(f"LLM call {base_id} is not a call of study {self.study_id}")
             row = LlmCall.model_validate({**call, "study_id": self.study_id})
             s.add(row)
             s.flush()

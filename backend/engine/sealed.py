@@ -18,7 +18,7 @@ from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Job, Node, Study
 from backend.engine.gatekeeper import BaselineError, LocalGatekeeper, SealedRunner
-from backend.engine.jobstore import SEALED, DbStore
+from backend.engine.jobstore import SEALED, DbStore, Superseded, Unreachable
 from backend.engine.site import Site
 from backend.services import lifecycle
 from backend.services.records import add_event
@@ -49,6 +49,8 @@ def run(site: Site, job_id: int, token: str) -> str:
         status = "done"
     except BaselineError as exc:
         status, outcome["reason"] = "failed", str(exc)
+    except (Unreachable, Superseded):
+        raise  # the API is out of reach (tried again later), or the job is no longer ours
     except Exception as exc:  # recorded with its reason: the coordinator must not wait forever
         traceback.print_exc()
         status, outcome["reason"] = "failed", f"{type(exc).__name__}: {exc}"[:2000]

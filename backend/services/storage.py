@@ -87,6 +87,7 @@ class RecordCache:
         self.margin = self.MARGIN if margin is None else margin
         self.since: datetime | None = None
         self.loaded_at = 0.0
+        self.root: tuple[int, datetime] | None = None
         self.nodes: dict[int, Node] = {}
         self.insight: dict[int, tuple[int, str]] = {}  # node -> (version, text)
         self.last_job: dict[int, tuple[int, int]] = {}  # node -> (attempt, job)
@@ -108,8 +109,16 @@ class RecordCache:
             return query if since is None else query.where(column >= since)
 
         touched: set[int] = set()
-        for n in s.exec(recent(select(Node).where(Node.study_id == study_id), Node.updated_at)):
+        query = select(Node).where(Node.study_id == study_id)
+        if since is not None:  # the root comes every time: a different one means another study took the id
+            query = query.where((col(Node.updated_at) >= since) | col(Node.parent_id).is_(None))
+        for n in list(s.exec(query)):
             assert n.id is not None
+            if n.parent_id is None and since is not None and self.root != (n.id, n.created_at):
+                self.since = None
+                return self.refresh(s, study_id)
+            if n.parent_id is None:
+                self.root = (n.id, n.created_at)
             s.expunge(n)
             self.nodes[n.id] = n
             touched.add(n.id)

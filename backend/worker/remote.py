@@ -22,14 +22,14 @@ from backend.core.config import Settings
 from backend.core.gitops import GitError, Repo, git, git_env
 from backend.core.models import Job, Node, Study
 from backend.engine import jobstore
-from backend.engine.jobstore import JobStore, Refused, Superseded
+from backend.engine.jobstore import JobStore, Refused, Superseded, Unreachable
 
 WORKER_PREFIX = "/api/v1/worker"
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per call would drown the worker's log
 
 
-class RemoteError(RuntimeError):
-    """The API refused or failed a worker's call (the message says which and why)."""
+class RemoteError(Unreachable):
+    """The API refused or failed a worker's call, or could not be reached (the message says which)."""
 
 
 class Api:
@@ -59,11 +59,18 @@ class Api:
 
     def post(self, path: str, **kwargs: Any) -> Any:
         """POST to a worker endpoint; map 409 to Superseded and other refusals to RemoteError."""
-        return self._answer(self.http.post(path, **kwargs))
+        return self._send("POST", path, **kwargs)
 
     def put(self, path: str, **kwargs: Any) -> Any:
         """PUT to a worker endpoint."""
-        return self._answer(self.http.put(path, **kwargs))
+        return self._send("PUT", path, **kwargs)
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            r = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise RemoteError(f"{method} {path}: cannot reach the API at {self.base}: {exc}") from None
+        return self._answer(r)
 
     @staticmethod
     def _answer(r: httpx.Response) -> Any:
@@ -100,6 +107,17 @@ def _detail(r: httpx.Response) -> str:
     except ValueError:
         return r.text[:500]
     return str(detail.get("message", detail) if isinstance(detail, dict) else detail)
+
+
+_SITES: dict[tuple[str, str], RemoteSite] = {}
+
+
+def site(settings: Settings) -> RemoteSite:
+    """Return this process's remote site for these settings (one HTTP client, reused by every task)."""
+    key = (settings.api_url or "", settings.worker_token or "")
+    if key not in _SITES:
+        _SITES[key] = RemoteSite(settings)
+    return _SITES[key]
 
 
 class RemoteSite:

@@ -28,9 +28,9 @@ from backend.engine.site import LocalSite, Site
 from backend.services import lifecycle
 from backend.services.spec_errors import repository_error
 from backend.services.studies import clone_study
+from backend.worker import remote
 from backend.worker.celery_app import app
 from backend.worker.dispatch import CeleryDispatcher, enqueue_advance
-from backend.worker.remote import RemoteSite
 
 
 @worker_process_init.connect
@@ -114,14 +114,14 @@ def advance(self: Task, study_id: int) -> str:
 def site_of(settings: Settings) -> Site:
     """Return where this worker runs jobs: beside the database, or through the API (`GROVE_WORKER_TOKEN`)."""
     if settings.worker_token:
-        return RemoteSite(settings)
+        return remote.site(settings)
     return LocalSite(settings)
 
 
 def _job(job_id: int, token: str, study_id: int | None, run: Callable[[Site, int, str], str]) -> str:
     """Run a job under its lease, then wake the coordinator (a duplicate delivery finds it held)."""
     settings = get_settings()
-    if study_id is None:  # a task sent before tasks carried their study
+    if study_id is None and not settings.worker_token:  # a task sent before tasks carried their study
         with db.session(settings.db_url) as s:
             job = s.get(Job, job_id)
             study_id = job.study_id if job else None
@@ -170,10 +170,13 @@ def sealed_gpu(job_id: int, token: str, study_id: int | None = None) -> str:
     return _job(job_id, token, study_id, sealed.run)
 
 
-@app.task(name="gpu.learn")
-def learn(job_id: int) -> str:
+@app.task(name="gpu.learn", bind=True, max_retries=None)
+def learn(self: Task, job_id: int) -> str:
     """Run a learning-module job (self-distillation or a sparse-attention evaluation)."""
     settings = get_settings()
+    if settings.worker_token:  # learning jobs read and write the database: leave it to a worker beside it
+        print(f"learning job {job_id} needs a gpu worker beside the database; sent back to the queue")
+        raise self.retry(countdown=60)
     try:
         with lease(settings.redis_url, f"grove:learning:{job_id}", settings.lease_seconds):
             return learning.run(settings, job_id)

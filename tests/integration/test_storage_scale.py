@@ -129,3 +129,30 @@ def test_the_cached_tree_matches_a_full_read_after_every_kind_of_change(
     assert by_id[third.id or 0].evidence.dev_metrics == {"m": 42.0}
     assert by_id[third.id or 0].evidence.report == "third report"
     assert cached[-1].evidence.title == "new child"
+
+
+def test_a_study_id_taken_over_by_another_study_is_read_afresh(settings: Settings, tiny_repo: Path) -> None:
+    from sqlmodel import select
+
+    from backend.services.storage import RecordCache
+
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, tiny_files()["grove.toml"], str(tiny_repo))
+        sid, root = study.id or 0, study.trunk_node_id or 0
+        grow(s, sid, root, 3)
+    cache = RecordCache(margin=timedelta(0))
+    with db.session(settings.db_url) as s:
+        assert len(cache.refresh(s, sid)) == 4
+    # The study's rows go and others take its id (as a discarded study's may on SQLite).
+    with db.session(settings.db_url) as s:
+        for model in (ReceiptRow, InsightVersion, Trajectory, Job):
+            for row in s.exec(select(model).where(model.study_id == sid)):  # type: ignore[attr-defined]
+                s.delete(row)
+        s.flush()
+        for n in sorted(s.exec(select(Node).where(Node.study_id == sid)), key=lambda n: -(n.id or 0)):
+            s.delete(n)
+            s.flush()
+        s.add(Node(study_id=sid, depth=0, status="merged", title="another root"))
+    with db.session(settings.db_url) as s:
+        records = cache.refresh(s, sid)
+    assert [r.evidence.title for r in records] == ["another root"]

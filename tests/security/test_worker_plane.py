@@ -113,17 +113,24 @@ def test_calls_need_the_jobs_current_token_and_stay_in_its_study(plane: Plane) -
     # A job's finish may set its node's results, not its gate verdict or its place in the tree.
     code, body = call(plane, "finish", status="evaluated", extra_runs=0, fields={"gate_commit": "f" * 40})
     assert code == 422 and "may not set" in str(body)
-    assert call(plane, "verdict", passed="yes please", reason="", commit="", values=[], gain=None)[0] == 422
+    assert call(plane, "not_worth_it", mean="lots", spent=0, more=1)[0] == 422  # arguments are validated
 
 
 def test_outputs_stay_under_the_studys_folder(plane: Plane) -> None:
     put = plane.client.put
-    ok = put(f"{W}/jobs/{plane.job.id}/outputs/n99-a1/dev-seed0.stdout", params={"token": "job-t"},
+    label = f"n{plane.job.node_id}-a1"
+    ok = put(f"{W}/jobs/{plane.job.id}/outputs/{label}/dev-seed0.stdout", params={"token": "job-t"},
              content=b"hello", headers=plane.worker)  # fmt: skip
     assert ok.status_code == 200
     assert Path(ok.json()["path"]).read_bytes() == b"hello"
     assert Path(ok.json()["path"]).is_relative_to(plane.settings.data_dir / "outputs" / "mine")
-    for bad in ("%2e%2e/%2e%2e/grove.db", "..%2fgrove.db", ".hidden", "a/b/c/d", "n99/%2e%2e"):
+    # Only under this job's own folders: not another job's outputs, nor a sealed run's.
+    others = (
+        "gate-n1/test-seed0.stdout",
+        "baseline-test/test-seed0.stdout",
+        f"n{plane.job.node_id}-a2/x.stdout",
+    )
+    for bad in ("%2e%2e/%2e%2e/grove.db", "..%2fgrove.db", ".hidden", "a/b/c/d", f"{label}/%2e%2e", *others):
         r = put(f"{W}/jobs/{plane.job.id}/outputs/{bad}", params={"token": "job-t"}, content=b"x",
                 headers=plane.worker)  # fmt: skip
         assert r.status_code in (404, 422), bad
@@ -195,3 +202,38 @@ def test_the_fleet_token_is_a_worker_token_and_must_be_long(plane: Plane) -> Non
         assert client.get(f"{W}/ping", headers={"Authorization": f"Bearer {fleet}x"}).status_code == 401
         # Only the worker role: the fleet token cannot read studies or act as an operator.
         assert client.get("/api/v1/studies", headers={"Authorization": f"Bearer {fleet}"}).status_code == 403
+
+
+def test_a_job_makes_only_the_calls_of_its_kind_with_what_it_made(plane: Plane) -> None:
+    # An experiment cannot write a gate verdict, a baseline or a sealed ending.
+    for name, args in (
+        ("verdict", {"passed": True, "reason": "passed: trust me", "commit": "", "values": [], "gain": 9.9}),
+        ("baseline_heldout", {"values": [1.0]}),
+        ("finish_sealed", {"status": "done", "outcome": {}}),
+        ("test_query", {}),
+    ):
+        assert call(plane, name, **args)[0] == 404, name
+    # Nor end in a status of its choosing, or claim a commit its branch does not hold.
+    code, body = call(plane, "finish", status="merged", extra_runs=0, fields={})
+    assert code == 422 and "evaluated, failed or rejected" in str(body)
+    code, body = call(plane, "finish", status="evaluated", extra_runs=0, fields={"commit": "a" * 40})
+    assert code == 422 and "is not the tip" in str(body)
+    # Events of its own kind only, and LLM calls that cannot refund the budget or borrow a prompt.
+    assert call(plane, "event", kind="node.merged", node_id=None, payload={})[0] == 422
+    assert call(plane, "event", kind="node.repeated", node_id=None, payload={"study_id": 2})[0] == 422
+    llm = {"role": "executor", "model": "m", "messages": [], "response": {}, "tokens_in": 1, "tokens_out": 1}
+    assert call(plane, "llm_record", call={**llm, "usd": -5.0})[0] == 422
+    assert call(plane, "llm_record", call={**llm, "usd": 0.1, "id": 1})[0] == 422
+    assert call(plane, "llm_record", call={**llm, "usd": 0.1, "base_id": 999_999})[0] == 422
+    assert call(plane, "llm_record", call={**llm, "usd": 0.1})[0] == 200
+    # A receipt's output path outside the study's folder is not kept (the API would serve it).
+    receipt = {"kind": "dev", "seed": 0, "ok": True, "metrics": {"score": 1.0},
+               "stdout_path": str(plane.settings.data_dir / "grove.db"), "stderr_path": "/proc/self/environ"}  # fmt: skip
+    assert call(plane, "add_receipts", node_id=plane.job.node_id, receipts=[receipt])[0] == 200
+    with db.session(plane.settings.db_url) as s:
+        from sqlmodel import select
+
+        from backend.core.models import ReceiptRow
+
+        rows = list(s.exec(select(ReceiptRow).where(ReceiptRow.job_id == plane.job.id)))
+    assert rows and all(r.stdout_path == "" and r.stderr_path == "" for r in rows)

@@ -45,6 +45,8 @@ def test_gpu_worker_reserves_a_gpu_and_is_optional() -> None:
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
     assert gpu["profiles"] == ["gpu"] and gpu["command"][3] == "gpu"
+    # It runs learning jobs too, which need the database: it sits beside it like the coordinator.
+    assert "grove-data:/data" in gpu["volumes"] and gpu["env_file"] == ".env"
 
 
 def test_api_and_coordinator_share_data_and_workers_share_nothing() -> None:
@@ -52,10 +54,10 @@ def test_api_and_coordinator_share_data_and_workers_share_nothing() -> None:
         mounts = SERVICES[name]["volumes"]
         assert "grove-data:/data" in mounts and "grove-worktrees:/worktrees" in mounts, name
         assert SERVICES[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
-    workers = [n for n in SERVICES if n.startswith("worker-")]
+    workers = [n for n in SERVICES if n.startswith("worker-cpu")]
     volumes = [SERVICES[n]["volumes"] for n in workers]
-    assert len(workers) == 3 and all(len(v) == 1 and v[0].endswith(":/data") for v in volumes)
-    assert len({v[0] for v in volumes}) == 3, "each worker has a volume of its own"
+    assert len(workers) == 2 and all(len(v) == 1 and v[0].endswith(":/data") for v in volumes)
+    assert len({v[0] for v in volumes}) == 2, "each cpu worker has a volume of its own"
     for name in workers:
         svc = SERVICES[name]
         env = svc["environment"]

@@ -15,10 +15,10 @@ from agents.policies import configfiles
 from agents.spec import split_search_key
 from agents.tree.status import STUDY_ENDED, TERMINAL, StudyStatus
 from backend.api import schemas, serializers
-from backend.api.deps import MAX_ID, CeleryDep, NodeId, Operator, Reader, SessionDep, StudyId
+from backend.api.deps import MAX_ID, CeleryDep, NodeId, Operator, Reader, SessionDep, SettingsDep, StudyId
 from backend.api.routes.studies import get_study
 from backend.core import gitops
-from backend.core.models import Event, InsightVersion, Node, ReceiptRow
+from backend.core.models import Event, InsightVersion, Node, ReceiptRow, Study
 from backend.services.records import add_event, spec_of
 from backend.services.storage import prune_subtree
 from backend.worker.dispatch import enqueue_advance
@@ -199,6 +199,7 @@ def receipt_output(
     study_id: StudyId,
     receipt_id: Annotated[int, PathParam(ge=1, le=MAX_ID)],
     s: SessionDep,
+    settings: SettingsDep,
     who: Reader,
     stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
 ) -> str:
@@ -206,7 +207,9 @@ def receipt_output(
     r = s.get(ReceiptRow, receipt_id)
     if r is None or r.study_id != study_id:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"study {study_id} has no receipt {receipt_id}")
-    path = Path(r.stdout_path if stream == "stdout" else r.stderr_path)
-    if not path.is_file():
+    path = Path(r.stdout_path if stream == "stdout" else r.stderr_path).resolve()
+    study = s.get(Study, study_id)
+    outputs = (settings.data_dir / "outputs" / (study.name if study else "")).resolve()
+    if not path.is_relative_to(outputs) or not path.is_file():
         raise HTTPException(status.HTTP_410_GONE, f"the stored {stream} of receipt {receipt_id} is gone")
     return path.read_text("utf-8", "replace")

@@ -48,7 +48,17 @@ class Held:
     study_id: int
     node_id: int
     kind: str
+    attempt: int
     node_branch: str
+
+    def labels(self) -> set[str]:
+        """Return the output folders this job's runs write (see `workspace.output_dir`)."""
+        if self.kind == "experiment":
+            own = f"n{self.node_id}-a{self.attempt}"
+            return {own, f"{own}-trunk"}
+        if self.kind == "gate":
+            return {f"gate-n{self.node_id}", f"gate-n{self.node_id}-trunk"}
+        return {"baseline", "baseline-test"}
 
 
 def _dump(row: Any) -> dict[str, Any]:
@@ -61,7 +71,9 @@ def _held(settings: Any, job_id: int, token: str) -> Held:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is not running under this token")
     with db.session(settings.db_url) as s:
         node = s.get(Node, job.node_id)
-        return Held(job.id or 0, job.study_id, job.node_id, job.kind, node.branch if node else "")
+        return Held(
+            job.id or 0, job.study_id, job.node_id, job.kind, job.attempt, node.branch if node else ""
+        )
 
 
 def _study(settings: Any, study_id: int) -> Study:
@@ -101,12 +113,14 @@ def claim_sealed(job_id: int, body: Claim, settings: SettingsDep, who: Worker) -
 @router.post("/jobs/{job_id}/call/{name}")
 def call(job_id: int, name: str, body: Call, settings: SettingsDep, who: Worker) -> Any:
     """Run one of a job's record calls (`JobStore`) on the database, scoped to the job's study."""
-    if name not in CALLS:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no worker call {name!r}")
     job = _held(settings, job_id, body.token)
+    if name not in CALLS.get(job.kind, frozenset()):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no worker call {name!r} for a {job.kind} job")
+    study = _study(settings, job.study_id)
+    args = _checked(settings, study, job, name, dict(body.args))
     store = DbStore(settings, job.study_id, job.node_id, job.id, body.token)
     try:
-        out = validate_call(getattr(store, name))(**body.args)
+        out = validate_call(getattr(store, name))(**args)
     except ValidationError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"{name}: {exc}") from None
     except Refused as exc:
@@ -116,6 +130,39 @@ def call(job_id: int, name: str, body: Call, settings: SettingsDep, who: Worker)
     if isinstance(out, Study | Node):
         return _dump(out)
     return out
+
+
+def _checked(settings: Any, study: Study, job: Held, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Hold a remote job's call to what it can have made: its outputs, its own branch's commits."""
+    repo = gitops.Repo(Path(study.repo_path))
+
+    def tip(ref: str) -> str:
+        try:
+            return repo.rev(f"refs/heads/{ref}")
+        except gitops.GitError:
+            return ""
+
+    if name == "add_receipts" and isinstance(args.get("receipts"), list):
+        outputs = (settings.data_dir / "outputs" / study.name).resolve()
+        for r in args["receipts"]:
+            for key in ("stdout_path", "stderr_path"):
+                if isinstance(r, dict) and not Path(str(r.get(key) or "/")).resolve().is_relative_to(outputs):
+                    r[key] = ""
+    commit = (
+        args.get("fields", {}).get("commit")
+        if name == "finish" and isinstance(args.get("fields"), dict)
+        else None
+    )
+    if commit and commit != tip(job.node_branch):
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT, f"commit {commit} is not the tip of {job.node_branch}"
+        )
+    gate_branch = f"grove/{study.name}/gate/n{job.node_id}"
+    if name == "verdict" and args.get("commit") and args["commit"] != tip(gate_branch):
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT, f"commit {args['commit']} is not the tip of {gate_branch}"
+        )
+    return args
 
 
 @router.put("/jobs/{job_id}/outputs/{rel:path}")
@@ -130,17 +177,26 @@ async def upload_output(
     """Store a full output of one of the job's runs under the API's data directory; return its path."""
     job = await run_in_threadpool(_held, settings, job_id, token)
     parts = rel.split("/")
-    if not 1 <= len(parts) <= 3 or not all(_PART.match(p) and ".." not in p for p in parts):
+    if not 2 <= len(parts) <= 3 or not all(_PART.match(p) and ".." not in p for p in parts):
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"output name {rel!r} is not allowed")
+    if parts[0] not in job.labels():
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT, f"job {job_id} does not write {parts[0]!r}"
+        )
     study = await run_in_threadpool(_study, settings, job.study_id)
     base = (settings.data_dir / "outputs" / study.name).resolve()
     dest = base.joinpath(*parts)
     data = (await request.body())[: settings.output_cap_bytes]
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".part")
-    tmp.write_bytes(data)
-    os.replace(tmp, dest)
+    await run_in_threadpool(_write, dest, data)
     return {"path": str(dest)}
+
+
+def _write(dest: Path, data: bytes) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, dest)
 
 
 @router.post("/jobs/{job_id}/publish")
@@ -156,7 +212,10 @@ async def publish(
     """Take a job's commits as a git bundle into Grove's clone, under the job's own branch only."""
     job = await run_in_threadpool(_held, settings, job_id, token)
     study = await run_in_threadpool(_study, settings, job.study_id)
-    allowed = {f"grove/{study.name}/gate/n{job.node_id}"} if job.kind == "gate" else {job.node_branch}
+    allowed = {
+        "gate": {f"grove/{study.name}/gate/n{job.node_id}"},
+        "experiment": {job.node_branch} - {study.trunk_branch, ""},
+    }.get(job.kind, set())  # a baseline makes no commit
     if ref not in allowed:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"job {job_id} may not publish {ref!r}")
     data = await request.body()
