@@ -5,7 +5,7 @@ prune, ask the policy for the next proposals and dispatch them. The trees are bu
 evaluated nodes in bulk; the measured steps then run the real graph (SQLite, the `search`
 policy, real experiments run inline between steps, outside the timing).
 
-    python benchmarks/coordinator_step.py [--small 100] [--large 5000] [--steps 8]
+    python benchmarks/coordinator_step.py [--small 100] [--large 5000] [--steps 20]
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from backend.services.studies import create_study
 
 sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
 from service_overhead import make_repo
+
+FANOUT = 8
 
 
 class Inline:
@@ -61,60 +63,77 @@ class Inline:
 
 
 def grow(settings: Settings, study_id: int, root_id: int, commit: str, n: int) -> None:
-    """Add `n` evaluated nodes under trunk, as a long study would have left them."""
+    """Add `n` evaluated nodes under trunk, as a long study would have left them.
+
+    The tree has the shape ideation gives it: each node that did not fail has up to
+    `FANOUT` children, breadth first (5,000 nodes reach depth 5).
+    """
     rng = random.Random(0)
     long_ago = now() - timedelta(days=1)  # written earlier in a long study, not in this step
+    parents: list[tuple[int, int]] = [(root_id, 0)]  # (node, depth) that may take children, oldest first
     with db.session(settings.db_url) as s:
         for i in range(n):
+            parent, depth = parents[i // FANOUT]
             x = rng.uniform(0, 100)
             dev = [-abs(x - 50) - 60 + rng.gauss(0, 1) for _ in range(2)]
             status = rng.choice(["evaluated", "evaluated", "rejected", "failed", "pruned"])
-            s.add(Node(
-                study_id=study_id, parent_id=root_id, depth=1, title=f"config.toml:knob.x 0 → {x:.3f}",
+            node = Node(
+                study_id=study_id, parent_id=parent, depth=depth + 1, title=f"config.toml:knob.x 0 → {x:.3f}",
                 status=status, origin="policy", edits={"config.toml:knob.x": x}, hypothesis={"mechanism": "search"},
                 dev_values=dev if status != "failed" else [], dev_mean=sum(dev) / 2 if status != "failed" else None,
                 dev_n=2 if status != "failed" else 0, branch=f"bulk/{i}", base_commit=commit, round_no=-1,
                 commit=commit if status != "failed" else "", created_at=long_ago, updated_at=long_ago,
-            ))  # fmt: skip
+            )  # fmt: skip
+            s.add(node)
+            s.flush()
+            if status != "failed":
+                parents.append((node.id or 0, depth + 1))
 
 
-def step_times(root: Path, nodes: int, steps: int) -> list[float]:
-    """Return the wall time of each measured coordinator step on a study of `nodes` nodes."""
-    settings = Settings(data_dir=root / "data", worktrees_dir=root / "wt")
-    settings.ensure_dirs()
-    repo = make_repo(root / "repo", f"step{nodes}", 10 * nodes, 1, "-abs(cfg['knob']['x'] - 50)", 0.0)
-    text = (repo / "grove.toml").read_text().replace("repeats = 1", "repeats = 2")
-    text = text.replace('kind = "search"', 'kind = "search"\nsampler = "tpe"')
-    with db.session(settings.db_url) as s:
-        study = create_study(s, settings, text, str(repo))
-        sid, root_id, base = study.id or 0, study.trunk_node_id or 0, study.trunk_commit
-    grow(settings, sid, root_id, base, nodes - 1)
-    inline = Inline(settings)
-    # As under Celery, the baseline and the gates are jobs: the coordinator only decides.
-    driver = Driver(settings, sid, inline, gatekeeper=SealedJobs(settings, inline.submit))
-    driver.advance()  # the baseline job
-    inline.run()
-    driver.advance()  # the first proposal
-    times = []
-    for _ in range(steps):
-        inline.run()
+class Study:
+    """A study of `nodes` nodes whose coordinator steps can be timed one at a time."""
+
+    def __init__(self, root: Path, nodes: int) -> None:
+        settings = Settings(data_dir=root / "data", worktrees_dir=root / "wt")
+        settings.ensure_dirs()
+        repo = make_repo(root / "repo", f"step{nodes}", 10 * nodes, 1, "-abs(cfg['knob']['x'] - 50)", 0.0)
+        text = (repo / "grove.toml").read_text().replace("repeats = 1", "repeats = 2")
+        text = text.replace('kind = "search"', 'kind = "search"\nsampler = "tpe"')
+        with db.session(settings.db_url) as s:
+            study = create_study(s, settings, text, str(repo))
+            sid, root_id, base = study.id or 0, study.trunk_node_id or 0, study.trunk_commit
+        grow(settings, sid, root_id, base, nodes - 1)
+        self.inline = Inline(settings)
+        # As under Celery, the baseline and the gates are jobs: the coordinator only decides.
+        self.driver = Driver(settings, sid, self.inline, gatekeeper=SealedJobs(settings, self.inline.submit))
+        self.driver.advance()  # the baseline job
+        self.inline.run()
+        self.driver.advance()  # the first proposal
+        self.times: list[float] = []
+
+    def step(self) -> None:
+        """Run what the last step dispatched (untimed), then time the coordinator's next step."""
+        self.inline.run()
         started = time.perf_counter()
-        driver.advance()
-        times.append(time.perf_counter() - started)
-    return times
+        self.driver.advance()
+        self.times.append(time.perf_counter() - started)
 
 
 def main() -> None:
-    """Measure both sizes in one run and print the ratio."""
+    """Build both studies, time their steps alternately (so both see the same machine), print the ratio."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", type=int, default=100)
     ap.add_argument("--large", type=int, default=5000)
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="grove-step-") as tmp:
+        small, large = Study(Path(tmp) / "small", args.small), Study(Path(tmp) / "large", args.large)
+        for _ in range(args.steps):
+            small.step()
+            large.step()
     result = {}
-    for n in (args.small, args.large):
-        with tempfile.TemporaryDirectory(prefix="grove-step-") as tmp:
-            times = step_times(Path(tmp), n, args.steps)
+    for n, study in ((args.small, small), (args.large, large)):
+        times = study.times
         result[n] = statistics.median(times)
         print(f"{n:>6} nodes: step median {result[n] * 1000:.0f} ms (min {min(times) * 1000:.0f}, "
               f"max {max(times) * 1000:.0f}, {len(times)} steps)")  # fmt: skip

@@ -295,8 +295,17 @@ def _active_jobs(state: CoordinatorState) -> list[int]:
 _TREE_NODES: dict[int, tuple[NodeRecord, TreeNode]] = {}
 
 
+_LAST_TREE: dict[int, tuple[list[NodeRecord], Tree]] = {}  # by the root record: one per study
+MEMO_LIMIT = 200_000  # entries kept across all studies this process coordinates
+
+
 def tree_of(records: list[NodeRecord]) -> Tree:
-    """Build the pure tree view from node records."""
+    """Build the pure tree view from node records (the same records give the same view back)."""
+    key = id(records[0]) if records else 0
+    if key in _LAST_TREE:
+        seen, tree = _LAST_TREE[key]
+        if len(seen) == len(records) and all(a is b for a, b in zip(seen, records, strict=True)):
+            return tree
     out = []
     for r in records:
         hit = _TREE_NODES.get(id(r))
@@ -304,9 +313,13 @@ def tree_of(records: list[NodeRecord]) -> Tree:
             hit = (r, _tree_node(r))
             _TREE_NODES[id(r)] = hit
         out.append(hit[1])
-    if len(_TREE_NODES) > 4 * len(records) + 1000:
+    if len(_TREE_NODES) > MEMO_LIMIT:
         _TREE_NODES.clear()
-    return Tree.of(out)
+    tree = Tree.of(out)
+    if len(_LAST_TREE) > 64:
+        _LAST_TREE.clear()
+    _LAST_TREE[key] = (list(records), tree)
+    return tree
 
 
 def _tree_node(r: NodeRecord) -> TreeNode:

@@ -10,7 +10,9 @@ so the same history and seed give the same suggestions.
 
 from __future__ import annotations
 
+import heapq
 import importlib.util
+import itertools
 import math
 import warnings
 from collections.abc import Sequence
@@ -125,7 +127,7 @@ def make_sampler(name: SamplerName, seed: int) -> optuna.samplers.BaseSampler:
         )  # fmt: skip
 
 
-HISTORY = 256  # trials a sampler sees at most
+HISTORY = 128  # trials a sampler sees at most
 
 
 def replay(
@@ -135,15 +137,17 @@ def replay(
     *,
     maximize: bool,
     sampler: optuna.samplers.BaseSampler,
+    windowed: bool = False,
 ) -> optuna.Study:
     """Return an in-memory study holding one trial per node whose assignment lies in the space.
 
     A long study shows the sampler a window of its history (`HISTORY` trials at most: every running
     one, the best measured half, the most recent of the rest), so asking costs the same at node
-    5,000 as at node 300; a GP could not fit thousands of points in a step anyway.
+    5,000 as at node 150; a GP could not fit thousands of points in a step anyway. Pass
+    `windowed=True` when `nodes` is already `window(...)`'s answer.
     """
     study = optuna.create_study(direction="maximize" if maximize else "minimize", sampler=sampler)
-    study.add_trials(_trials(space, window(nodes, maximize), rules))
+    study.add_trials(_trials(space, nodes if windowed else window(nodes, maximize), rules))
     return study
 
 
@@ -156,10 +160,14 @@ def window(nodes: Sequence[NodeEvidence], maximize: bool) -> Sequence[NodeEviden
     def measured(n: NodeEvidence) -> bool:
         return n.dev_mean is not None and n.status != "failed" and math.isfinite(n.dev_mean)
 
-    ordered = sorted(nodes, key=lambda n: n.id)
+    ordered = list(nodes)
+    if any(a.id > b.id for a, b in itertools.pairwise(ordered)):
+        ordered.sort(key=lambda n: n.id)
     keep = {n.id for n in ordered if n.status in PENDING or n.parent_id is None}  # and the root
-    best = sorted((n for n in ordered if measured(n)), key=lambda n: (-sign * (n.dev_mean or 0.0), n.id))
-    keep |= {n.id for n in best[: HISTORY // 2]}
+    best = heapq.nsmallest(
+        HISTORY // 2, (n for n in ordered if measured(n)), key=lambda n: (-sign * (n.dev_mean or 0.0), n.id)
+    )
+    keep |= {n.id for n in best}
     rest = [n for n in ordered if n.id not in keep]
     keep |= {n.id for n in rest[len(rest) - max(HISTORY - len(keep), 0) :]}
     return [n for n in ordered if n.id in keep]

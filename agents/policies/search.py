@@ -40,6 +40,27 @@ MEASURED = ("evaluated", "merged", "awaiting_approval", "rejected")  # pruned di
 STEPS = (0.05, 0.1, 0.2, 0.35, 0.5)
 
 
+# A node's assignment, by the evidence object the coordinator hands back while the node is unchanged.
+_ASSIGNED: dict[tuple[str, int], tuple[NodeEvidence, Assignment, tuple[str, ...]]] = {}
+
+
+def _assignments(space: Space, ctx: IdeationInput) -> tuple[dict[int, Assignment], set[tuple[str, ...]]]:
+    """Return every node's full assignment and the set of their identities (tried or proposed)."""
+    of_space = repr((sorted(ctx.search_space.items()), sorted(ctx.base_values.items())))
+    assignment, seen = {}, set()
+    for n in ctx.nodes:
+        hit = _ASSIGNED.get((of_space, id(n)))
+        if hit is None or hit[0] is not n:
+            a = space.full({**ctx.base_values, **n.edits})
+            hit = (n, a, space.key_of(a))
+            _ASSIGNED[(of_space, id(n))] = hit
+        assignment[n.id] = hit[1]
+        seen.add(hit[2])
+    if len(_ASSIGNED) > 200_000:  # across every study this process serves
+        _ASSIGNED.clear()
+    return assignment, seen
+
+
 def sampler_seed(seed: int, round_no: int) -> int:
     """Return the sampler seed of one ideation round."""
     return (seed * 7919 + round_no) % 2**32
@@ -101,9 +122,8 @@ class SearchPolicy:
         """
         space = Space(ctx.search_space, ctx.base_values)
         rules = [c for c in ctx.constraints if c.get("judge", "metric") == "metric"]
-        assignment = {n.id: space.full({**ctx.base_values, **n.edits}) for n in ctx.nodes}
+        assignment, seen = _assignments(space, ctx)
         by_id = {n.id: n for n in ctx.nodes}
-        seen = {space.key_of(a) for a in assignment.values()}
         rng = random.Random(sampler_seed(ctx.seed, ctx.round_no))
         trunk = assignment.get(ctx.trunk_node_id, space.full(ctx.base_values))
         out: list[tuple[NodeEvidence, Assignment, str, str, int | None]] = []
@@ -134,16 +154,15 @@ class SearchPolicy:
                 )
         batch = ctx.free or ctx.k
         if len(out) < batch:
+            recent = list(optuna_bridge.window(ctx.nodes, ctx.maximize))
             study = optuna_bridge.replay(
-                space, ctx.nodes, rules, maximize=ctx.maximize,
+                space, recent, rules, maximize=ctx.maximize, windowed=True,
                 sampler=optuna_bridge.make_sampler(self.sampler, sampler_seed(ctx.seed, ctx.round_no)),
             )  # fmt: skip
             for _, a, *_ in out:
                 study.add_trial(optuna_bridge.pending_trial(space, a))
             # The nearest of the nodes the sampler saw: the best and the recent, never thousands.
-            parents = self._parents(
-                replace(ctx, nodes=list(optuna_bridge.window(ctx.nodes, ctx.maximize))), rules
-            )
+            parents = self._parents(replace(ctx, nodes=recent), rules)
             for a in optuna_bridge.ask(
                 study, space, batch - len(out), seen, sampler_seed(ctx.seed, ctx.round_no)
             ):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agents.tree.model import Tree
+from agents.tree.model import Tree, TreeNode
 from agents.tree.status import COMPLETED, TERMINAL, NodeStatus
 
 
@@ -27,17 +27,17 @@ def exhausted(tree: Tree, window: int = 3, min_gain: float = 0.0) -> list[Prune]
     current insight, which ideation reads as "do not repeat this mechanism".
     """
     out: list[Prune] = []
-    for node in sorted(tree.nodes.values(), key=lambda n: n.id):
+    completed: dict[int, list[TreeNode]] = {}  # parent -> its completed children, in one pass
+    for c in tree.nodes.values():
+        if c.parent_id is not None and c.status in COMPLETED and c.order > 0:
+            completed.setdefault(c.parent_id, []).append(c)
+    for node_id in sorted(p for p, kids in completed.items() if len(kids) >= window):
+        node = tree.nodes[node_id]
         if node.parent_id is None or node.status in TERMINAL:
             continue
         if node.status == NodeStatus.AWAITING_APPROVAL:
             continue
-        done = sorted(
-            (c for c in tree.children(node.id) if c.status in COMPLETED and c.order > 0),
-            key=lambda c: c.order,
-        )
-        if len(done) < window:
-            continue
+        done = sorted(completed[node_id], key=lambda c: c.order)
         last = done[-window:]
         if any(improved(c.gain_lcb, min_gain) for c in last):
             continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, Text, UniqueConstraint
+from sqlalchemy import JSON, Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -52,6 +52,8 @@ class Study(SQLModel, table=True):
 
 
 class Node(SQLModel, table=True):
+    # The coordinator asks for a study's nodes changed since its last look (`storage.RecordCache`).
+    __table_args__ = (Index("ix_node_study_updated", "study_id", "updated_at"),)
     id: int | None = Field(default=None, primary_key=True)
     study_id: int = Field(index=True, foreign_key="study.id")
     parent_id: int | None = Field(default=None, foreign_key="node.id")
@@ -93,7 +95,10 @@ class Node(SQLModel, table=True):
 
 
 class Job(SQLModel, table=True):
-    __table_args__ = (UniqueConstraint("node_id", "attempt"),)
+    __table_args__ = (
+        UniqueConstraint("node_id", "attempt"),
+        Index("ix_job_study_created", "study_id", "created_at"),
+    )
     id: int | None = Field(default=None, primary_key=True)
     study_id: int = Field(index=True, foreign_key="study.id")
     node_id: int = Field(foreign_key="node.id")
@@ -111,6 +116,7 @@ class Job(SQLModel, table=True):
 
 class ReceiptRow(SQLModel, table=True):
     __tablename__ = "receipt"
+    __table_args__ = (Index("ix_receipt_study_created", "study_id", "created_at"),)
     id: int | None = Field(default=None, primary_key=True)
     study_id: int = Field(index=True, foreign_key="study.id")
     node_id: int | None = Field(default=None, foreign_key="node.id")
@@ -134,6 +140,7 @@ class ReceiptRow(SQLModel, table=True):
 
 
 class InsightVersion(SQLModel, table=True):
+    __table_args__ = (Index("ix_insightversion_study_created", "study_id", "created_at"),)
     id: int | None = Field(default=None, primary_key=True)
     study_id: int = Field(index=True, foreign_key="study.id")
     node_id: int = Field(index=True, foreign_key="node.id")
@@ -194,6 +201,7 @@ class LlmCall(SQLModel, table=True):
 
 
 class Trajectory(SQLModel, table=True):
+    __table_args__ = (Index("ix_trajectory_study_created", "study_id", "created_at"),)
     id: int | None = Field(default=None, primary_key=True)
     study_id: int = Field(index=True, foreign_key="study.id")
     node_id: int = Field(foreign_key="node.id")

@@ -110,13 +110,17 @@ class RecordCache:
 
         touched: set[int] = set()
         query = select(Node).where(Node.study_id == study_id)
-        if since is not None:  # the root comes every time: a different one means another study took the id
-            query = query.where((col(Node.updated_at) >= since) | col(Node.parent_id).is_(None))
-        for n in list(s.exec(query)):
+        if since is not None and self.root is not None:
+            # The root comes every time (by its key): gone or different, another study took the id.
+            query = query.where((col(Node.updated_at) >= since) | (col(Node.id) == self.root[0]))
+        rows = list(s.exec(query))
+        if since is not None and not any(
+            n.id is not None and (n.id, n.created_at) == self.root for n in rows
+        ):
+            self.since = None
+            return self.refresh(s, study_id)
+        for n in rows:
             assert n.id is not None
-            if n.parent_id is None and since is not None and self.root != (n.id, n.created_at):
-                self.since = None
-                return self.refresh(s, study_id)
             if n.parent_id is None:
                 self.root = (n.id, n.created_at)
             s.expunge(n)
@@ -244,11 +248,18 @@ def _record(
 
 def prune_subtree(s: Session, study_id: int, node_id: int, reason: str, lesson: str) -> None:
     """Prune a node and its prunable descendants; the node keeps its lesson as an insight."""
-    rows = {n.id: n for n in s.exec(select(Node).where(Node.study_id == study_id))}
+    # The subtree only, a level at a time (a handful of queries: the tree is at most max_depth deep).
+    top = s.get(Node, node_id)
+    assert top is not None and top.study_id == study_id
+    rows: dict[int, Node] = {node_id: top}
     kids: dict[int | None, list[int]] = {}
-    for c in rows.values():
-        if c.id is not None:
-            kids.setdefault(c.parent_id, []).append(c.id)
+    level = [node_id]
+    while level:
+        children = list(s.exec(select(Node).where(Node.study_id == study_id, col(Node.parent_id).in_(level))))
+        for c in children:
+            rows[c.id or 0] = c
+            kids.setdefault(c.parent_id, []).append(c.id or 0)
+        level = [c.id or 0 for c in children]
     stack = [node_id]
     while stack:
         nid = stack.pop()
