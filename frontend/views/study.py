@@ -196,9 +196,9 @@ def tree(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
 
 def node_picker(s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
     """Pick a node to open (type to filter)."""
-    # The pick is remembered apart from the widget: when a refresh adds nodes, Streamlit resets a
-    # selectbox whose options changed, so a new widget (keyed by the option count) starts on the pick.
-    labels = node_labels(nodes)
+    # A keyed selectbox keeps its pick while refreshes add nodes, as long as the picked option's
+    # label is unchanged: so these labels leave out the status, which changes as a study runs.
+    labels = {n["id"]: f"n{n['id']} · {n['title'][:60]}" for n in nodes}
     ids = list(labels)
     picked = st.session_state.get("picked_node")
     chosen = st.selectbox(
@@ -206,7 +206,7 @@ def node_picker(s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
         ids,
         index=ids.index(picked) if picked in ids else 0,
         format_func=labels.__getitem__,
-        key=f"open_node_{len(ids)}",
+        key="open_node",
     )
     st.session_state["picked_node"] = chosen
     if chosen is not None:
