@@ -375,13 +375,17 @@ class DbStore:
                     by_node=self.node_id,
                 )  # fmt: skip
 
+    def _study_and_trunk(self, s: Session) -> tuple[Study, Node]:
+        study = s.get(Study, self.study_id)
+        assert study is not None
+        root = s.get(Node, study.trunk_node_id)
+        assert root is not None
+        return study, root
+
     def baseline_dev(self, values: list[float]) -> None:
         """Record the unchanged repository's dev values."""
         with db.session(self.settings.db_url) as s:
-            study = s.get(Study, self.study_id)
-            assert study is not None
-            root = s.get(Node, study.trunk_node_id)
-            assert root is not None
+            study, root = self._study_and_trunk(s)
             study.baseline_dev = study.trunk_dev = values
             root.dev_values, root.dev_n = values, len(values)
             root.dev_mean = sum(values) / len(values)
@@ -391,10 +395,7 @@ class DbStore:
     def baseline_heldout(self, values: list[float]) -> None:
         """Record the unchanged repository's held-out values."""
         with db.session(self.settings.db_url) as s:
-            study = s.get(Study, self.study_id)
-            assert study is not None
-            root = s.get(Node, study.trunk_node_id)
-            assert root is not None
+            study, root = self._study_and_trunk(s)
             study.baseline_heldout = study.trunk_heldout = values
             root.heldout_values = values
             s.add_all([study, root])
