@@ -51,14 +51,15 @@ KEEP_ENV = (
 )  # fmt: skip
 
 
-def git_env() -> dict[str, str]:
-    """Return the minimal environment every git command of Grove's runs with."""
+def git_env(extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
+    """Return the minimal environment every git command of Grove's runs with (plus `extra` config)."""
     env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
     env.update(GIT_ENV)
     # An operator's git config (credential helpers, url rewrites) may be named; SAFE_CONFIG still wins.
     env["GIT_CONFIG_GLOBAL"] = os.environ.get("GROVE_GIT_CONFIG") or "/dev/null"
-    env["GIT_CONFIG_COUNT"] = str(len(SAFE_CONFIG))
-    for i, (key, value) in enumerate(SAFE_CONFIG):
+    config = (*SAFE_CONFIG, *extra)
+    env["GIT_CONFIG_COUNT"] = str(len(config))
+    for i, (key, value) in enumerate(config):
         env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
     return env
 

@@ -85,6 +85,9 @@ class RecordCache:
 
     def __init__(self, margin: timedelta | None = None) -> None:
         self.margin = self.MARGIN if margin is None else margin
+        self._reset()
+
+    def _reset(self) -> None:
         self.since: datetime | None = None
         self.loaded_at = 0.0
         self.root: tuple[int, datetime] | None = None
@@ -101,7 +104,7 @@ class RecordCache:
         """Return every node's record, re-reading only what changed since the last call."""
         started = now()
         if self.since is None or time.monotonic() - self.loaded_at > self.FULL_EVERY:
-            self.__init__(self.margin)  # type: ignore[misc]
+            self._reset()
             self.loaded_at = time.monotonic()
         since = self.since - self.margin if self.since is not None else None
 

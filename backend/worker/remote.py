@@ -84,16 +84,10 @@ class Api:
 
     def git(self, *args: str, cwd: Path) -> str:
         """Run git with the worker's token sent to the API (in git's environment, never on its command line)."""
-        env = git_env()
-        n = int(env["GIT_CONFIG_COUNT"])
         # Grove's git allows only https and ssh remotes; the API on a private network may be plain http.
-        extra = (
-            ("http.extraHeader", f"Authorization: Bearer {self.token}"),
-            ("protocol.http.allow", "always"),
+        env = git_env(
+            (("http.extraHeader", f"Authorization: Bearer {self.token}"), ("protocol.http.allow", "always"))
         )
-        for i, (key, value) in enumerate(extra):
-            env[f"GIT_CONFIG_KEY_{n + i}"], env[f"GIT_CONFIG_VALUE_{n + i}"] = key, value
-        env["GIT_CONFIG_COUNT"] = str(n + len(extra))
         env["GIT_TERMINAL_PROMPT"] = "0"
         proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:

@@ -78,14 +78,10 @@ def call(p: Plane, name: str, token: str = "job-t", **args: object) -> tuple[int
 
 
 def git(p: Plane, *args: str, cwd: Path, token: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = git_env()
-    n = int(env["GIT_CONFIG_COUNT"])
     extra = [("protocol.http.allow", "always")]
     if token:
         extra.append(("http.extraHeader", f"Authorization: Bearer {token}"))
-    for i, (k, v) in enumerate(extra):
-        env[f"GIT_CONFIG_KEY_{n + i}"], env[f"GIT_CONFIG_VALUE_{n + i}"] = k, v
-    env["GIT_CONFIG_COUNT"], env["GIT_TERMINAL_PROMPT"] = str(n + len(extra)), "0"
+    env = {**git_env(tuple(extra)), "GIT_TERMINAL_PROMPT": "0"}
     return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 

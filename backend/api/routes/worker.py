@@ -253,11 +253,7 @@ async def git_http(
         raise HTTPException(status.HTTP_403_FORBIDDEN, "the study repository is read-only over HTTP")
     study = await run_in_threadpool(_study, settings, study_id)
     repo = Path(study.repo_path)
-    env = gitops.git_env()
-    n = int(env["GIT_CONFIG_COUNT"])
-    for i, (key, value) in enumerate((("http.receivepack", "false"), ("uploadpack.allowFilter", "true"))):
-        env[f"GIT_CONFIG_KEY_{n + i}"], env[f"GIT_CONFIG_VALUE_{n + i}"] = key, value
-    env["GIT_CONFIG_COUNT"] = str(n + 2)
+    env = gitops.git_env((("http.receivepack", "false"), ("uploadpack.allowFilter", "true")))
     env.update(
         GIT_PROJECT_ROOT=str(repo.parent),
         GIT_HTTP_EXPORT_ALL="1",
