@@ -1,7 +1,9 @@
 """Service overheads, measured side by side in one run on this machine.
 
 (a) N trivial experiments through the service (Redis, Celery workers, coordinator graph,
-    gate, database) vs a bare shell loop doing the same worktree + edit + commit + eval;
+    gate, database) vs a bare shell loop doing the same worktree + edit + commit + eval: once
+    one at a time (`parallel = 1`), once on the stack's 4 slots (`parallel = 4`); both after a
+    warm-up study, so they measure the running service, not its first start;
 (b) wall time of 4 sleep-bound experiments with 4 worker slots vs 1 experiment;
 (c) p95 latency of GET /tree on a study with 5,000 nodes (vs GET /health).
 
@@ -170,12 +172,17 @@ def main() -> None:
 
         app = make_app(settings)
         try:
-            trivial = make_repo(root / "trivial", "trivial", args.n, 1, "-abs(cfg['knob']['x'] - 50)", 0.0)
+            score = "-abs(cfg['knob']['x'] - 50)"
+            run_study(settings, make_repo(root / "warm", "warm-up", 4, 2, score, 0.0), app)
             bare = bare_loop(make_repo(root / "bare", "bare", 1, 1, "1.0", 0.0), args.n, root / "bare-wt")
-            wall, phase = run_study(settings, trivial, app)
-            print(f"(a) {args.n} trivial experiments: service {wall:.2f} s (executor phase {phase:.2f} s), "
-                  f"bare loop {bare:.2f} s -> service/bare {wall / bare:.2f}x, per experiment "
-                  f"{(wall - bare) / args.n * 1000:+.0f} ms")  # fmt: skip
+            for parallel in (1, 4):
+                trivial = make_repo(
+                    root / f"trivial{parallel}", f"trivial-{parallel}", args.n, parallel, score, 0.0
+                )
+                wall, phase = run_study(settings, trivial, app)
+                print(f"(a) {args.n} trivial experiments, parallel = {parallel}: service {wall:.2f} s (executor phase "
+                      f"{phase:.2f} s), bare loop {bare:.2f} s -> service/bare {wall / bare:.2f}x, per experiment "
+                      f"{(wall - bare) / args.n * 1000:+.0f} ms")  # fmt: skip
             one_w, one_p = run_study(
                 settings, make_repo(root / "one", "sleep-one", 1, 1, "1.0", args.sleep), app
             )

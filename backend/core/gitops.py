@@ -201,12 +201,15 @@ class Repo:
 
     def _remove_worktree_locked(self, path: Path) -> None:
         listed = {w["worktree"] for w in self.worktrees()}
-        if str(path.resolve()) in listed or str(path) in listed:
+        registered = str(path.resolve()) in listed or str(path) in listed
+        if registered:
             self.git("worktree", "unlock", str(path), check=False)
             self.git("worktree", "remove", "--force", "--force", str(path), check=False)
-        if path.exists():
+        existed = path.exists()
+        if existed:
             shutil.rmtree(path, ignore_errors=True)
-        self.git("worktree", "prune", "--expire=now")
+        if registered or existed:
+            self.git("worktree", "prune", "--expire=now")
 
     def worktrees(self) -> list[dict[str, str]]:
         """Return `git worktree list --porcelain` as dicts (the main one excluded)."""

@@ -13,6 +13,7 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -68,6 +69,12 @@ def checkpointer(settings: Settings) -> Iterator[Any]:
         saver = SqliteSaver(conn)
         saver.setup()
         yield saver
+
+
+@cache
+def _compiled() -> Any:
+    """Return the coordinator graph compiled once per process; each advance binds its checkpointer."""
+    return build_graph().compile()
 
 
 @dataclass(frozen=True)
@@ -136,12 +143,11 @@ class Driver:
             gatekeeper or LocalGatekeeper(settings),
             policy or make_policy(spec, ledger=StoreLedger(DbStore(settings, study_id, None))),
         )
-        self.graph_def = build_graph()
 
     @contextmanager
     def _graph(self) -> Iterator[Any]:
         with checkpointer(self.settings) as saver:
-            yield self.graph_def.compile(checkpointer=saver)
+            yield _compiled().copy({"checkpointer": saver})
 
     def advance(self) -> Waiting:
         """Run the graph until every pending interrupt must keep waiting (or it ends)."""

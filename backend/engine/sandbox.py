@@ -20,6 +20,7 @@ import os
 import random
 import re
 import resource
+import select
 import shutil
 import signal
 import stat
@@ -498,6 +499,28 @@ def _bwrap_argv(
     return [*args, "/bin/sh", "-c", WRAPPER, "grove-sandbox", *argv]
 
 
+def _pidfd(pid: int) -> int | None:
+    """Return a descriptor that becomes readable when process `pid` ends; None where there is none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _ended(fd: int, timeout: float) -> bool:
+    """Wait up to `timeout` seconds for the process behind pidfd `fd` to end; say whether it did."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0, int(timeout * 1000) + 1)))
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float, fd: int | None) -> None:
+    """Reap `proc` within `timeout` seconds, woken the moment it exits; raise TimeoutExpired if not."""
+    if fd is not None and not _ended(fd, timeout):
+        raise subprocess.TimeoutExpired(proc.args, timeout)
+    proc.wait(timeout=timeout)
+
+
 def _await_box_end(info_r: int, timeout: float = 10.0) -> None:
     """Wait until the box's first process (and so its whole PID namespace) is gone; close the pipe."""
     with os.fdopen(info_r, "rb") as fh:
@@ -505,6 +528,14 @@ def _await_box_end(info_r: int, timeout: float = 10.0) -> None:
     try:
         pid = int(json.loads(raw or b"{}").get("child-pid", 0))
     except (ValueError, AttributeError):
+        return
+    fd = _pidfd(pid) if pid else None
+    if fd is not None:
+        # A pid 1 ends only after the last process of its namespace: readable means all are gone.
+        try:
+            _ended(fd, timeout)
+        finally:
+            os.close(fd)
         return
     deadline = time.monotonic() + timeout
     while pid and time.monotonic() < deadline:
@@ -663,10 +694,11 @@ def _run(
         c.start()
     timed_out = disk_exceeded = False
     deadline = started + limits.timeout
+    pidfd = _pidfd(proc.pid)
     try:
         while True:
             try:
-                proc.wait(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+                _wait(proc, max(0.0, min(0.5, deadline - time.monotonic())), pidfd)
                 break
             except subprocess.TimeoutExpired:
                 if time.monotonic() >= deadline:
@@ -679,6 +711,8 @@ def _run(
         # The whole group goes (and, boxed, the PID namespace with it), so nothing outlives the run.
         _kill_group(proc.pid)
         proc.wait()
+        if pidfd is not None:
+            os.close(pidfd)
         _running.discard(proc.pid)
         _await_box_end(info_r)
     for c in caps:

@@ -11,9 +11,10 @@ from collections.abc import Callable
 
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_process_init
+from celery.signals import celeryd_after_setup, worker_process_init
 from sqlmodel import col, select
 
+from agents.policies import optuna_bridge
 from agents.spec import SpecError
 from agents.tree.status import StudyStatus
 from backend.core import db, fanout
@@ -32,11 +33,22 @@ from backend.worker import remote
 from backend.worker.celery_app import app
 from backend.worker.dispatch import CeleryDispatcher, enqueue_advance
 
+_coordinating = False  # set in the worker's main process, read by its forked pool processes
+
+
+@celeryd_after_setup.connect
+def _after_setup(instance: object, **_: object) -> None:
+    global _coordinating
+    queues = getattr(getattr(instance, "app", app).amqp.queues, "consume_from", None) or {}
+    _coordinating = "coordinator" in queues
+
 
 @worker_process_init.connect
 def _init_process(**_: object) -> None:
     fanout.enable(get_settings().redis_url)
     pin_gpu()
+    if _coordinating:
+        optuna_bridge.warm()  # before the first study asks: the GP sampler loads torch and scipy
 
 
 def pin_gpu() -> None:

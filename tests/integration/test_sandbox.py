@@ -209,3 +209,23 @@ def test_killing_the_wrapper_is_noted_and_still_ends_everything(tmp_path: Path) 
     res = sandbox.run(f"setsid sleep {marker} & kill -9 $PPID", cwd=tmp_path, output_dir=tmp_path / "out")
     assert res.strays is None and "wrapper was killed" in res.stderr_tail
     assert not host_processes_with(f"sleep {marker}")
+
+
+def test_a_run_is_reaped_through_a_pidfd_the_moment_it_exits(tmp_path: Path) -> None:
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    fd = sandbox._pidfd(proc.pid)
+    assert fd is not None, "this Linux offers pidfds, so runs must not fall back to polling"
+    try:
+        assert not sandbox._ended(fd, 0.05)
+        with pytest.raises(subprocess.TimeoutExpired):
+            sandbox._wait(proc, 0.05, fd)
+        assert proc.stdin is not None
+        proc.stdin.close()
+        sandbox._wait(proc, 30, fd)
+        assert proc.returncode == 0
+    finally:
+        os.close(fd)
+        proc.kill()
+        proc.wait()
