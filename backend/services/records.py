@@ -5,6 +5,7 @@ A row change and its event are always written in the same transaction (the calle
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from sqlmodel import Session, col, select
@@ -56,8 +57,13 @@ def add_insight(s: Session, study_id: int, node_id: int, text: str, cites: list[
 
 
 def spec_of(study: Study) -> Spec:
-    """Return a study's parsed spec."""
-    return parse_spec(study.spec_toml)
+    """Return a study's parsed spec (parsed once per text: a coordinator step asks many times)."""
+    return _parsed(study.spec_toml)
+
+
+@lru_cache(maxsize=64)
+def _parsed(text: str) -> Spec:
+    return parse_spec(text)
 
 
 def mark_unsandboxed(s: Session, study_id: int) -> None:
