@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -196,7 +197,18 @@ class RecordCache:
         )
 
 
-_CACHES: dict[tuple[str, int], RecordCache] = {}
+_CACHES: OrderedDict[tuple[str, int], RecordCache] = OrderedDict()
+CACHED_STUDIES = 32  # a coordinator process keeps the records of this many studies, the latest used
+
+
+def cache_of(url: str, study_id: int) -> RecordCache:
+    """Return this process's record cache of a study, dropping the least recently used beyond the cap."""
+    key = (url, study_id)
+    cache = _CACHES.pop(key, None) or RecordCache()
+    _CACHES[key] = cache
+    while len(_CACHES) > CACHED_STUDIES:
+        _CACHES.popitem(last=False)
+    return cache
 
 
 def _record(
@@ -326,7 +338,7 @@ class SqlStorage:
 
     def nodes(self, study_id: int) -> list[NodeRecord]:
         """Return every node of the study (from this process's cache, refreshed with what changed)."""
-        cache = _CACHES.setdefault((self.url, study_id), RecordCache())
+        cache = cache_of(self.url, study_id)
         with db.session(self.url) as s:
             return cache.refresh(s, study_id)
 

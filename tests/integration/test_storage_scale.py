@@ -156,3 +156,17 @@ def test_a_study_id_taken_over_by_another_study_is_read_afresh(settings: Setting
     with db.session(settings.db_url) as s:
         records = cache.refresh(s, sid)
     assert [r.evidence.title for r in records] == ["another root"]
+
+
+def test_a_coordinator_process_keeps_the_records_of_a_bounded_number_of_studies() -> None:
+    from backend.services import storage
+
+    url, cap = "sqlite://bound", storage.CACHED_STUDIES
+    first = storage.cache_of(url, 1)
+    for study_id in range(2, cap + 1):
+        storage.cache_of(url, study_id)
+    assert storage.cache_of(url, 1) is first  # used again: now the most recent
+    storage.cache_of(url, cap + 1)  # one too many: the least recently used (study 2) goes
+    mine = [key[1] for key in storage._CACHES if key[0] == url]
+    assert len(mine) == cap and 2 not in mine and 1 in mine and cap + 1 in mine
+    assert storage.cache_of(url, 1) is first
