@@ -213,6 +213,10 @@ class Grove:
         page = self._get("/approvals", study_id=study_id, state=state, limit=200)
         return cast(list[models.Approval], page["data"])
 
+    def approvals_waiting(self) -> int:
+        """Return how many approvals are pending across every study."""
+        return int(self._get("/approvals", state="pending", limit=1)["count"])
+
     def approve(self, study_id: int, node_id: int) -> models.Approval:
         """Approve a gate-passed node."""
         return cast(models.Approval, self._post(f"/studies/{study_id}/nodes/{node_id}/approve"))

@@ -14,6 +14,11 @@ HERE = Path(__file__).parent
 st.set_page_config(page_title="Grove", page_icon=":material/park:", layout="wide")
 ui.guard()
 
+try:
+    waiting = ui.client().approvals_waiting()
+except GroveError:
+    waiting = 0
+
 ui.PAGES.update(
     studies=st.Page(
         HERE / "views/studies.py",
@@ -25,7 +30,10 @@ ui.PAGES.update(
     study=st.Page(HERE / "views/study.py", title="Study", icon=":material/account_tree:", url_path="study"),
     node=st.Page(HERE / "views/node.py", title="Node", icon=":material/search:", url_path="node"),
     approvals=st.Page(
-        HERE / "views/approvals.py", title="Approvals", icon=":material/task_alt:", url_path="approvals"
+        HERE / "views/approvals.py",
+        title=f"Approvals · {waiting} waiting" if waiting else "Approvals",
+        icon=":material/notification_important:" if waiting else ":material/task_alt:",
+        url_path="approvals",
     ),
     connection=st.Page(
         HERE / "views/connection.py", title="Connection", icon=":material/link:", url_path="connection"

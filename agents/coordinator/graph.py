@@ -1,10 +1,15 @@
-"""The coordinator graph: observe → ideate → select → dispatch → wait → integrate → gate → approve → merge.
+"""The coordinator graph: observe → ideate → select → dispatch → wait → integrate → gate → merge.
 
 The graph holds only ids; every fact lives behind the ports, which reach each node through the
 run context (`CoordinatorContext`, passed as `context=` to every `invoke`, resumes included).
 Nodes that wait do so with `interrupt()`: `await_jobs` (resumed with the finished job ids; `wait`
 for experiments, and `start` and `gate` where the sealed evaluations run as jobs), `approve`
 (resumed with `{"approved": bool, "by": str, "reason": str}`) and `paused`.
+
+A gate pass in approve mode does not stop the study: the node's approval opens (`awaiting`) and
+the study explores on the current trunk; `observe` applies the decision when it comes, and a
+`wait` for jobs is resumed (with no finished job) as soon as the decision is there. Only when
+there is nothing else to do (budget spent, frontier empty) does `approve` wait for the human.
 """
 
 from __future__ import annotations
@@ -48,18 +53,28 @@ def start(
 
 def observe(
     state: CoordinatorState, runtime: Runtime[CoordinatorContext]
-) -> Command[Literal["ideate", "wait", "observe", "finish"]]:
-    """Check status and budgets; go to ideate, wait, observe (after a pause) or finish."""
-    storage = runtime.context.storage
+) -> Command[Literal["ideate", "wait", "observe", "gate", "approve", "merge", "finish"]]:
+    """Check status, an open approval and budgets; go to ideate, wait, gate, merge, approve or finish."""
+    storage, gatekeeper = runtime.context.storage, runtime.context.gatekeeper
     sid = state["study_id"]
     study = storage.study(sid)
     pending = _active_jobs(state)
+    awaiting = state.get("awaiting")
     if study.status == "stopping":
         storage.cancel_active(sid)
-        return Command(update={"stop_reason": "stopped by user", "pending": []}, goto="finish")
+        if awaiting is not None:
+            gatekeeper.withdraw(sid, awaiting, "the study was stopped before a decision")
+        return Command(
+            update={"stop_reason": "stopped by user", "pending": [], "awaiting": None}, goto="finish"
+        )
     if study.status == "paused":
         interrupt({"kind": "paused", "study_id": sid})
         return Command(goto="observe")
+    if awaiting is not None:
+        answer = gatekeeper.decision(sid, awaiting)
+        if answer is not None:
+            update, goto = _decided(sid, awaiting, answer, runtime)
+            return Command(update=update, goto=goto)
     budget = study.spec.budget
     if study.spec.policy_kind == "llm" and study.usd_spent >= budget.usd:
         storage.event(sid, "budget.exhausted", None, {"usd": study.usd_spent, "budget": budget.usd})
@@ -75,6 +90,8 @@ def observe(
     if reason:
         if pending:
             return Command(goto="wait")
+        if awaiting is not None:
+            return Command(update={"stop_reason": reason}, goto="approve")  # the last thing left to do
         return Command(update={"stop_reason": reason}, goto="finish")
     slots = min(budget.parallel - len(pending), budget.experiments - study.experiments_used)
     if slots > 0:
@@ -120,7 +137,7 @@ def ideate(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Com
 
 def select(
     state: CoordinatorState, runtime: Runtime[CoordinatorContext]
-) -> Command[Literal["dispatch", "wait", "finish"]]:
+) -> Command[Literal["dispatch", "wait", "approve", "finish"]]:
     """Choose retries and frontier nodes for the free slots; go to dispatch, wait or finish."""
     storage, config = runtime.context.storage, runtime.context.config
     sid = state["study_id"]
@@ -138,6 +155,8 @@ def select(
         return Command(update={"selected": chosen}, goto="dispatch")
     if pending:
         return Command(goto="wait")
+    if state.get("awaiting") is not None:
+        return Command(goto="approve")  # nothing left to explore: the open approval decides what follows
     if state.get("ideation_error"):
         return Command(update={"stop_reason": f"ideation failed: {state['ideation_error']}"}, goto="finish")
     return Command(update={"stop_reason": "frontier exhausted: nothing left to try"}, goto="finish")
@@ -157,12 +176,21 @@ def dispatch(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> C
 
 
 def wait(state: CoordinatorState) -> Command[Literal["integrate", "observe"]]:
-    """Interrupt until some pending jobs finish, then go to integrate (observe if none are pending)."""
+    """Interrupt until some pending jobs finish (or an open approval is decided); go to integrate or observe."""
     pending = _active_jobs(state)
     if not pending:
         return Command(goto="observe")
-    finished = interrupt({"kind": "await_jobs", "study_id": state["study_id"], "jobs": pending})
+    finished = interrupt(
+        {
+            "kind": "await_jobs",
+            "study_id": state["study_id"],
+            "jobs": pending,
+            "approval": state.get("awaiting"),
+        }
+    )
     done = [j for j in finished if j in pending]
+    if not done:
+        return Command(goto="observe")  # a decision, a stop or a pause: observe acts on it
     return Command(
         update={"finished": done, "pending": [j for j in pending if j not in done]},
         goto="integrate",
@@ -219,7 +247,8 @@ def integrate(
     recent = [r.evidence for r in records_list if r.evidence.id in node_ids]
     storage.save_state(sid, policy.update_state(istate.to_dict(), recent), int(level))
     study = storage.study(sid)
-    cands = gate_candidates(study, storage.nodes(sid))
+    # One approval open at a time: trunk cannot move under it, so its tested merge stays valid.
+    cands = gate_candidates(study, storage.nodes(sid)) if state.get("awaiting") is None else []
     if cands:
         return Command(update={"candidates": cands, "finished": []}, goto="gate")
     return Command(update={"candidates": [], "finished": []}, goto="observe")
@@ -227,8 +256,8 @@ def integrate(
 
 def gate(
     state: CoordinatorState, runtime: Runtime[CoordinatorContext]
-) -> Command[Literal["gate", "approve", "merge", "observe"]]:
-    """Gate the best still-eligible candidate; go to merge (auto), approve, or observe if none passes.
+) -> Command[Literal["gate", "merge", "observe"]]:
+    """Gate the best still-eligible candidate; merge it (auto) or open its approval, then observe.
 
     Where the sealed evaluation runs as a job, wait for it and come back to read its verdict.
     """
@@ -249,28 +278,42 @@ def gate(
             # A fresh step reads the verdict: each run of a node interrupts at most once.
             return Command(update={"candidates": [node_id, *cands]}, goto="gate")
         if outcome:
-            goto: Literal["approve", "merge"] = "merge" if study.spec.gate.mode == "auto" else "approve"
-            if goto == "approve":
-                gatekeeper.await_approval(sid, node_id)
-            return Command(update={"candidates": [], "gate_node": node_id}, goto=goto)
+            if study.spec.gate.mode == "auto":
+                return Command(update={"candidates": [], "gate_node": node_id}, goto="merge")
+            gatekeeper.await_approval(sid, node_id)
+            return Command(update={"candidates": [], "gate_node": None, "awaiting": node_id}, goto="observe")
     return Command(update={"candidates": [], "gate_node": None}, goto="observe")
 
 
 def approve(
     state: CoordinatorState, runtime: Runtime[CoordinatorContext]
-) -> Command[Literal["merge", "observe"]]:
-    """Interrupt for a human decision on the gate node; go to merge if approved, else reject and observe."""
-    sid, node_id = state["study_id"], state.get("gate_node")
-    answer: dict[str, Any] = interrupt({"kind": "approve", "study_id": sid, "node_id": node_id})
-    if answer.get("approved"):
-        return Command(
-            update={"gate_node": node_id, "approved_by": str(answer.get("by", "human"))}, goto="merge"
-        )
+) -> Command[Literal["gate", "merge", "observe"]]:
+    """Interrupt for the human decision on the open approval (nothing else is left to do); act on it."""
+    sid = state["study_id"]
+    # `gate_node` holds it in a checkpoint written before approvals stopped holding the study up.
+    node_id = state.get("awaiting") or state.get("gate_node")
     assert node_id is not None
-    runtime.context.gatekeeper.reject(
-        sid, node_id, str(answer.get("reason") or "rejected by a human"), str(answer.get("by", ""))
-    )
-    return Command(update={"gate_node": None}, goto="observe")
+    answer: dict[str, Any] = interrupt({"kind": "approve", "study_id": sid, "node_id": node_id})
+    update, goto = _decided(sid, node_id, answer, runtime)
+    return Command(update=update, goto=goto)
+
+
+Decided = tuple[dict[str, Any], Literal["gate", "merge", "observe"]]
+
+
+def _decided(sid: int, node_id: int, answer: dict[str, Any], runtime: Runtime[CoordinatorContext]) -> Decided:
+    """Act on a decision about an open approval: merge, or reject (then gate the next candidate)."""
+    gatekeeper, storage = runtime.context.gatekeeper, runtime.context.storage
+    closed: dict[str, Any] = {"awaiting": None, "gate_node": None}
+    if answer.get("withdrawn"):
+        gatekeeper.withdraw(sid, node_id, str(answer.get("reason") or "withdrawn"))
+        return closed, "observe"
+    if answer.get("approved"):
+        return {**closed, "gate_node": node_id, "approved_by": str(answer.get("by") or "human")}, "merge"
+    reason, by = str(answer.get("reason") or "rejected by a human"), str(answer.get("by", ""))
+    gatekeeper.reject(sid, node_id, reason, by)
+    cands = gate_candidates(storage.study(sid), storage.nodes(sid))
+    return ({**closed, "candidates": cands}, "gate") if cands else (closed, "observe")
 
 
 def merge(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Command[Literal["observe"]]:

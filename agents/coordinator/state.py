@@ -13,6 +13,7 @@ class CoordinatorState(TypedDict, total=False):
     finished: list[int]  # job ids reported done by the last wait
     candidates: list[int]  # node ids eligible for the gate, best first
     gate_node: int | None
+    awaiting: int | None  # a gate-passed node whose approval is open while the study explores on
     approved_by: str  # who approved the gate node ("auto" in auto mode)
     stop_reason: str
     ideation_error: str  # the last ideation failure, reported if nothing is left to run

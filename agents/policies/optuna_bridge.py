@@ -99,19 +99,12 @@ def gp_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "scipy"))
 
 
-def warm() -> None:
-    """Load and exercise the GP sampler once, so no study's first GP step pays for torch and scipy."""
+def preload() -> None:
+    """Import what the GP sampler needs (torch, scipy), so no study's first GP step waits for it."""
     if not gp_available():
         return
-    dist = optuna.distributions.FloatDistribution(0.0, 1.0)
-    study = optuna.create_study(sampler=make_sampler("gp", 0))
-    for i in range(12):  # past the sampler's random start-up trials, so the GP is fitted
-        study.add_trial(
-            optuna.trial.create_trial(params={"x": i / 12}, distributions={"x": dist}, value=i % 3)
-        )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        study.ask({"x": dist})
+    for module in ("torch", "scipy.stats", "optuna._gp.gp", "optuna._gp.optim_mixed"):
+        importlib.import_module(module)
 
 
 def resolve(name: SamplerName) -> SamplerName:

@@ -58,6 +58,10 @@ class Settings(BaseSettings):
     # If set, the hosts repository URLs given over the API may name (comma separated).
     git_allowed_hosts: str = ""
     clone_timeout: float = 600.0
+    # Called (POST, JSON) when a gate-passed node starts waiting for a human decision.
+    notify_url: str = ""
+    # The dashboard's address, for links in notifications (e.g. https://grove.example.com).
+    dashboard_url: str = ""
 
     @property
     def db_url(self) -> str:

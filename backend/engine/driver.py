@@ -28,10 +28,11 @@ from agents.policies.registry import make_policy
 from agents.tree.status import StudyStatus
 from backend.core import db
 from backend.core.config import Settings
-from backend.core.models import Approval, Job, Study
+from backend.core.models import Job, Study
 from backend.engine.gatekeeper import BaselineError, LocalGatekeeper
 from backend.engine.jobstore import DbStore
 from backend.services import lifecycle
+from backend.services.approvals import answer_of
 from backend.services.ledger import StoreLedger
 from backend.services.records import spec_of
 from backend.services.storage import SqlStorage
@@ -100,22 +101,20 @@ def _resume_value(settings: Settings, study_id: int, intr: Interrupt) -> Any | N
     kind = intr.value.get("kind")
     if kind == "await_jobs":
         jobs = list(intr.value["jobs"])
+        approval = intr.value.get("approval")
         with db.session(settings.db_url) as s:
             rows = s.exec(select(Job).where(col(Job.id).in_(jobs), col(Job.status).in_(["done", "failed"])))
             done = sorted(j.id for j in rows if j.id is not None)
-        if done or study_status(settings, study_id) == StudyStatus.STOPPING:
+            decided = approval is not None and answer_of(s, approval) is not None
+        if done or decided or study_status(settings, study_id) == StudyStatus.STOPPING:
             return done
         return None
     if kind == "approve":
         with db.session(settings.db_url) as s:
-            appr = s.exec(select(Approval).where(Approval.node_id == intr.value["node_id"])).first()
-        if appr is None or not appr.decided_by:
-            return None
-        return {
-            "approved": appr.status in ("approving", "approved"),
-            "by": appr.decided_by,
-            "reason": appr.reason,
-        }
+            answer = answer_of(s, intr.value["node_id"])
+        if answer is None and study_status(settings, study_id) == StudyStatus.STOPPING:
+            return {"withdrawn": True, "reason": "the study was stopped before a decision"}
+        return answer
     if kind == "paused":
         return {} if study_status(settings, study_id) != StudyStatus.PAUSED else None
     raise RuntimeError(f"unknown interrupt {intr.value!r}")
@@ -191,6 +190,8 @@ class Driver:
             kind = intr.value.get("kind")
             if kind == "await_jobs":
                 jobs += list(intr.value["jobs"])
+                if intr.value.get("approval") is not None:
+                    approval = int(intr.value["approval"])
             elif kind == "approve":
                 approval = int(intr.value["node_id"])
             elif kind == "paused":

@@ -6,6 +6,8 @@ pass/fail.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlmodel import select
 
 from agents.spec import Spec
@@ -18,7 +20,8 @@ from backend.core.gitops import GitError, MergeConflict, Repo
 from backend.core.models import Approval, Node, Study, now
 from backend.engine import workspace
 from backend.engine.jobstore import DbStore, JobStore, local_repo
-from backend.services import lifecycle, report
+from backend.services import lifecycle, notify, report
+from backend.services.approvals import answer_of
 from backend.services.records import spec_of, transition
 
 
@@ -202,6 +205,7 @@ class LocalGatekeeper:
 
     def await_approval(self, study_id: int, node_id: int) -> None:
         """Mark a gate-passed node as waiting for a human and open an approval."""
+        opened = False
         with db.session(self.settings.db_url) as s:
             node = s.get(Node, node_id)
             assert node is not None
@@ -209,6 +213,26 @@ class LocalGatekeeper:
                 transition(s, node, NodeStatus.AWAITING_APPROVAL)
             if not s.exec(select(Approval).where(Approval.node_id == node_id)).first():
                 s.add(Approval(study_id=study_id, node_id=node_id))
+                opened = True
+        if opened:
+            notify.approval_opened(self.settings, study_id, node_id)
+
+    def decision(self, study_id: int, node_id: int) -> dict[str, Any] | None:
+        """Return the human decision on a node's open approval, or None while there is none."""
+        with db.session(self.settings.db_url) as s:
+            return answer_of(s, node_id)
+
+    def withdraw(self, study_id: int, node_id: int, reason: str) -> None:
+        """Close a node's open approval without a decision (the study stopped): the node is cancelled."""
+        with db.session(self.settings.db_url) as s:
+            node = s.get(Node, node_id)
+            assert node is not None
+            if node.status == NodeStatus.AWAITING_APPROVAL:
+                transition(s, node, NodeStatus.CANCELLED, reason=reason)
+            appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
+            if appr and appr.status == "pending":
+                appr.status, appr.decided_at, appr.reason = "withdrawn", now(), reason
+                s.add(appr)
 
     def merge(self, study_id: int, node_id: int, by: str) -> None:
         """Move trunk to the exact commit the gate tested (idempotent)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 from sqlmodel import select
 
@@ -116,6 +117,14 @@ class SealedJobs:
     def await_approval(self, study_id: int, node_id: int) -> None:
         """Open the approval of a gate-passed node."""
         self.local.await_approval(study_id, node_id)
+
+    def decision(self, study_id: int, node_id: int) -> dict[str, Any] | None:
+        """Return the human decision on a node's open approval, or None."""
+        return self.local.decision(study_id, node_id)
+
+    def withdraw(self, study_id: int, node_id: int, reason: str) -> None:
+        """Close a node's open approval without a decision."""
+        self.local.withdraw(study_id, node_id, reason)
 
     def merge(self, study_id: int, node_id: int, by: str) -> None:
         """Move trunk to the node's tested merge commit."""

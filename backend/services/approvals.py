@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlmodel import Session, select
 
 from backend.core.models import Approval
@@ -16,3 +18,15 @@ def decide_approval(s: Session, node_id: int, *, approved: bool, by: str, reason
     appr.status = "approving" if approved else "rejecting"
     s.add(appr)
     return True
+
+
+def answer_of(s: Session, node_id: int) -> dict[str, Any] | None:
+    """Return the human decision recorded on a node's approval, or None while it is open."""
+    appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
+    if appr is None or not appr.decided_by:
+        return None
+    return {
+        "approved": appr.status in ("approving", "approved"),
+        "by": appr.decided_by,
+        "reason": appr.reason,
+    }

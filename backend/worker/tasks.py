@@ -33,22 +33,19 @@ from backend.worker import remote
 from backend.worker.celery_app import app
 from backend.worker.dispatch import CeleryDispatcher, enqueue_advance
 
-_coordinating = False  # set in the worker's main process, read by its forked pool processes
-
 
 @celeryd_after_setup.connect
 def _after_setup(instance: object, **_: object) -> None:
-    global _coordinating
     queues = getattr(getattr(instance, "app", app).amqp.queues, "consume_from", None) or {}
-    _coordinating = "coordinator" in queues
+    if "coordinator" in queues:
+        # Once, before the pool forks: its processes share the modules (nothing runs on a GPU here).
+        optuna_bridge.preload()
 
 
 @worker_process_init.connect
 def _init_process(**_: object) -> None:
     fanout.enable(get_settings().redis_url)
     pin_gpu()
-    if _coordinating:
-        optuna_bridge.warm()  # before the first study asks: the GP sampler loads torch and scipy
 
 
 def pin_gpu() -> None:

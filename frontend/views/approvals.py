@@ -2,90 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import streamlit as st
 
-from client import ApiError, Grove, Unreachable
-from frontend import ui
+from client import ApiError, Unreachable
+from frontend import decisions, ui
 
 REFRESH = "5s"
-
-
-def decide(api: Grove, a: dict[str, Any], approve: bool, reason: str = "") -> None:
-    key = f"decision:{a['node_id']}"
-    try:
-        out = (
-            api.approve(a["study_id"], a["node_id"])
-            if approve
-            else api.reject(a["study_id"], a["node_id"], reason)
-        )
-    except (ApiError, Unreachable) as exc:
-        ui.remember(key, "error", f"n{a['node_id']}: {exc}")
-    else:
-        verb = "approval" if approve else "rejection"
-        then = (
-            "the coordinator merges it into trunk next"
-            if approve
-            else f"reason: {out['reason'] or 'none given'}"
-        )
-        ui.remember(
-            "decisions",
-            "success",
-            f"n{a['node_id']}: {verb} recorded by {out['decided_by']} (status {out['status']}) — {then}.",
-        )
-    st.rerun()
-
-
-def card(api: Grove, a: dict[str, Any], study_name: str) -> None:
-    n = api.node(a["study_id"], a["node_id"])
-    with st.container(border=True):
-        st.subheader(f"n{a['node_id']} · {a['title']}")
-        ui.page_link(
-            "node", f"{study_name} / n{a['node_id']} — open the node", study=a["study_id"], node=a["node_id"]
-        )
-        h = n["hypothesis"]
-        if h.get("hypothesis") or h.get("mechanism"):
-            st.markdown(
-                f"**Hypothesis.** {h.get('hypothesis') or ''}  \n**Mechanism.** {h.get('mechanism') or ''}"
-            )
-        cost = n["cost"] or {}
-        seconds = sum(r["duration"] for r in n["receipts"])
-        held = f"{ui.fmt(a['heldout_gain'], True)} (margin {a['margin']:g})"
-        st.markdown(
-            "| dev (mean ± std, n) | dev gain vs trunk (95% LCB) | held-out gain vs margin | cost |\n"
-            "|---|---|---|---|\n"
-            f"| {ui.mean_std(n['dev_values'])} | {ui.fmt(a['dev_gain'], True)} ({ui.fmt(a['dev_gain_lcb'], True)}) "
-            f"| {held} | ${cost.get('usd', 0.0):.3f} LLM · {seconds:.0f} s of runs |"
-        )
-        if a["constraints"]:
-            st.dataframe(
-                [
-                    {
-                        "constraint": v["name"],
-                        "verdict": v["verdict"],
-                        "value": v["value"],
-                        "detail": v["detail"],
-                    }
-                    for v in a["constraints"]
-                ],
-                hide_index=True,
-                width="stretch",
-            )
-        with st.expander("Diff"):
-            st.code(n["diff"] or "(empty)", language="diff")
-        left, mid, right = st.columns([1, 3, 1])
-        if left.button("Approve", key=f"approve-{a['node_id']}", type="primary"):
-            decide(api, a, True)
-        reason = mid.text_input(
-            "Reason (for a rejection)",
-            key=f"reason-{a['node_id']}",
-            label_visibility="collapsed",
-            placeholder="reason for rejecting",
-        )
-        if right.button("Reject", key=f"reject-{a['node_id']}"):
-            decide(api, a, False, reason)
-        ui.recall(f"decision:{a['node_id']}")
 
 
 def page() -> None:
@@ -109,7 +31,7 @@ def page() -> None:
         if not pending:
             st.info("Nothing is waiting for approval.")
         for a in pending:
-            card(api, a, names.get(a["study_id"], str(a["study_id"])))
+            decisions.card(api, a, names.get(a["study_id"], str(a["study_id"])))
 
     waiting()
     decided = [a for a in api.approvals(study_id, state="all") if a["status"] != "pending"]

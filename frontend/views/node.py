@@ -8,7 +8,7 @@ from typing import Any
 import streamlit as st
 
 from client import Grove
-from frontend import ui
+from frontend import decisions, ui
 
 
 def header(n: dict[str, Any], sid: int) -> None:
@@ -125,6 +125,12 @@ def page() -> None:
     api = ui.client()
     n = api.node(sid, nid)
     header(n, sid)
+    ui.recall("decisions")
+    if n["status"] == "awaiting_approval":
+        for a in api.approvals(sid):
+            if a["node_id"] == nid:
+                st.warning(f"**n{nid} waits for your decision**: it passed the held-out gate.")
+                decisions.card(api, a, api.study(sid)["name"])
     evidence(n)
     tabs = st.tabs(["Hypothesis", "Verification", "Diff", "Receipts", "Insights", "History", "Cost"])
     with tabs[0]:

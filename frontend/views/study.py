@@ -10,7 +10,7 @@ from typing import Any
 import streamlit as st
 
 from client import ApiError, Grove, Unreachable
-from frontend import tree_view, ui
+from frontend import decisions, tree_view, ui
 
 REFRESH = "3s"
 
@@ -57,6 +57,22 @@ def controls(api: Grove, s: dict[str, Any]) -> None:
         key="report",
     )
     ui.recall("controls")
+
+
+def awaiting(api: Grove, s: dict[str, Any]) -> None:
+    """Say which nodes wait for a decision, with everything needed to approve or reject them here."""
+    pending = api.approvals(s["id"])
+    for a in pending:
+        spent = s["experiments_used"] >= s["experiments_budget"]
+        then = (
+            "The study has nothing left to do until you decide."
+            if spent or s["status"] != "running"
+            else "The study keeps exploring on the current trunk meanwhile."
+        )
+        st.warning(
+            f"**Waiting for your decision on n{a['node_id']}** ({a['title']}): it passed the held-out gate. {then}"
+        )
+        decisions.card(api, a, s["name"])
 
 
 def budget(s: dict[str, Any]) -> None:
@@ -274,6 +290,7 @@ def page() -> None:
         f"{s['status']}{' — ' + s['stop_reason'] if s['stop_reason'] else ''} · {s['policy']} policy · gate {s['gate_mode']} (margin {s['margin']:g}) · {s['goal']}"
     )
     controls(api, s)
+    ui.recall("decisions")
     finished = s["status"] in ui.FINISHED
 
     @st.fragment(run_every=None if finished else REFRESH)
@@ -287,6 +304,7 @@ def page() -> None:
             return
         if (fresh["status"] in ui.FINISHED) != finished:
             st.rerun()
+        awaiting(api, fresh)
         scores(fresh)
         left, right = st.columns([3, 1])
         with left:

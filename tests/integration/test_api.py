@@ -127,6 +127,63 @@ def test_study_over_http_runs_to_approval_merges_and_finishes(
     assert [e["id"] for e in whole] == ids and whole[-1]["event"] == "study.finished"
 
 
+def test_the_study_explores_while_an_approval_waits_then_merges_on_approve(
+    service: Service, client: TestClient, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "r", tiny_files(name="api-wait", mode="approve", experiments=10, sleep=0.2))
+    op = auth(service, "operator", "approver", name="ada")
+    resp = client.post(
+        f"{API}/studies",
+        json={"spec": (repo / "grove.toml").read_text(), "repository": str(repo)},
+        headers=op,
+    )
+    assert resp.status_code == 201, resp.text
+    sid = resp.json()["id"]
+
+    def pending() -> list[dict[str, Any]]:
+        return list(client.get(f"{API}/approvals", params={"study_id": sid}, headers=op).json()["data"])
+
+    card = wait_for(pending, timeout=180)[0]  # type: ignore[index]
+    waiting = card["node_id"]
+
+    def started_and_evaluated_since() -> set[int]:
+        log = client.get(f"{API}/studies/{sid}/events/log", headers=op).json()
+        opened = next(
+            e["id"] for e in log if e["type"] == "node.awaiting_approval" and e["node_id"] == waiting
+        )
+        later = [e for e in log if e["id"] > opened]
+        queued = {e["node_id"] for e in later if e["type"] == "node.queued"}
+        return queued & {e["node_id"] for e in later if e["type"] == "node.evaluated"}
+
+    # Nobody has decided yet, and the study goes on: nodes dispatched after the approval opened
+    # (not only those already running) are evaluated on the same trunk.
+    others = wait_for(started_and_evaluated_since, timeout=180)
+    assert waiting not in others  # type: ignore[operator]
+    study = client.get(f"{API}/studies/{sid}", headers=op).json()
+    assert study["status"] == "running" and pending()[0]["node_id"] == waiting
+    resp = client.post(f"{API}/studies/{sid}/nodes/{waiting}/approve", headers=op)
+    assert resp.status_code == 200
+
+    def merged() -> bool:
+        return bool(
+            client.get(f"{API}/studies/{sid}/nodes/{waiting}", headers=op).json()["status"] == "merged"
+        )
+
+    wait_for(merged, timeout=120)
+
+    def settle() -> bool:
+        for a in pending():
+            client.post(
+                f"{API}/studies/{sid}/nodes/{a['node_id']}/reject", json={"reason": "enough"}, headers=op
+            )
+        return client.get(f"{API}/studies/{sid}", headers=op).json()["status"] == "finished"
+
+    wait_for(settle, timeout=180)
+    # Later gate passes were rejected: the approved node is the only merge besides the baseline.
+    nodes = client.get(f"{API}/studies/{sid}/tree", headers=op).json()["nodes"]
+    assert [n["id"] for n in nodes if n["status"] == "merged" and n["parent_id"] is not None] == [waiting]
+
+
 def test_auth_rules(service: Service, client: TestClient, tmp_path: Path) -> None:
     assert client.get(f"{API}/studies").status_code == 401
     assert client.get(f"{API}/studies", headers={"Authorization": "Bearer nope"}).status_code == 401

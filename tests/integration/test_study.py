@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from sqlmodel import col, select
@@ -19,6 +22,7 @@ from backend.cli.runner import run_study
 from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.models import Event, Job, Node, ReceiptRow, Study
+from backend.services import notify
 from backend.services.studies import create_study
 from tests.conftest import git, make_repo, tiny_files, wait_for
 
@@ -142,6 +146,62 @@ def test_heldout_numbers_never_reach_ideation(settings: Settings, tiny_repo: Pat
         nums, keys = numbers_and_keys(inp, ([], []))
         assert all(abs(v) < 700 for v in nums), "a held-out number reached ideation"
         assert not [k for k in keys if "heldout" in k.lower() or "test" in k.lower()]
+
+
+class Hook(http.server.BaseHTTPRequestHandler):
+    """A webhook receiver on loopback that keeps every JSON body it is sent."""
+
+    bodies: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        size = int(self.headers.get("Content-Length", 0))
+        Hook.bodies.append(json.loads(self.rfile.read(size)))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_an_opened_approval_calls_the_webhook_without_heldout_numbers(
+    settings: Settings, tiny_repo: Path
+) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Hook.bodies = []
+    hooked = settings.model_copy(
+        update={
+            "notify_url": f"http://127.0.0.1:{server.server_port}/hook",
+            "dashboard_url": "http://grove.test",
+        }
+    )
+    try:
+        with db.session(hooked.db_url) as s:
+            study = create_study(
+                s, hooked, tiny_files(mode="approve", experiments=4)["grove.toml"], str(tiny_repo)
+            )
+        asked: list[int] = []
+
+        def approver(study_id: int, node_id: int) -> dict[str, Any]:
+            asked.append(node_id)
+            return {"approved": True, "by": "ada"}
+
+        assert run_study(hooked, study.id or 0, approver=approver) == "finished"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert asked and [b["node_id"] for b in Hook.bodies] == asked
+    first = Hook.bodies[0]
+    assert first["event"] == "approval.opened" and first["study_id"] == study.id and first["study"] == "tiny"
+    assert first["link"] == f"http://grove.test/approvals?study={study.id}" and first["link"] in first["text"]
+    nums = [float(m) for m in re.findall(r"-?\d+\.?\d*", json.dumps(Hook.bodies, ensure_ascii=False))]
+    assert all(abs(v) < 700 for v in nums), f"a held-out number reached the webhook: {Hook.bodies}"
+    sent = rows(hooked, Event, Event.type == "notify.sent")
+    assert [e.node_id for e in sent] == asked and sent[0].payload["status"] == 204
+    # A webhook that cannot be reached (the server is gone) is an event on the study, never a failure.
+    notify.approval_opened(hooked, study.id or 0, asked[0])
+    failed = rows(hooked, Event, Event.type == "notify.failed")
+    assert len(failed) == 1 and "Connect" in failed[0].payload["error"]
 
 
 def test_margin_blocks_a_merge(settings: Settings, tmp_path: Path) -> None:

@@ -33,6 +33,10 @@ class Memory:
         self.trunk_node = 1
         self.state: dict[str, Any] = {}
         self.rounds: dict[int, list[int]] = {}
+        self.answer: dict[str, Any] | None = None  # the human's decision, given after `decide_after` jobs
+        self.decide_after = 0
+        self.completed: list[int] = []  # node ids in the order their jobs finished
+        self.opened: dict[int, int] = {}  # node -> jobs completed when its approval opened
         self.add(None, "baseline", {"config.toml:knob.x": 0}, status="merged", dev=[1.0, 1.01])
 
     def add(
@@ -123,6 +127,7 @@ class Memory:
         n = self.rows[self.jobs[job_id]]
         x = n["edits"]["config.toml:knob.x"]
         n["status"], n["dev"] = "evaluated", [10 - (x - 3) ** 2, 10 - (x - 3) ** 2 + 0.01]
+        self.completed.append(n["id"])
 
     # Gatekeeper
     def baseline(self, study_id: int) -> None:
@@ -136,6 +141,17 @@ class Memory:
 
     def await_approval(self, study_id: int, node_id: int) -> None:
         self.rows[node_id]["status"] = "awaiting_approval"
+        self.opened[node_id] = len(self.completed)
+        self.events.append(f"approval opened for n{node_id}")
+
+    def decision(self, study_id: int, node_id: int) -> dict[str, Any] | None:
+        if self.answer is None or len(self.completed) - self.opened[node_id] < self.decide_after:
+            return None
+        return self.answer
+
+    def withdraw(self, study_id: int, node_id: int, reason: str) -> None:
+        self.rows[node_id]["status"] = "cancelled"
+        self.events.append(f"withdrawn: {reason}")
 
     def merge(self, study_id: int, node_id: int, by: str) -> None:
         n = self.rows[node_id]
@@ -165,6 +181,10 @@ def drive(mem: Memory, answer: dict[str, Any]) -> list[str]:
         intr = out.interrupts[0]
         kinds.append(intr.value["kind"])
         if intr.value["kind"] == "await_jobs":
+            approval = intr.value.get("approval")
+            if approval is not None and mem.decision(1, approval) is not None:
+                inp = Command(resume={intr.id: []})  # the decision came before any job finished
+                continue
             first = intr.value["jobs"][0]
             mem.complete(first)
             inp = Command(resume={intr.id: [first]})
@@ -181,6 +201,55 @@ def test_approval_interrupt_then_merge_then_budget_stop() -> None:
     assert mem.events[-1] == "finished: experiment budget spent (4)"
     assert len(mem.jobs) == 4 and len(set(mem.submitted)) == 4
     assert mem.events[0] == "baseline"
+
+
+def test_the_study_explores_while_an_approval_is_open_and_applies_the_decision_when_it_comes() -> None:
+    mem = Memory(mode="approve", experiments=8)
+    mem.answer, mem.decide_after = {"approved": True, "by": "ada"}, 3
+    kinds = drive(mem, {"approved": True, "by": "ada"})
+    opened = next(e for e in mem.events if e.startswith("approval opened"))
+    node = int(opened.rsplit("n", 1)[1])
+    # Three more experiments finished in the same study between the approval and the merge.
+    assert mem.events.index("merged by ada") > mem.events.index(opened)
+    assert len(mem.completed) - mem.opened[node] >= 3
+    assert mem.rows[node]["status"] == "merged"
+    assert mem.events[-1] == "finished: experiment budget spent (8)"
+    assert "await_jobs" in kinds
+
+
+def test_a_decision_still_open_when_nothing_is_left_to_do_is_waited_for() -> None:
+    mem = Memory(mode="approve", experiments=4)
+    mem.answer, mem.decide_after = None, 0  # nobody answers while experiments run
+    kinds = drive(mem, {"approved": False, "by": "ada", "reason": "not now"})
+    # The study ran every experiment first; then each gate pass in turn waited for its answer.
+    first = kinds.index("approve")
+    assert set(kinds[first:]) == {"approve"} and kinds[:first].count("await_jobs") >= 4
+    assert "rejected: not now" in mem.events and mem.trunk == "c0"
+    assert mem.events[-1] == "finished: experiment budget spent (4)"
+
+
+def test_stopping_withdraws_an_open_approval() -> None:
+    mem = Memory(mode="approve", experiments=10)
+    graph = build_graph().compile(checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "t"}}
+    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
+    out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
+    for _ in range(20):
+        intr = out.interrupts[0]
+        if any(e.startswith("approval opened") for e in mem.events):
+            break
+        first = intr.value["jobs"][0]
+        mem.complete(first)
+        out = graph.invoke(
+            Command(resume={intr.id: [first]}), cfg, context=ctx, durability="sync", version="v2"
+        )
+    intr = out.interrupts[0]
+    assert intr.value["kind"] == "await_jobs" and intr.value["approval"] is not None
+    mem.status = "stopping"
+    out = graph.invoke(Command(resume={intr.id: []}), cfg, context=ctx, durability="sync", version="v2")
+    assert not out.interrupts and mem.events[-1] == "finished: stopped by user"
+    assert mem.rows[intr.value["approval"]]["status"] == "cancelled"
+    assert any(e.startswith("withdrawn:") for e in mem.events)
 
 
 def test_rejected_approval_keeps_trunk_and_continues() -> None:

@@ -381,11 +381,11 @@ def test_a_long_history_is_windowed_keeping_the_best_the_running_and_the_recent(
     assert low.best_value == min(n.dev_mean for n in nodes if n.dev_mean is not None)
 
 
-def test_warming_loads_the_gp_samplers_dependencies_before_any_study_asks() -> None:
+def test_preloading_imports_the_gp_samplers_dependencies_before_any_study_asks() -> None:
     code = (
         "import sys; from agents.policies import optuna_bridge as o\n"
         "assert 'scipy.stats' not in sys.modules and 'torch' not in sys.modules\n"
-        "o.warm(); assert 'scipy.stats' in sys.modules and 'torch' in sys.modules"
+        "o.preload(); assert 'scipy.stats' in sys.modules and 'torch' in sys.modules"
     )
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
