@@ -60,6 +60,7 @@ class NodeSummary(TypedDict):
     gain_lcb: float | None
     heldout_gain: float | None
     attempts: int
+    fate: str
 
 
 class Tree(TypedDict):

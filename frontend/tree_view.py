@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,17 @@ def _score(n: dict[str, Any]) -> str:
     return ""
 
 
+def _tooltip(n: dict[str, Any]) -> str:
+    """Return what hovering a node says: its change, fate and scores."""
+    parts = [f"n{n['id']} · {n.get('title') or ''}", str(n.get("fate") or n["status"])]
+    if n.get("gain") is not None:
+        lcb = n.get("gain_lcb")
+        parts.append(f"dev gain {n['gain']:+.4g}" + (f" (LCB {lcb:+.4g})" if lcb is not None else ""))
+    elif n.get("dev_mean") is not None:
+        parts.append(f"dev {n['dev_mean']:.4g}")
+    return " — ".join(parts)
+
+
 def merged_path(nodes: list[dict[str, Any]], trunk_node_id: int | None) -> set[int]:
     """Return the ids from the root to the trunk node."""
     parent = {n["id"]: n["parent_id"] for n in nodes}
@@ -65,6 +77,7 @@ def to_dot(
     group_dead_ends: int = 3,
     max_nodes: int = 80,
     selected: int | None = None,
+    link: Callable[[int], str] | None = None,
 ) -> tuple[str, TreeStats]:
     """Return DOT for the tree and how many nodes it shows and folds away.
 
@@ -128,6 +141,9 @@ def to_dot(
             label += f"\\n+{size} pruned below"
             below = []
         attrs = [f'label="{label}"', f'fillcolor="{COLOURS.get(status, "#ffffff")}"']
+        attrs.append(f'tooltip="{_esc(_tooltip(n))}"')
+        if link is not None:
+            attrs.append(f'URL="{_esc(link(nid))}", target="_top"')
         if nid in trunk:
             attrs.append('penwidth=2.5, color="#1b7f4b"')
         if nid == selected:

@@ -73,6 +73,11 @@ class ImprovementState:
         self.rejected_candidates.append(Rejected(node_id, reason))
         self.rejected_candidates = self.rejected_candidates[-keep:]
 
+    def retract(self, node_id: int, reason: str) -> None:
+        """Withdraw every finding that rests on a node a human turned down, and record why."""
+        self.verified_findings = [f for f in self.verified_findings if node_id not in f.node_ids]
+        self.reject(node_id, reason)
+
     def concern(self, text: str, keep: int = 10) -> None:
         """Record a validity concern once, keeping the most recent `keep`."""
         if text not in self.concerns:

@@ -69,6 +69,7 @@ class NodeSummary(BaseModel):
     gain_lcb: float | None
     heldout_gain: float | None
     attempts: int
+    fate: str  # what became of the node, in one line (agents/tree/fate.py)
 
 
 class Tree(BaseModel):

@@ -74,7 +74,7 @@ def study_public(s: Session, st: Study) -> schemas.StudyPublic:
     )
 
 
-def node_summary(n: Node) -> schemas.NodeSummary:
+def node_summary(n: Node, fate: str) -> schemas.NodeSummary:
     """Return the tree view of a node."""
     return schemas.NodeSummary(
         id=n.id or 0,
@@ -89,6 +89,7 @@ def node_summary(n: Node) -> schemas.NodeSummary:
         gain_lcb=n.gain_lcb,
         heldout_gain=n.heldout_gain,
         attempts=n.attempts,
+        fate=fate,
     )
 
 

@@ -64,6 +64,11 @@ class Node(SQLModel, table=True):
     origin: str = "policy"  # policy|human|refine|restart|baseline
     origin_ref: int | None = None
     status: str = "proposed"
+    # Why and by whom the status last changed (`records.transition`): the words of the node's fate.
+    status_reason: str = Field(
+        default="", sa_column=Column(Text, nullable=False, default="", server_default="")
+    )
+    status_by: str = Field(default="", sa_column_kwargs={"server_default": ""})
     prior: float = 0.0
     edits: dict[str, Any] = _json({})
     base_commit: str = ""

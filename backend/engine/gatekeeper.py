@@ -14,6 +14,7 @@ from agents.spec import Spec
 from agents.tree.gate import heldout_decision
 from agents.tree.sequential import Plan, Step
 from agents.tree.status import NodeStatus
+from agents.verify.state import ImprovementState
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.gitops import GitError, MergeConflict, Repo
@@ -267,6 +268,12 @@ class LocalGatekeeper:
             assert node is not None
             if node.status in (NodeStatus.AWAITING_APPROVAL, NodeStatus.EVALUATED):
                 transition(s, node, NodeStatus.REJECTED, reason=reason, by=by)
+            study = s.get(Study, study_id)
+            assert study is not None
+            istate = ImprovementState.from_dict(study.improvement_state)
+            istate.retract(node_id, f"rejected by {by or 'a human'}: {reason}")
+            study.improvement_state = istate.to_dict()
+            s.add(study)
             appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
             if appr and appr.status in ("pending", "rejecting"):
                 appr.status, appr.decided_at = "rejected", now()

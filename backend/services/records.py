@@ -29,6 +29,8 @@ def transition(s: Session, node: Node, new: NodeStatus | str, **payload: Any) ->
     assert node.id is not None
     status = check_transition(node.id, node.status, new)
     node.status = str(status)
+    node.status_reason = str(payload.get("reason") or "")[:2000]
+    node.status_by = str(payload.get("by") or "")[:200]
     node.updated_at = now()
     s.add(node)
     add_event(s, node.study_id, f"node.{status}", node.id, **payload)

@@ -11,6 +11,7 @@ from sqlmodel import Session, col, select
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Event, Job, Node, ReceiptRow, Study
+from backend.services import fates
 from backend.services.records import spec_of
 
 
@@ -84,18 +85,25 @@ def render(s: Session, study_id: int) -> str:
         f"{len(jobs)} experiments of a budget of {spec.budget.experiments}; wall time {dur:.0f} s; "
         f"{eval_seconds:.0f} s spent in evaluations ({len(receipts)} runs).",
         "",
-        "| node | parent | status | change | dev mean | gain (LCB) |",
+        "| node | parent | change | dev mean | gain (LCB) | fate |",
         "|---|---|---|---|---|---|",
     ]
     ranked = sorted(
         (n for n in nodes if n.gain is not None),
         key=lambda n: -(n.gain_lcb if n.gain_lcb is not None else -1e9),
     )
+    fate = fates.study_fates(s, st)
     for n in ranked[:10]:
         lines.append(
-            f"| n{n.id} | n{n.parent_id} | {n.status} | {n.title} | {n.dev_mean:.4f} | "
-            f"{n.gain:+.4f} ({n.gain_lcb:+.4f}) |"
+            f"| n{n.id} | n{n.parent_id} | {n.title} | {n.dev_mean:.4f} | "
+            f"{n.gain:+.4f} ({n.gain_lcb:+.4f}) | {fate[n.id or 0]} |"
         )
+    turned = [n for n in nodes if n.status == "rejected" and n.status_by and n.status_by != "auto"]
+    if turned:
+        lines += [
+            "",
+            "Turned down by a human: " + "; ".join(f"n{n.id} ({fate[n.id or 0]})" for n in turned) + ".",
+        ]
     gated = [n for n in nodes if n.gated]
     if gated:
         lines += ["", "## Gate decisions", "", "| node | outcome | held-out gain |", "|---|---|---|"]

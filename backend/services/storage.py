@@ -261,7 +261,7 @@ def _record(
     )
 
 
-def prune_subtree(s: Session, study_id: int, node_id: int, reason: str, lesson: str) -> None:
+def prune_subtree(s: Session, study_id: int, node_id: int, reason: str, lesson: str, by: str = "") -> None:
     """Prune a node and its prunable descendants; the node keeps its lesson as an insight."""
     # The subtree only, a level at a time (a handful of queries: the tree is at most max_depth deep).
     top = s.get(Node, node_id)
@@ -284,7 +284,7 @@ def prune_subtree(s: Session, study_id: int, node_id: int, reason: str, lesson: 
             continue
         if n.status == NodeStatus.EVALUATED and nid != node_id:
             continue
-        transition(s, n, NodeStatus.PRUNED, reason=reason)
+        transition(s, n, NodeStatus.PRUNED, reason=reason, by=by)
     add_insight(s, study_id, node_id, f"PRUNED ({reason}). Lesson: {lesson}", [node_id])
 
 

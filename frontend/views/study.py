@@ -202,9 +202,13 @@ def events(api: Grove, sid: int) -> None:
 def tree(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
     nodes = t["nodes"]
     collapse = st.toggle("Collapse pruned subtrees and dead ends", value=True, key="collapse")
-    dot, stats = tree_view.to_dot(nodes, t["trunk_node_id"], collapse=collapse)
+    dot, stats = tree_view.to_dot(
+        nodes, t["trunk_node_id"], collapse=collapse, link=lambda nid: f"node?study={s['id']}&node={nid}"
+    )
     st.caption(
-        f"{len(nodes)} nodes · showing {stats.shown}" + (f", {stats.hidden} folded" if stats.hidden else "")
+        f"{len(nodes)} nodes · showing {stats.shown}"
+        + (f", {stats.hidden} folded" if stats.hidden else "")
+        + " · hover a node for its fate, click it to open it"
     )
     st.graphviz_chart(dot, width="content")
     node_picker(s, nodes)

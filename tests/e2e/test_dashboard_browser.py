@@ -126,21 +126,41 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
 
     page.get_by_label("Open a node").click()
     page.keyboard.type(f"n{node_id} · ")  # the list is long and virtualised: filter it as a user would
-    page.get_by_role("option", name=re.compile(rf"^n{node_id} · ")).click()
+    expect(page.get_by_role("option", name=re.compile(rf"^n{node_id} · "))).to_be_visible()
+    page.keyboard.press("Enter")  # the one match is the active option (the list refreshes under a click)
     page.get_by_role("link", name=f"Open n{node_id} →").click()
-    expect(page.get_by_role("heading", name=re.compile(rf"^n{node_id} · "))).to_be_visible()
+    expect(page.get_by_role("heading", level=1, name=re.compile(rf"^n{node_id} · "))).to_be_visible()
+    # The node waits for a decision: its page says so, with the decision card right there.
+    expect(page.get_by_text(f"n{node_id} waits for your decision")).to_be_visible()
+    expect(page.get_by_text("Fate: passed the held-out gate; waiting for a human decision")).to_be_visible()
     page.get_by_role("tab", name="Diff").click()
     expect(page.get_by_text("config.toml").first).to_be_visible()
     shot(page, "03-node")
 
-    page.get_by_role("link", name="Approvals").click()
+    page.get_by_role("link", name=re.compile(r"^Approvals · 1 waiting")).click()
     card_title = page.get_by_role("heading", name=re.compile(rf"^n{node_id} · "))
     expect(card_title).to_be_visible()
     expect(page.get_by_text("held-out gain vs margin").first).to_be_visible()
     shot(page, "04-approvals")
+
+    # Nobody has decided, and the study goes on: a node dispatched after the approval opened is evaluated.
+    sid = pending["study_id"]
+
+    def explored_while_waiting() -> bool:
+        log = httpx.get(f"{stack['api']}/studies/{sid}/events/log", headers=headers).json()
+        opened = next(
+            e["id"] for e in log if e["type"] == "node.awaiting_approval" and e["node_id"] == node_id
+        )
+        later = [e for e in log if e["id"] > opened]
+        queued = {e["node_id"] for e in later if e["type"] == "node.queued"}
+        return bool(queued & {e["node_id"] for e in later if e["type"] == "node.evaluated"})
+
+    wait_for(explored_while_waiting, timeout=300, every=1.0)
+    page.goto(f"{stack['dashboard']}/study?study={sid}")
+    expect(page.get_by_text(f"Waiting for your decision on n{node_id}")).to_be_visible()
+    shot(page, "05-study-waiting")
     page.get_by_role("button", name="Approve").first.click()
     expect(page.get_by_text(re.compile(rf"n{node_id}: approval recorded by grove-up"))).to_be_visible()
-    shot(page, "05-approved")
 
     wait_for(
         lambda: (
@@ -152,10 +172,13 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
         timeout=120,
     )
     page.goto(f"{stack['dashboard']}/study?study={pending['study_id']}")
-    expect(page.locator("svg text", has_text=re.compile(rf"^n{node_id} · merged$"))).to_be_visible(
-        timeout=30_000
-    )
+    merged = page.locator("svg text", has_text=re.compile(rf"^n{node_id} · merged$"))
+    expect(merged).to_be_visible(timeout=30_000)
     shot(page, "06-study-merged")
+    # A node of the drawn tree is a link to its page, which says what became of it.
+    merged.click()
+    expect(page.get_by_role("heading", level=1, name=re.compile(rf"^n{node_id} · "))).to_be_visible()
+    expect(page.get_by_text("Fate: merged by grove-up")).to_be_visible()
 
 
 def test_dashboard_refuses_a_rebound_host_and_never_sends_its_token(

@@ -182,6 +182,28 @@ def test_the_study_explores_while_an_approval_waits_then_merges_on_approve(
     # Later gate passes were rejected: the approved node is the only merge besides the baseline.
     nodes = client.get(f"{API}/studies/{sid}/tree", headers=op).json()["nodes"]
     assert [n["id"] for n in nodes if n["status"] == "merged" and n["parent_id"] is not None] == [waiting]
+    # Each node says what became of it, in the tree and on its page alike.
+    fate = {n["id"]: n["fate"] for n in nodes}
+    assert fate[waiting] == "merged by ada"
+    assert (
+        next(n for n in nodes if n["parent_id"] is None)["fate"] == "the baseline: trunk at the study's start"
+    )
+    turned = [
+        n["id"] for n in nodes if n["status"] == "rejected" and fate[n["id"]].startswith("rejected by ada")
+    ]
+    assert all(fate[i] == "rejected by ada: enough" for i in turned)
+    low = [
+        n for n in nodes if n["status"] == "evaluated" and n["gain_lcb"] is not None and n["gain_lcb"] <= 0
+    ]
+    assert all(fate[n["id"]].startswith("not a gate candidate: dev LCB ") for n in low)
+    assert low or turned, "the study should have left a node that was not merged"
+    for n in nodes:
+        assert client.get(f"{API}/studies/{sid}/nodes/{n['id']}", headers=op).json()["fate"] == fate[n["id"]]
+    # A rejected node's findings leave the improvement state.
+    state = client.get(f"{API}/studies/{sid}", headers=op).json()["improvement_state"]
+    cited = {i for f in state.get("verified_findings", []) for i in f["node_ids"]}
+    assert not cited & set(turned)
+    assert {r["node_id"] for r in state.get("rejected_candidates", [])} >= set(turned)
 
 
 def test_auth_rules(service: Service, client: TestClient, tmp_path: Path) -> None:
@@ -305,3 +327,4 @@ def test_pause_steer_and_resume(service: Service, client: TestClient, tmp_path: 
     decoy_node = client.get(f"{API}/studies/{sid}/nodes/{decoy}", headers=op).json()
     assert decoy_node["status"] == "pruned" and decoy_node["attempts"] == 0
     assert "not worth it" in decoy_node["insights"][-1]["text"]
+    assert decoy_node["fate"].startswith("pruned by ") and decoy_node["fate"].endswith(": not worth it")

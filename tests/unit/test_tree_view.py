@@ -87,3 +87,16 @@ def test_a_thousand_node_tree_keeps_trunk_active_and_best_nodes_in_view() -> Non
     best = max((n for n in nodes if n["gain"] is not None), key=lambda n: n["gain"])
     assert f"  n{best['id']} [" in dot
     assert dot.count("(under n") >= 10
+
+
+def test_hovering_tells_the_fate_and_clicking_opens_the_node() -> None:
+    nodes = [
+        node(1, None, "merged"),
+        {**node(2, 1, "rejected", -0.1), "gain_lcb": -0.3, "fate": 'rejected by ada: "risky"'},
+    ]
+    dot, _ = to_dot(nodes, trunk_node_id=1, link=lambda nid: f"node?study=5&node={nid}")
+    line = next(x for x in dot.splitlines() if x.strip().startswith("n2 ["))
+    assert 'tooltip="n2 · idea 2 — rejected by ada: \\"risky\\" — dev gain -0.1 (LCB -0.3)"' in line
+    assert 'URL="node?study=5&node=2", target="_top"' in line
+    plain, _ = to_dot(nodes, trunk_node_id=1)
+    assert "URL=" not in plain

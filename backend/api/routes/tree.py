@@ -19,6 +19,7 @@ from backend.api.deps import MAX_ID, CeleryDep, NodeId, Operator, Reader, Sessio
 from backend.api.routes.studies import get_study
 from backend.core import gitops
 from backend.core.models import Event, InsightVersion, Node, ReceiptRow, Study
+from backend.services import fates
 from backend.services.records import add_event, spec_of
 from backend.services.storage import prune_subtree
 from backend.worker.dispatch import enqueue_advance
@@ -38,16 +39,26 @@ def get_node(s: Session, study_id: int, node_id: int) -> Node:
 def tree(study_id: StudyId, s: SessionDep, who: Reader) -> Response:
     """Return every node of the study's tree."""
     st = get_study(s, study_id)
-    fields = list(schemas.NodeSummary.model_fields)
-    columns = [getattr(Node, f) for f in fields]
+    fields = [f for f in schemas.NodeSummary.model_fields if f != "fate"]
+    extra = [*fates.FATE_COLUMNS, "origin_ref"]
+    columns = [getattr(Node, f) for f in (*fields, *extra)]
     rows = s.exec(select(*columns).where(Node.study_id == study_id).order_by(col(Node.id))).all()
+    full = [dict(zip((*fields, *extra), row, strict=True)) for row in rows]
+    refined: dict[int, list[int]] = {}
+    for r in full:
+        if r["origin"] == "refine" and r["origin_ref"] is not None:
+            refined.setdefault(r["origin_ref"], []).append(r["id"])
+    min_gain = spec_of(st).plateau.min_gain
     # Rows come straight from typed columns, in the response model's fields: they are written as
     # JSON directly, not built into 5,000 models and validated again (a third of the time).
-    body = {
-        "study_id": study_id,
-        "trunk_node_id": st.trunk_node_id,
-        "nodes": [dict(zip(fields, row, strict=True)) for row in rows],
-    }
+    nodes = [
+        {
+            **{f: r[f] for f in fields},
+            "fate": fates.node_fate(r, refined.get(r["id"], []), st.trunk_commit, min_gain),
+        }
+        for r in full
+    ]
+    body = {"study_id": study_id, "trunk_node_id": st.trunk_node_id, "nodes": nodes}
     return Response(pydantic_core.to_json(body, inf_nan_mode="null"), media_type="application/json")
 
 
@@ -71,7 +82,7 @@ def node_detail(study_id: StudyId, node_id: NodeId, s: SessionDep, who: Reader) 
     children = s.exec(select(Node.id).where(Node.parent_id == node_id).order_by(col(Node.id))).all()
     history = s.exec(select(Event).where(Event.node_id == node_id).order_by(col(Event.id))).all()
     return schemas.NodeDetail(
-        **serializers.node_summary(n).model_dump(),
+        **serializers.node_summary(n, fates.fate_of(s, n)).model_dump(),
         hypothesis=n.hypothesis,
         edits=n.edits,
         base_commit=n.base_commit,
@@ -166,7 +177,7 @@ def add_hypothesis(
         origin="human",
         by=who.name,
     )
-    out = serializers.node_summary(node)
+    out = serializers.node_summary(node, fates.fate_of(s, node))
     s.commit()
     enqueue_advance(celery, study_id)
     return out
@@ -187,8 +198,8 @@ def prune(
         raise HTTPException(status.HTTP_409_CONFLICT, "the root cannot be pruned")
     if n.status in TERMINAL:
         raise HTTPException(status.HTTP_409_CONFLICT, f"node {node_id} is {n.status}")
-    reason = body.reason or f"pruned by {who.name}"
-    prune_subtree(s, study_id, node_id, reason, n.summary or n.title)
+    reason = body.reason or "no reason given"
+    prune_subtree(s, study_id, node_id, reason, n.summary or n.title, by=who.name)
     s.commit()
     enqueue_advance(celery, study_id)
     return schemas.Message(message=f"pruned n{node_id}")

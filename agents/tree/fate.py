@@ -1,0 +1,81 @@
+"""A node's fate: one line saying what became of it, computed here and shown everywhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a node's fate is told from (its row, its refine children and the study's trunk)."""
+
+    status: str
+    reason: str = ""  # given with the node's last status change
+    by: str = ""  # who made that change (a human's name, "auto", a token's name)
+    is_root: bool = False
+    gain_lcb: float | None = None
+    min_gain: float = 0.0
+    decision: str = ""  # AREX's call at integration: accept, refine, restart, reject
+    open_constraints: tuple[str, ...] = ()
+    refined_as: tuple[int, ...] = ()  # refine children that took up its open constraints
+    gated: bool = False
+    gate_reason: str = ""
+    failure: str = ""
+    on_trunk: bool = True  # measured against the current trunk
+
+
+def _lcb(x: float) -> str:
+    return f"{x:+.3g}".replace("-", "\u2212")
+
+
+def fate(f: Facts) -> str:
+    """Return the node's fate in one line, e.g. 'rejected by ada: too risky'."""
+    if f.is_root:
+        return "the baseline: trunk at the study's start"
+    if f.status == "merged":
+        return f"merged by {f.by or 'auto'}"
+    if f.status == "awaiting_approval":
+        return "passed the held-out gate; waiting for a human decision"
+    if f.status in ("proposed", "queued", "running"):
+        return {"proposed": "proposed, not run yet", "queued": "queued", "running": "running"}[f.status]
+    if f.status == "failed":
+        return f"failed: {f.failure or f.reason or 'no result'}"
+    if f.status == "pruned":
+        who = f" by {f.by}" if f.by else ""
+        return f"pruned{who}: {f.reason or 'its direction stopped improving'}"
+    if f.status == "cancelled":
+        return f"cancelled: {f.reason or 'the study ended first'}"
+    if f.status == "rejected":
+        return _rejected(f)
+    return _evaluated(f)
+
+
+def _rejected(f: Facts) -> str:
+    if f.by and f.by != "auto":
+        return f"rejected by {f.by}: {f.reason or 'no reason given'}"
+    if f.decision in ("refine", "restart") and f.open_constraints:
+        opened = ", ".join(f.open_constraints)
+        noun = "constraint" if len(f.open_constraints) == 1 else "constraints"
+        if f.refined_as:
+            return f"{noun} {opened} open \u2192 refined as " + ", ".join(f"n{i}" for i in f.refined_as)
+        if f.decision == "restart":
+            return f"{noun} {opened} open \u2192 abandoned; exploration restarts elsewhere"
+        return f"{noun} {opened} open \u2192 to be refined"
+    if f.gated and f.gate_reason:
+        return f"held-out gate: {f.gate_reason}"
+    return f"rejected: {f.reason or f.failure or 'constraints not met'}"
+
+
+def _evaluated(f: Facts) -> str:
+    if f.gated:
+        return f"held-out gate: {f.gate_reason or 'passed'}"
+    bar = max(f.min_gain, 0.0)  # the gate asks LCB > 0; improving asks LCB > plateau.min_gain
+    if f.gain_lcb is not None and f.gain_lcb <= bar:
+        return f"not a gate candidate: dev LCB {_lcb(f.gain_lcb)} \u2264 {bar:g}"
+    if f.decision and f.decision != "accept":
+        return f"not a gate candidate: verification's call was {f.decision}"
+    if f.gain_lcb is None:
+        return "evaluated"
+    if not f.on_trunk:
+        return f"not a gate candidate: dev LCB {_lcb(f.gain_lcb)}, but measured against an older trunk"
+    return f"gate candidate: dev LCB {_lcb(f.gain_lcb)} > {bar:g}"

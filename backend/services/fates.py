@@ -1,0 +1,72 @@
+"""Node fates from the database: the columns, refine children and trunk that `agents.tree.fate` reads."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from agents.tree.fate import Facts, fate
+from backend.core.models import Node, Study
+from backend.services.records import spec_of
+
+# The node columns a fate is told from (besides the summary's own).
+FATE_COLUMNS = (
+    "status_reason",
+    "status_by",
+    "verification",
+    "gated",
+    "gate_reason",
+    "failure",
+    "base_commit",
+)
+
+
+def node_fate(row: Mapping[str, Any], refined_as: Sequence[int], trunk_commit: str, min_gain: float) -> str:
+    """Return a node's fate from its columns (`NodeSummary` fields and `FATE_COLUMNS`)."""
+    v = row["verification"] or {}
+    return fate(
+        Facts(
+            status=row["status"],
+            reason=row["status_reason"],
+            by=row["status_by"],
+            is_root=row["parent_id"] is None,
+            gain_lcb=row["gain_lcb"],
+            min_gain=min_gain,
+            decision=str(v.get("decision", "")),
+            open_constraints=tuple(str(c) for c in v.get("open_constraints", [])),
+            refined_as=tuple(refined_as),
+            gated=bool(row["gated"]),
+            gate_reason=row["gate_reason"],
+            failure=row["failure"],
+            on_trunk=row["base_commit"] == trunk_commit,
+        )
+    )
+
+
+def fate_of(s: Session, n: Node) -> str:
+    """Return one node's fate (its refine children and its study's trunk are looked up)."""
+    st = s.get(Study, n.study_id)
+    assert st is not None
+    refined = s.exec(
+        select(Node.id).where(Node.origin_ref == n.id, Node.origin == "refine", Node.study_id == n.study_id)
+    ).all()
+    row = n.model_dump()
+    return node_fate(
+        row, [i for i in refined if i is not None], st.trunk_commit, spec_of(st).plateau.min_gain
+    )
+
+
+def study_fates(s: Session, st: Study) -> dict[int, str]:
+    """Return the fate of every node of a study."""
+    nodes = list(s.exec(select(Node).where(Node.study_id == st.id).order_by(col(Node.id))))
+    refined: dict[int, list[int]] = {}
+    for n in nodes:
+        if n.origin == "refine" and n.origin_ref is not None:
+            refined.setdefault(n.origin_ref, []).append(n.id or 0)
+    min_gain = spec_of(st).plateau.min_gain
+    return {
+        n.id or 0: node_fate(n.model_dump(), refined.get(n.id or 0, []), st.trunk_commit, min_gain)
+        for n in nodes
+    }

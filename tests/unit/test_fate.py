@@ -1,0 +1,31 @@
+"""Node fates: one line per case, computed in one place."""
+
+from __future__ import annotations
+
+from agents.tree.fate import Facts, fate
+
+
+def test_each_fate_reads_as_one_line() -> None:
+    cases = {
+        Facts("merged", by="ada"): "merged by ada",
+        Facts("merged", by="auto"): "merged by auto",
+        Facts("merged", is_root=True): "the baseline: trunk at the study's start",
+        Facts("rejected", reason="too risky", by="ada", gated=True, gate_reason="passed"): "rejected by ada: too risky",
+        Facts("evaluated", gain_lcb=-0.003, decision="reject"): "not a gate candidate: dev LCB \u22120.003 \u2264 0",
+        Facts("evaluated", gain_lcb=0.01, min_gain=0.02, decision="reject"): "not a gate candidate: dev LCB +0.01 \u2264 0.02",
+        Facts("rejected", decision="refine", open_constraints=("size",), refined_as=(7,)): "constraint size open \u2192 refined as n7",
+        Facts("rejected", decision="refine", open_constraints=("size", "ram")): "constraints size, ram open \u2192 to be refined",
+        Facts("failed", failure="exited with code 1"): "failed: exited with code 1",
+        Facts("pruned", reason="its last 3 children did not improve"): "pruned: its last 3 children did not improve",
+        Facts("pruned", reason="not worth it", by="ada"): "pruned by ada: not worth it",
+        Facts("rejected", gated=True, gate_reason="failed: held-out gain 0.1 below margin 0.5"): "held-out gate: failed: held-out gain 0.1 below margin 0.5",
+        Facts("rejected", reason="trunk moved since the gate ran"): "rejected: trunk moved since the gate ran",
+        Facts("awaiting_approval"): "passed the held-out gate; waiting for a human decision",
+        Facts("cancelled", reason="the study was stopped before a decision"): "cancelled: the study was stopped before a decision",
+        Facts("evaluated", gain_lcb=0.2, decision="accept"): "gate candidate: dev LCB +0.2 > 0",
+        Facts("evaluated", gain_lcb=0.2, decision="accept", on_trunk=False): "not a gate candidate: dev LCB +0.2, but measured against an older trunk",
+        Facts("running"): "running",
+    }  # fmt: skip
+    for facts, line in cases.items():
+        assert fate(facts) == line, facts
+        assert "\n" not in line
