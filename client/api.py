@@ -136,6 +136,10 @@ class Grove:
         """Return the API's health (no token needed)."""
         return cast(dict[str, str], self._get("/health"))
 
+    def whoami(self) -> dict[str, Any]:
+        """Return the name and roles of this client's token."""
+        return cast(dict[str, Any], self._get("/whoami"))
+
     def check(self) -> int:
         """Check that the token may read; return the number of studies."""
         return int(self._get("/studies", limit=1)["count"])

@@ -51,6 +51,13 @@ with st.sidebar:
         )
     except GroveError as exc:
         st.caption(f"service: unreachable ({type(exc).__name__})")
-    st.caption("signed in with a token" if token else "no token: read-only if the API allows public reads")
+    if token:
+        try:
+            who = ui.client().whoami()
+            st.caption(f"signed in as {who['name']} ({', '.join(who['roles'])})")
+        except GroveError:
+            st.caption("signed in with a token the API does not accept")
+    else:
+        st.caption("no token: read-only if the API allows public reads")
 
 page.run()

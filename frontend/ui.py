@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import secrets
 import statistics
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 import streamlit as st
+import streamlit.components.v1 as components
 
 from client import ApiError, Forbidden, Grove, Unauthorized, Unreachable, from_env
 
@@ -52,11 +55,45 @@ def guard() -> None:
         st.stop()
 
 
+COOKIE = "grove_session"
+SIGN_IN_DAYS = 7
+
+
+@st.cache_resource
+def _signed_in() -> dict[str, tuple[str, str, float]]:
+    """Sign-ins kept by the dashboard process: session id -> (API URL, token, expiry)."""
+    return {}
+
+
 def connection() -> tuple[str, str]:
-    """Return the API URL and token this browser session uses."""
+    """Return the API URL and token this browser session uses (a sign-in survives a reload)."""
     if "api_url" not in st.session_state:
-        st.session_state.api_url, st.session_state.token = from_env()
+        kept = _signed_in().get(st.context.cookies.get(COOKIE) or "")
+        if kept is not None and kept[2] > time.time():
+            st.session_state.api_url, st.session_state.token = kept[0], kept[1]
+        else:
+            st.session_state.api_url, st.session_state.token = from_env()
     return st.session_state.api_url, st.session_state.token
+
+
+def sign_in(api: str, token: str) -> None:
+    """Use this API and token for the session, and keep them for this browser across reloads.
+
+    The token stays in the dashboard's process: the browser's cookie holds only a random id.
+    """
+    st.session_state.api_url, st.session_state.token = api, token
+    kept = _signed_in()
+    now = time.time()
+    for sid in [k for k, v in kept.items() if v[2] <= now]:
+        del kept[sid]
+    sid = secrets.token_urlsafe(32)
+    kept[sid] = (api, token, now + SIGN_IN_DAYS * 86400)
+    # A component's frame shares the page's origin, so its script can set the page's cookie.
+    components.html(
+        f"<script>window.parent.document.cookie = "
+        f"'{COOKIE}={sid}; Path=/; Max-Age={SIGN_IN_DAYS * 86400}; SameSite=Strict';</script>",
+        height=0,
+    )
 
 
 @st.cache_resource(max_entries=32)

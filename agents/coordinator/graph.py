@@ -60,21 +60,26 @@ def observe(
     study = storage.study(sid)
     pending = _active_jobs(state)
     awaiting = state.get("awaiting")
+    if awaiting is None:
+        awaiting = open_approval(storage.nodes(sid))  # opened by a step that crashed before its checkpoint
+    if awaiting is not None:
+        # A decision already recorded is applied first, even when a stop follows it.
+        answer = gatekeeper.decision(sid, awaiting)
+        if answer is not None:
+            update, goto = _decided(sid, awaiting, answer, runtime)
+            return Command(update=update, goto=goto)
     if study.status == "stopping":
+        if awaiting is not None and not gatekeeper.withdraw(
+            sid, awaiting, "the study was stopped before a decision"
+        ):
+            return Command(goto="observe")  # a decision came in just now: apply it first
         storage.cancel_active(sid)
-        if awaiting is not None:
-            gatekeeper.withdraw(sid, awaiting, "the study was stopped before a decision")
         return Command(
             update={"stop_reason": "stopped by user", "pending": [], "awaiting": None}, goto="finish"
         )
     if study.status == "paused":
         interrupt({"kind": "paused", "study_id": sid})
         return Command(goto="observe")
-    if awaiting is not None:
-        answer = gatekeeper.decision(sid, awaiting)
-        if answer is not None:
-            update, goto = _decided(sid, awaiting, answer, runtime)
-            return Command(update=update, goto=goto)
     budget = study.spec.budget
     if study.spec.policy_kind == "llm" and study.usd_spent >= budget.usd:
         storage.event(sid, "budget.exhausted", None, {"usd": study.usd_spent, "budget": budget.usd})
@@ -90,13 +95,13 @@ def observe(
     if reason:
         if pending:
             return Command(goto="wait")
-        if awaiting is not None:
-            return Command(update={"stop_reason": reason}, goto="approve")  # the last thing left to do
+        if awaiting is not None:  # the last thing left to do
+            return Command(update={"stop_reason": reason, "awaiting": awaiting}, goto="approve")
         return Command(update={"stop_reason": reason}, goto="finish")
     slots = min(budget.parallel - len(pending), budget.experiments - study.experiments_used)
     if slots > 0:
-        return Command(goto="ideate")
-    return Command(goto="wait")
+        return Command(update={"awaiting": awaiting}, goto="ideate")
+    return Command(update={"awaiting": awaiting}, goto="wait")
 
 
 def ideate(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Command[Literal["select"]]:
@@ -268,8 +273,12 @@ def gate(
         study = storage.study(sid)
         if study.status == "stopping":
             break  # observe cancels what is running and finishes
+        records = storage.nodes(sid)
+        opened = open_approval(records)
+        if opened is not None:  # a replayed step: the approval it opened before a crash stays the one
+            return Command(update={"candidates": [], "gate_node": None, "awaiting": opened}, goto="observe")
         node_id = cands.pop(0)
-        still = gate_candidates(study, storage.nodes(sid))
+        still = gate_candidates(study, records)
         if node_id not in still:
             continue
         outcome = gatekeeper.gate(sid, node_id)
@@ -306,7 +315,7 @@ def _decided(sid: int, node_id: int, answer: dict[str, Any], runtime: Runtime[Co
     gatekeeper, storage = runtime.context.gatekeeper, runtime.context.storage
     closed: dict[str, Any] = {"awaiting": None, "gate_node": None}
     if answer.get("withdrawn"):
-        gatekeeper.withdraw(sid, node_id, str(answer.get("reason") or "withdrawn"))
+        gatekeeper.withdraw(sid, node_id, str(answer.get("reason") or "withdrawn"))  # else observe applies it
         return closed, "observe"
     if answer.get("approved"):
         return {**closed, "gate_node": node_id, "approved_by": str(answer.get("by") or "human")}, "merge"
@@ -328,6 +337,11 @@ def finish(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> dic
     """Finalize the study with its stop reason; the graph ends here."""
     runtime.context.gatekeeper.finalize(state["study_id"], state.get("stop_reason", "finished"))
     return {}
+
+
+def open_approval(records: list[NodeRecord]) -> int | None:
+    """Return the node whose approval is open (there is at most one), or None."""
+    return next((r.evidence.id for r in records if r.evidence.status == NodeStatus.AWAITING_APPROVAL), None)
 
 
 def _active_jobs(state: CoordinatorState) -> list[int]:

@@ -33,7 +33,7 @@ def fate(f: Facts) -> str:
     if f.is_root:
         return "the baseline: trunk at the study's start"
     if f.status == "merged":
-        return f"merged by {f.by or 'auto'}"
+        return f"merged by {f.by}" if f.by else "merged into trunk"
     if f.status == "awaiting_approval":
         return "passed the held-out gate; waiting for a human decision"
     if f.status in ("proposed", "queued", "running"):

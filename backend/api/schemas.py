@@ -174,6 +174,11 @@ class Message(BaseModel):
     message: str
 
 
+class Me(BaseModel):
+    name: str
+    roles: list[str]
+
+
 class ProgressPoint(BaseModel):
     experiment: int = Field(description="1-based count of evaluated nodes so far")
     node_id: int

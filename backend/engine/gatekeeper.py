@@ -22,7 +22,7 @@ from backend.core.models import Approval, Node, Study, now
 from backend.engine import workspace
 from backend.engine.jobstore import DbStore, JobStore, local_repo
 from backend.services import lifecycle, notify, report
-from backend.services.approvals import answer_of
+from backend.services.approvals import answer_of, withdraw_approval
 from backend.services.records import spec_of, transition
 
 
@@ -223,17 +223,17 @@ class LocalGatekeeper:
         with db.session(self.settings.db_url) as s:
             return answer_of(s, node_id)
 
-    def withdraw(self, study_id: int, node_id: int, reason: str) -> None:
-        """Close a node's open approval without a decision (the study stopped): the node is cancelled."""
+    def withdraw(self, study_id: int, node_id: int, reason: str) -> bool:
+        """Close a node's open approval without a decision (the node is cancelled); False if one came first."""
         with db.session(self.settings.db_url) as s:
+            if not withdraw_approval(s, node_id, reason):
+                node = s.get(Node, node_id)
+                return node is None or node.status != NodeStatus.AWAITING_APPROVAL
             node = s.get(Node, node_id)
             assert node is not None
             if node.status == NodeStatus.AWAITING_APPROVAL:
                 transition(s, node, NodeStatus.CANCELLED, reason=reason)
-            appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
-            if appr and appr.status == "pending":
-                appr.status, appr.decided_at, appr.reason = "withdrawn", now(), reason
-                s.add(appr)
+            return True
 
     def merge(self, study_id: int, node_id: int, by: str) -> None:
         """Move trunk to the exact commit the gate tested (idempotent)."""

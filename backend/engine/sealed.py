@@ -122,9 +122,9 @@ class SealedJobs:
         """Return the human decision on a node's open approval, or None."""
         return self.local.decision(study_id, node_id)
 
-    def withdraw(self, study_id: int, node_id: int, reason: str) -> None:
-        """Close a node's open approval without a decision."""
-        self.local.withdraw(study_id, node_id, reason)
+    def withdraw(self, study_id: int, node_id: int, reason: str) -> bool:
+        """Close a node's open approval without a decision; False if a decision came first."""
+        return self.local.withdraw(study_id, node_id, reason)
 
     def merge(self, study_id: int, node_id: int, by: str) -> None:
         """Move trunk to the node's tested merge commit."""

@@ -4,20 +4,43 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlmodel import Session, select
+from sqlalchemy import update
+from sqlmodel import Session, col, select
 
-from backend.core.models import Approval
+from backend.core.models import Approval, now
 
 
 def decide_approval(s: Session, node_id: int, *, approved: bool, by: str, reason: str = "") -> bool:
-    """Record a human decision on a pending approval; return False if it was already decided."""
-    appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
-    if appr is None or appr.status != "pending" or appr.decided_by:
-        return False
-    appr.decided_by, appr.reason = by, reason
-    appr.status = "approving" if approved else "rejecting"
-    s.add(appr)
-    return True
+    """Record a human decision on a pending approval; return False if it was already decided (or withdrawn).
+
+    One conditional update: of two decisions racing (or a decision and a withdrawal), one wins.
+    """
+    won = s.execute(
+        update(Approval)
+        .where(
+            col(Approval.node_id) == node_id,
+            col(Approval.status) == "pending",
+            col(Approval.decided_by) == "",
+        )
+        .values(decided_by=by, reason=reason, status="approving" if approved else "rejecting")
+    )
+    s.expire_all()  # rows loaded before the update read it afresh
+    return bool(won.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def withdraw_approval(s: Session, node_id: int, reason: str) -> bool:
+    """Close a pending, undecided approval without a decision; return False if a decision came first."""
+    won = s.execute(
+        update(Approval)
+        .where(
+            col(Approval.node_id) == node_id,
+            col(Approval.status) == "pending",
+            col(Approval.decided_by) == "",
+        )
+        .values(status="withdrawn", reason=reason, decided_at=now())
+    )
+    s.expire_all()
+    return bool(won.rowcount == 1)  # type: ignore[attr-defined]
 
 
 def answer_of(s: Session, node_id: int) -> dict[str, Any] | None:

@@ -31,6 +31,11 @@ SANDBOX = {
 }
 
 
+def _cell(text: str) -> str:
+    """Return text fit for one cell of a Markdown table."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
 def render(s: Session, study_id: int) -> str:
     """Return the study's report as Markdown."""
     st = s.get(Study, study_id)
@@ -92,7 +97,7 @@ def render(s: Session, study_id: int) -> str:
         (n for n in nodes if n.gain is not None),
         key=lambda n: -(n.gain_lcb if n.gain_lcb is not None else -1e9),
     )
-    fate = fates.study_fates(s, st)
+    fate = {k: _cell(v) for k, v in fates.study_fates(s, st).items()}
     for n in ranked[:10]:
         lines.append(
             f"| n{n.id} | n{n.parent_id} | {n.title} | {n.dev_mean:.4f} | "

@@ -35,7 +35,11 @@ if st.button("Connect", key="connect", type="primary"):
         else:
             st.error(str(exc))
     else:
-        st.session_state.api_url, st.session_state.token = new_api.rstrip("/"), chosen
-        st.success(f"Connected to {new_api}: {n} studies visible.")
+        ui.sign_in(new_api.rstrip("/"), chosen)
+        who = probe.whoami() if chosen else {"name": "anonymous", "roles": ["viewer"]}
+        st.success(
+            f"Connected to {new_api} as {who['name']} ({', '.join(who['roles'])}): {n} studies visible. "
+            "This browser stays signed in across reloads."
+        )
     finally:
         probe.close()

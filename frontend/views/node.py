@@ -16,7 +16,7 @@ def header(n: dict[str, Any], sid: int) -> None:
     st.title(f"n{n['id']} · {title}")
     if title != n["title"]:
         st.markdown(f"**{n['title']}**")
-    st.markdown(f"**Fate:** {n['fate']}")
+    st.text(f"Fate: {n['fate']}")  # plain text: its words come from failures and reviewers
     st.caption(
         f"status **{n['status']}** · origin {n['origin']} · depth {n['depth']} · attempts {n['attempts']}"
     )

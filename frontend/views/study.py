@@ -211,7 +211,6 @@ def tree(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
         + " · hover a node for its fate, click it to open it"
     )
     st.graphviz_chart(dot, width="content")
-    node_picker(s, nodes)
 
 
 def node_picker(s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
@@ -227,6 +226,7 @@ def node_picker(s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
         index=ids.index(picked) if picked in ids else 0,
         format_func=labels.__getitem__,
         key="open_node",
+        help="The nodes as the page was loaded; click a node in the tree to open it straight away.",
     )
     st.session_state["picked_node"] = chosen
     if chosen is not None:
@@ -322,8 +322,11 @@ def page() -> None:
         events(api, sid)
 
     live()
+    # Outside the refreshing part, so an open list is never redrawn under the pointer.
+    nodes = api.tree(sid)["nodes"]
+    node_picker(s, nodes)
     st.subheader("Steer")
-    steer(api, s, api.tree(sid)["nodes"])
+    steer(api, s, nodes)
 
 
 ui.guarded(page)

@@ -1,16 +1,20 @@
 """End to end in a real browser: Debian's headless Chromium, driven by Playwright, against `grove up`.
 
-Submit the digits example in the form, watch the tree grow, open a node, approve a merge on the
-Approvals page and see the node become merged. Screenshots go to $GROVE_TEST_ARTIFACTS
+Submit the digits example in the form, watch the tree grow, open a node, see the study explore
+while an approval waits, approve from the study page's banner, open the merged node from the
+tree; a reload keeps a viewer's sign-in; the API's docs render with no network outside. Screenshots go to $GROVE_TEST_ARTIFACTS
 (default: test-artifacts/ in the project).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
@@ -45,7 +49,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         text = out.read_text()
         token = re.search(r"token\s+(grove_\S+)", text).group(1)  # type: ignore[union-attr]
         dashboard = re.search(r"dashboard\s+(http://\S+)", text).group(1)  # type: ignore[union-attr]
-        yield {"api": f"http://127.0.0.1:{port}/api/v1", "token": token, "dashboard": dashboard}
+        data = str(out.parent / "data")
+        yield {"api": f"http://127.0.0.1:{port}/api/v1", "token": token, "dashboard": dashboard, "data": data}
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
@@ -124,11 +129,8 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
     pending = httpx.get(f"{stack['api']}/approvals", headers=headers).json()["data"][0]
     node_id = pending["node_id"]
 
-    page.get_by_label("Open a node").click()
-    page.keyboard.type(f"n{node_id} · ")  # the list is long and virtualised: filter it as a user would
-    expect(page.get_by_role("option", name=re.compile(rf"^n{node_id} · "))).to_be_visible()
-    page.keyboard.press("Enter")  # the one match is the active option (the list refreshes under a click)
-    page.get_by_role("link", name=f"Open n{node_id} →").click()
+    # A node of the drawn tree is a link to its page.
+    page.locator("svg text", has_text=re.compile(rf"^n{node_id} · awaiting_approval$")).click()
     expect(page.get_by_role("heading", level=1, name=re.compile(rf"^n{node_id} · "))).to_be_visible()
     # The node waits for a decision: its page says so, with the decision card right there.
     expect(page.get_by_text(f"n{node_id} waits for your decision")).to_be_visible()
@@ -175,8 +177,11 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
     merged = page.locator("svg text", has_text=re.compile(rf"^n{node_id} · merged$"))
     expect(merged).to_be_visible(timeout=30_000)
     shot(page, "06-study-merged")
-    # A node of the drawn tree is a link to its page, which says what became of it.
-    merged.click()
+    # The node picker opens it too (type to filter the list), and its page says what became of it.
+    page.get_by_role("combobox", name="Open a node").click()
+    page.keyboard.type(f"n{node_id} · ")
+    page.get_by_role("option", name=re.compile(rf"^n{node_id} · ")).click()
+    page.get_by_role("link", name=f"Open n{node_id} →").click()
     expect(page.get_by_role("heading", level=1, name=re.compile(rf"^n{node_id} · "))).to_be_visible()
     expect(page.get_by_text("Fate: merged by grove-up")).to_be_visible()
 
@@ -224,5 +229,35 @@ def test_api_docs_render_with_no_network_outside(stack: dict[str, str], browser:
         expect(page.get_by_role("heading", name=re.compile(r"^Grove"))).to_be_visible()
         expect(page.get_by_text("API docs by Redocly")).to_be_visible()  # the footer whose logo is remote
         assert outside == []
+    finally:
+        page.close()
+
+
+def test_a_reload_keeps_a_viewer_sign_in(stack: dict[str, str], browser: Browser) -> None:
+    made = subprocess.run(
+        [sys.executable, "-m", "backend.cli.main", "token", "create", "--role", "viewer", "--name", "vera"],
+        env={**os.environ, "GROVE_DATA_DIR": stack["data"]}, cwd=PROJECT_ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    viewer = re.search(r"grove_\S+", made.stdout).group(0)  # type: ignore[union-attr]
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.set_default_timeout(30_000)
+    try:
+        page.goto(f"{stack['dashboard']}/connection")
+        expect(page.get_by_text("signed in as grove-up")).to_be_visible()  # the token `grove up` started with
+        page.get_by_label("Token").fill(viewer)
+        page.get_by_role("button", name="Connect").click()
+        expect(page.get_by_text("as vera (viewer)")).to_be_visible()
+        page.reload()
+        expect(page.get_by_text("signed in as vera (viewer)")).to_be_visible()
+        page.goto(f"{stack['dashboard']}/studies")
+        expect(page.get_by_text("signed in as vera (viewer)")).to_be_visible()
+        # The browser holds only a random session id, never the token.
+        cookies = page.context.cookies()
+        assert [c["name"] for c in cookies] == ["grove_session"]
+        assert viewer not in json.dumps(cookies) and stack["token"] not in json.dumps(cookies)
+    except Exception:
+        shot(page, "failure-reload")
+        raise
     finally:
         page.close()

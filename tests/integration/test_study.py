@@ -201,7 +201,8 @@ def test_an_opened_approval_calls_the_webhook_without_heldout_numbers(
     # A webhook that cannot be reached (the server is gone) is an event on the study, never a failure.
     notify.approval_opened(hooked, study.id or 0, asked[0])
     failed = rows(hooked, Event, Event.type == "notify.failed")
-    assert len(failed) == 1 and "Connect" in failed[0].payload["error"]
+    assert len(failed) == 1 and failed[0].payload["error"] == "ConnectError"
+    assert "/hook" not in json.dumps([e.payload for e in rows(hooked, Event)])  # no URL, so no secret in it
 
 
 def test_margin_blocks_a_merge(settings: Settings, tmp_path: Path) -> None:

@@ -149,9 +149,12 @@ class Memory:
             return None
         return self.answer
 
-    def withdraw(self, study_id: int, node_id: int, reason: str) -> None:
+    def withdraw(self, study_id: int, node_id: int, reason: str) -> bool:
+        if self.decision(study_id, node_id) is not None:
+            return False
         self.rows[node_id]["status"] = "cancelled"
         self.events.append(f"withdrawn: {reason}")
+        return True
 
     def merge(self, study_id: int, node_id: int, by: str) -> None:
         n = self.rows[node_id]
@@ -449,3 +452,42 @@ def test_a_better_candidate_on_an_older_trunk_is_revisited_once_on_the_current_o
     assert ideation_input(mem.study(1), [*records, served], k=2, round_no=4).revisit == []
     mem.trunk_dev = [11.0, 11.01]
     assert ideation_input(mem.study(1), mem.nodes(1), k=2, round_no=4).revisit == []
+
+
+def test_an_approval_opened_by_a_step_that_crashed_is_adopted_not_doubled() -> None:
+    mem = Memory(mode="approve", experiments=6)
+    # A step opened this approval and crashed before its checkpoint: the state does not know it.
+    orphan = mem.add(1, "x=3", {"config.toml:knob.x": 3}, status="awaiting_approval", dev=[10.0, 10.01])
+    mem.rows[orphan].update(gated=True, order=1, base="c0", verification={"decision": "accept"})
+    mem.opened[orphan] = 0
+    mem.answer, mem.decide_after = {"approved": True, "by": "ada"}, 2
+    drive(mem, {"approved": False, "by": "ada", "reason": "later ones"})
+    assert mem.rows[orphan]["status"] == "merged" and "merged by ada" in mem.events
+    first_other = next((i for i, e in enumerate(mem.events) if e.startswith("approval opened")), None)
+    assert first_other is None or first_other > mem.events.index("merged by ada")
+
+
+def test_a_decision_recorded_before_a_stop_is_applied() -> None:
+    mem = Memory(mode="approve", experiments=10)
+    graph = build_graph().compile(checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "t"}}
+    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
+    out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
+    for _ in range(20):
+        intr = out.interrupts[0]
+        if any(e.startswith("approval opened") for e in mem.events):
+            break
+        first = intr.value["jobs"][0]
+        mem.complete(first)
+        out = graph.invoke(
+            Command(resume={intr.id: [first]}), cfg, context=ctx, durability="sync", version="v2"
+        )
+    intr = out.interrupts[0]
+    node = intr.value["approval"]
+    mem.answer, mem.status = {"approved": True, "by": "ada"}, "stopping"  # approved, then Stop pressed
+    out = graph.invoke(Command(resume={intr.id: []}), cfg, context=ctx, durability="sync", version="v2")
+    assert not out.interrupts and mem.rows[node]["status"] == "merged"
+    assert (
+        mem.events.index("merged by ada") < len(mem.events) - 1
+        and mem.events[-1] == "finished: stopped by user"
+    )

@@ -85,6 +85,7 @@ def test_only_pods_that_run_study_code_relax_the_container_defaults() -> None:
             # bubblewrap needs a user namespace and a fresh /proc: the same three relaxations as in compose.
             assert pod["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
             assert pod["securityContext"]["appArmorProfile"] == {"type": "Unconfined"}
+            assert all(c["securityContext"]["allowPrivilegeEscalation"] is False for c in pod["containers"])
         if pod["containers"][0]["image"].startswith("grove"):
             assert pod["securityContext"]["runAsNonRoot"] is True, name
     for svc in ("worker-cpu-1", "worker-cpu-2", "worker-gpu"):

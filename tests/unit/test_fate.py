@@ -9,6 +9,7 @@ def test_each_fate_reads_as_one_line() -> None:
     cases = {
         Facts("merged", by="ada"): "merged by ada",
         Facts("merged", by="auto"): "merged by auto",
+        Facts("merged"): "merged into trunk",  # merged before who merged was recorded
         Facts("merged", is_root=True): "the baseline: trunk at the study's start",
         Facts("rejected", reason="too risky", by="ada", gated=True, gate_reason="passed"): "rejected by ada: too risky",
         Facts("evaluated", gain_lcb=-0.003, decision="reject"): "not a gate candidate: dev LCB \u22120.003 \u2264 0",

@@ -7,7 +7,8 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlmodel import func, select
 
-from backend.api.deps import SessionDep, SettingsDep
+from backend.api import schemas
+from backend.api.deps import Reader, SessionDep, SettingsDep
 from backend.core import db
 from backend.core.locks import client
 from backend.core.models import Approval, Job, Node, Study
@@ -29,6 +30,12 @@ def health(settings: SettingsDep) -> dict[str, str]:
     except Exception as exc:
         out["redis"], out["status"] = f"error: {type(exc).__name__}", "degraded"
     return out
+
+
+@router.get("/whoami", response_model=schemas.Me)
+def whoami(who: Reader) -> schemas.Me:
+    """Return the name and roles of the token the request carries."""
+    return schemas.Me(name=who.name, roles=sorted(who.roles))
 
 
 @router.get("/metrics", response_class=Response)
