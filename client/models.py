@@ -41,6 +41,8 @@ class Study(TypedDict):
     running_jobs: int
     gate_mode: str
     margin: float
+    metric: str
+    direction: str
     improvement_state: dict[str, Any]
     created_at: str
     started_at: str | None

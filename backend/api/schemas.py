@@ -50,6 +50,8 @@ class StudyPublic(BaseModel):
     running_jobs: int
     gate_mode: str
     margin: float
+    metric: str
+    direction: str  # maximize | minimize
     improvement_state: dict[str, Any]
     created_at: datetime
     started_at: datetime | None

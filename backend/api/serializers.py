@@ -67,6 +67,8 @@ def study_public(s: Session, st: Study) -> schemas.StudyPublic:
         running_jobs=running,
         gate_mode=spec.gate.mode,
         margin=spec.gate.margin,
+        metric=spec.objective.metric,
+        direction=spec.objective.direction,
         improvement_state=st.improvement_state,
         created_at=st.created_at,
         started_at=st.started_at,

@@ -274,6 +274,75 @@ def steer(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
             act(lambda: api.prune(s["id"], target, reason))
 
 
+SORTS = {
+    "dev gain LCB": "gain_lcb",
+    "dev gain": "gain",
+    "dev mean": "dev_mean",
+    "held-out gain": "heldout_gain",
+}
+
+
+def leaderboard(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
+    """Rank the measured nodes (sort, filter by status) and compare two of them side by side."""
+    measured = [n for n in nodes if n["parent_id"] is not None and n["dev_mean"] is not None]
+    if not measured:
+        st.caption("No node has been measured yet.")
+        return
+    left, right = st.columns([1, 2])
+    by = left.selectbox("Sort by", list(SORTS), key="lb_sort")
+    statuses = sorted({n["status"] for n in measured})
+    shown = right.multiselect("Status", statuses, default=statuses, key="lb_status")
+    key = SORTS[by]
+    sign = -1.0 if s["direction"] == "minimize" and key == "dev_mean" else 1.0
+    rows = sorted(
+        (n for n in measured if n["status"] in shown),
+        key=lambda n: (n[key] is None, -sign * (n[key] or 0.0), n["id"]),
+    )
+    st.table(
+        [
+            {
+                "node": f"n{n['id']}",
+                "change": n["title"][:70],
+                "dev mean": ui.fmt(n["dev_mean"]),
+                "dev gain (LCB)": f"{ui.fmt(n['gain'], True)} ({ui.fmt(n['gain_lcb'], True)})",
+                "held-out gain": ui.fmt(n["heldout_gain"], True),
+                "fate": n["fate"],
+            }
+            for n in rows[:50]
+        ]
+    )
+    if len(rows) > 50:
+        st.caption(f"the first 50 of {len(rows)}")
+    compare(api, s, measured)
+
+
+def compare(api: Grove, s: dict[str, Any], measured: list[dict[str, Any]]) -> None:
+    """Show two nodes side by side: scores, fate, their dev runs and their diffs."""
+    if len(measured) < 2:
+        return
+    st.markdown("**Compare two**")
+    labels = {n["id"]: f"n{n['id']} · {n['title'][:50]}" for n in measured}
+    ids = list(labels)
+    cols = st.columns(2)
+    picks = [
+        cols[i].selectbox(f"Node {'AB'[i]}", ids, index=i, format_func=labels.__getitem__, key=f"cmp_{i}")
+        for i in range(2)
+    ]
+    for col_, nid in zip(cols, picks, strict=True):
+        n = api.node(s["id"], nid)
+        with col_:
+            st.markdown(f"**n{nid}** · {n['title']}")
+            st.text(f"fate: {n['fate']}")
+            st.markdown(
+                f"dev {ui.mean_std(n['dev_values'])}  \n"
+                f"dev gain {ui.fmt(n['gain'], True)} (LCB {ui.fmt(n['gain_lcb'], True)})  \n"
+                f"held-out gain {ui.fmt(n['heldout_gain'], True)}"
+            )
+            runs = [(r["metrics"] or {}).get(s["metric"]) for r in n["receipts"] if r["kind"] == "dev"]
+            st.caption(f"{len(runs)} dev runs: " + ", ".join(ui.fmt(v) for v in runs))
+            st.code(n["diff"] or "(no change)", language="diff")
+
+
 def node_labels(nodes: Iterable[dict[str, Any]]) -> dict[int, str]:
     """Return a selectbox label for each node id."""
     return {n["id"]: f"n{n['id']} · {n['status']} · {n['title'][:60]}" for n in nodes}
@@ -325,6 +394,8 @@ def page() -> None:
     # Outside the refreshing part, so an open list is never redrawn under the pointer.
     nodes = api.tree(sid)["nodes"]
     node_picker(s, nodes)
+    st.subheader("Leaderboard")
+    leaderboard(api, s, nodes)
     st.subheader("Steer")
     steer(api, s, nodes)
 

@@ -76,6 +76,31 @@ def test_study_page_shows_tree_scores_budget_state_and_events(api: Api, study: S
     assert len(charts) == 2 and all('"experiment"' in c for c in charts)
 
 
+def test_the_leaderboard_sorts_filters_and_compares_two_nodes(api: Api, study: Study) -> None:
+    at = app_test(api.url, api.viewer, page="views/study.py", study=study.id)
+    assert not at.exception, at.exception
+    measured = [
+        n for n in study.get("/tree")["nodes"] if n["parent_id"] is not None and n["dev_mean"] is not None
+    ]
+    board = at.table[0].value
+    by_lcb = sorted(measured, key=lambda n: (n["gain_lcb"] is None, -(n["gain_lcb"] or 0.0), n["id"]))
+    assert list(board["node"]) == [f"n{n['id']}" for n in by_lcb]
+    assert list(board["fate"]) == [n["fate"] for n in by_lcb]
+    at.selectbox(key="lb_sort").set_value("dev mean").run()
+    by_dev = sorted(measured, key=lambda n: (-n["dev_mean"], n["id"]))
+    assert list(at.table[0].value["node"]) == [f"n{n['id']}" for n in by_dev]
+    only = measured[0]["status"]
+    at.multiselect(key="lb_status").set_value([only]).run()
+    assert set(at.table[0].value["node"]) == {f"n{n['id']}" for n in measured if n["status"] == only}
+    # Compare: both nodes' diffs, side by side.
+    a, b = measured[0]["id"], measured[1]["id"]
+    at.selectbox(key="cmp_0").set_value(a).run()
+    at.selectbox(key="cmp_1").set_value(b).run()
+    diffs = [c.value.strip() for c in at.code if c.language == "diff"]
+    assert diffs[-2:] == [(study.node(i)["diff"] or "(no change)").strip() for i in (a, b)]
+    assert diffs[-1] != diffs[-2]
+
+
 def test_node_page_shows_evidence_diff_receipts_and_verdicts(api: Api, study: Study) -> None:
     node_id = study.pending()[0]["node_id"]
     detail = study.node(node_id)
@@ -84,10 +109,15 @@ def test_node_page_shows_evidence_diff_receipts_and_verdicts(api: Api, study: St
     assert at.title[0].value.startswith(f"n{node_id} · ")
     diff = next(c.value for c in at.code if c.language == "diff")
     assert "config.toml" in diff and "+x = " in diff
-    receipts = at.dataframe[1].value.to_dict("records")
+    frames = [d.value for d in at.dataframe]
+    receipts = next(f for f in frames if "seed" in f.columns).to_dict("records")
     assert len(receipts) == len(detail["receipts"]) and all(r["ok"] for r in receipts)
-    verdicts = at.dataframe[0].value.to_dict("records")
+    verdicts = next(f for f in frames if "receipt" in f.columns).to_dict("records")
     assert verdicts[0]["constraint"] == "small" and verdicts[0]["verdict"] == "satisfied"
+    # It waits for a decision: its page says so, with the card to decide right there.
+    assert any(w.value.startswith(f"**n{node_id} waits for your decision**") for w in at.warning)
+    assert [b.label for b in at.button if b.label in ("Approve", "Reject")] == ["Approve", "Reject"]
+    assert any(t.value == f"Fate: {detail['fate']}" for t in at.text)
     history = at.dataframe[-1].value.to_dict("records")
     assert [h["event"] for h in history][:1] == ["node.proposed"]
     assert "node.awaiting_approval" in {h["event"] for h in history}
