@@ -22,6 +22,7 @@ class Study(TypedDict):
     policy: str
     trunk_branch: str
     trunk_commit: str
+    base_commit: str
     nodes: int
     experiments_used: int
     experiments_budget: int

@@ -83,6 +83,8 @@ def card(api: Grove, a: dict[str, Any], study_name: str) -> None:
             label_visibility="collapsed",
             placeholder="reason for rejecting",
         )
-        if right.button("Reject", key=f"reject-{a['node_id']}"):
-            decide(api, a, False, reason)
+        with right.popover("Reject"):
+            st.write(f"Reject n{a['node_id']}? It will not be merged, and its findings are withdrawn.")
+            if st.button("Yes, reject", key=f"reject-{a['node_id']}", type="primary"):
+                decide(api, a, False, reason)
         ui.recall(f"decision:{a['node_id']}")

@@ -31,6 +31,7 @@ class StudyPublic(BaseModel):
     policy: str
     trunk_branch: str
     trunk_commit: str
+    base_commit: str
     nodes: int
     experiments_used: int
     experiments_budget: int

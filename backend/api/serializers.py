@@ -48,6 +48,7 @@ def study_public(s: Session, st: Study) -> schemas.StudyPublic:
         policy=spec.policy_kind,
         trunk_branch=st.trunk_branch,
         trunk_commit=st.trunk_commit,
+        base_commit=st.base_commit,
         nodes=nodes,
         experiments_used=jobs,
         experiments_budget=spec.budget.experiments,

@@ -230,6 +230,8 @@ def promote(s: Session, study: Study, by: str) -> str:
     """Push trunk to the origin as branch `grove/<study>` (never a user branch); return that branch."""
     if not study.repo_path or not study.trunk_commit:
         raise NotPromotable(f"study {study.name!r} has no trunk yet (it is {study.status})")
+    if study.trunk_commit == study.base_commit:
+        raise NotPromotable(f"trunk of study {study.name!r} has nothing new: no change has been merged yet")
     repo = gitops.Repo(Path(study.repo_path))
     if not repo.git("remote").strip():
         raise NotPromotable(

@@ -45,10 +45,19 @@ def controls(api: Grove, s: dict[str, Any]) -> None:
         act(lambda: f"paused: status is now {api.control(sid, 'pause')['status']}")
     if cols[1].button("Resume", key="resume", disabled=status != "paused"):
         act(lambda: f"resumed: status is now {api.control(sid, 'resume')['status']}")
-    if cols[2].button("Stop", key="stop", disabled=status in (*ui.FINISHED, "stopping")):
-        act(lambda: f"stopping: status is now {api.control(sid, 'stop')['status']}")
-    if cols[3].button("Promote", key="promote", disabled=not s["trunk_commit"]):
-        act(lambda: api.promote(sid))
+    with cols[2].popover("Stop", disabled=status in (*ui.FINISHED, "stopping")):
+        st.write("Stop the study? Running experiments are cancelled and it finishes with its trunk as it is.")
+        if st.button("Yes, stop it", key="stop", type="primary"):
+            act(lambda: f"stopping: status is now {api.control(sid, 'stop')['status']}")
+    fresh = s["trunk_commit"] and s["trunk_commit"] != s["base_commit"]
+    with cols[3].popover(
+        "Promote",
+        disabled=not fresh,
+        help=None if fresh else "Trunk has nothing new: no change has been merged yet.",
+    ):
+        st.write(f"Push trunk ({s['trunk_commit'][:10]}) to the origin as branch `grove/{s['name']}`?")
+        if st.button("Yes, promote", key="promote", type="primary"):
+            act(lambda: api.promote(sid))
     cols[4].download_button(
         "REPORT.md",
         data=lambda: api.report(sid),

@@ -74,6 +74,8 @@ def test_study_page_shows_tree_scores_budget_state_and_events(api: Api, study: S
     assert "Verified findings" in texts(at) and "Next plan" in texts(at)
     charts = [c.proto.spec for c in at.get("vega_lite_chart")]
     assert len(charts) == 2 and all('"experiment"' in c for c in charts)
+    # Stop and Promote ask first: their buttons sit behind a confirmation.
+    assert at.button(key="stop").label == "Yes, stop it" and at.button(key="promote").label == "Yes, promote"
 
 
 def test_the_leaderboard_sorts_filters_and_compares_two_nodes(api: Api, study: Study) -> None:

@@ -331,10 +331,16 @@ def test_failed_attempt_is_retried_clean_with_a_reflection(settings: Settings, t
 
 def test_promote_pushes_trunk_as_a_new_branch(settings: Settings, tiny_repo: Path) -> None:
     main_before = git("rev-parse", "main", cwd=tiny_repo)
+    with db.session(settings.db_url) as s:
+        create_study(s, settings, tiny_files(name="fresh")["grove.toml"], str(tiny_repo))
+    early = grove(settings, "promote", "fresh")  # nothing merged yet: nothing to push
+    assert early.returncode != 0 and "has nothing new" in early.stderr + early.stdout
+    assert "grove/fresh" not in git("branch", "--list", "grove/fresh", cwd=tiny_repo)
     assert grove(settings, "run", str(tiny_repo), "--auto-approve", "--quiet").returncode == 0
     res = grove(settings, "promote", "tiny")
     assert res.returncode == 0, res.stderr
-    st = the_study(settings)
+    st = next(x for x in rows(settings, Study) if x.name == "tiny")
+    assert st.trunk_commit != st.base_commit
     assert git("rev-parse", "grove/tiny", cwd=tiny_repo).strip() == st.trunk_commit
     assert git("rev-parse", "main", cwd=tiny_repo) == main_before
 
