@@ -444,6 +444,7 @@ def submit_cmd(
         bool, typer.Option("--approve-all", help="with --wait: approve every gate pass")
     ] = False,
     name: Annotated[str | None, typer.Option(help="override study.name")] = None,
+    budget: Annotated[int | None, typer.Option(help="override budget.experiments")] = None,
 ) -> None:
     """Submit a study to a running Grove service over its REST API."""
     import time
@@ -460,6 +461,8 @@ def submit_cmd(
         text = spec_path.read_text("utf-8")
         if name:
             text = _override(text, "study", "name", name)
+        if budget is not None:
+            text = _override(text, "budget", "experiments", budget)
         study = client.create(text, repository)
         console.print(f"submitted study {study['name']!r} (id {study['id']}) to {url}")
         if not wait:

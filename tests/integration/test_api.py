@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from backend.api.main import create_app
+from backend.core.config import PROJECT_ROOT
 from backend.core.security import create_token
-from tests.conftest import Service, make_repo, tiny_files, wait_for
+from tests.conftest import Service, free_port, make_repo, serve, tiny_files, wait_for
 
 API = "/api/v1"
 
@@ -204,6 +210,29 @@ def test_the_study_explores_while_an_approval_waits_then_merges_on_approve(
     cited = {i for f in state.get("verified_findings", []) for i in f["node_ids"]}
     assert not cited & set(turned)
     assert {r["node_id"] for r in state.get("rejected_candidates", [])} >= set(turned)
+
+
+def test_grove_submit_takes_the_same_overrides_as_grove_run(service: Service, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r", tiny_files(name="to-submit", experiments=6))
+    port = free_port()
+    server, thread = serve(create_app(service.settings), port)
+    url = f"http://127.0.0.1:{port}/api/v1"
+    token = create_token(service.settings, ["operator"], "cli")
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "backend.cli.main", "submit", str(repo), "--api", url, "--token", token,
+             "--budget", "2", "--name", "submitted"],
+            cwd=PROJECT_ROOT, env={**os.environ, **service.env}, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        sid = int(re.search(r"\(id (\d+)\)", out.stdout).group(1))  # type: ignore[union-attr]
+        study = httpx.get(f"{url}/studies/{sid}", headers={"Authorization": f"Bearer {token}"}).json()
+        assert study["name"] == "submitted" and study["experiments_budget"] == 2
+        stopped = httpx.post(f"{url}/studies/{sid}/stop", headers={"Authorization": f"Bearer {token}"})
+        assert stopped.status_code == 200
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def test_auth_rules(service: Service, client: TestClient, tmp_path: Path) -> None:
