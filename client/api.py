@@ -217,6 +217,10 @@ class Grove:
         page = self._get("/approvals", study_id=study_id, state=state, limit=200)
         return cast(list[models.Approval], page["data"])
 
+    def live(self, study_id: int, node_id: int, stream: str = "stdout") -> dict[str, Any]:
+        """Return the tail of a node's newest output (while it runs, and after)."""
+        return cast(dict[str, Any], self._get(f"/studies/{study_id}/nodes/{node_id}/live", stream=stream))
+
     def approvals_waiting(self) -> int:
         """Return how many approvals are pending across every study."""
         return int(self._get("/approvals", state="pending", limit=1)["count"])

@@ -177,6 +177,15 @@ class Message(BaseModel):
     message: str
 
 
+class LiveOutput(BaseModel):
+    node_id: int
+    status: str
+    run: str  # the file the tail is from, e.g. "dev-seed1.stdout" or "tools/run3.stderr"; "" if none
+    tail: str
+    updated_at: datetime | None
+    note: str  # why there is nothing to show, when there is not
+
+
 class Me(BaseModel):
     name: str
     roles: list[str]

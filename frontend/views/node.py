@@ -117,6 +117,28 @@ def receipts(api: Grove, n: dict[str, Any], sid: int) -> None:
                 st.code(api.receipt_output(sid, r["id"]), language="text")
 
 
+def live_output(api: Grove, n: dict[str, Any], sid: int) -> None:
+    """While the node runs, tail its newest output every 2 s (its dev runs and executor commands)."""
+    if n["status"] not in ("queued", "running"):
+        return
+
+    @st.fragment(run_every="2s")
+    def tail() -> None:
+        stream = st.segmented_control(
+            "Live output", ["stdout", "stderr"], default="stdout", key="live_stream"
+        )
+        out = api.live(sid, n["id"], stream or "stdout")
+        if out["status"] not in ("queued", "running"):
+            st.rerun()  # it finished: show the whole page as it now is
+        if out["run"]:
+            st.caption(f"{out['run']} · updated {(out['updated_at'] or '')[:19]}")
+            st.code(out["tail"][-8000:] or "(empty so far)", language="text")
+        else:
+            st.caption(out["note"])
+
+    tail()
+
+
 def page() -> None:
     sid, nid = ui.query_int("study"), ui.query_int("node")
     if sid is None or nid is None:
@@ -133,6 +155,7 @@ def page() -> None:
                 st.warning(f"**n{nid} waits for your decision**: it passed the held-out gate.")
                 decisions.card(api, a, api.study(sid)["name"])
     evidence(n)
+    live_output(api, n, sid)
     tabs = st.tabs(["Hypothesis", "Verification", "Diff", "Receipts", "Insights", "History", "Cost"])
     with tabs[0]:
         hypothesis(n)

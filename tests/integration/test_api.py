@@ -235,6 +235,48 @@ def test_grove_submit_takes_the_same_overrides_as_grove_run(service: Service, tm
         thread.join(timeout=10)
 
 
+def test_a_running_node_shows_its_output_live(service: Service, client: TestClient, tmp_path: Path) -> None:
+    files = tiny_files(name="live", experiments=1, sleep=2.5)
+    files["eval.py"] = files["eval.py"].replace(
+        "time.sleep(", "print(f'warming up seed {seed}', flush=True)\ntime.sleep("
+    )
+    repo = make_repo(tmp_path / "r", files)
+    op = auth(service, "operator")
+    resp = client.post(
+        f"{API}/studies",
+        json={"spec": (repo / "grove.toml").read_text(), "repository": str(repo)},
+        headers=op,
+    )
+    assert resp.status_code == 201, resp.text
+    sid = resp.json()["id"]
+
+    def running_node() -> int | None:
+        nodes = client.get(f"{API}/studies/{sid}/tree", headers=op).json()["nodes"]
+        return next((n["id"] for n in nodes if n["status"] == "running"), None)
+
+    nid = wait_for(running_node, timeout=120)
+
+    def printed() -> dict[str, Any] | None:
+        out = client.get(f"{API}/studies/{sid}/nodes/{nid}/live", headers=op).json()
+        return out if out["status"] == "running" and "warming up seed" in out["tail"] else None
+
+    live = wait_for(printed, timeout=60)
+    assert live["run"].startswith("dev-seed") and live["run"].endswith(".stdout")  # type: ignore[index]
+    assert (
+        client.get(f"{API}/studies/{sid}/nodes/{nid}/live", params={"stream": "bad"}, headers=op).status_code
+        == 422
+    )
+    client.post(f"{API}/studies/{sid}/stop", headers=op)
+    wait_for(
+        lambda: client.get(f"{API}/studies/{sid}", headers=op).json()["status"] == "finished", timeout=120
+    )
+    nodes = client.get(f"{API}/studies/{sid}/tree", headers=op).json()["nodes"]
+    never = [n["id"] for n in nodes if n["status"] == "cancelled" and n["attempts"] == 0]
+    for other in never:
+        quiet = client.get(f"{API}/studies/{sid}/nodes/{other}/live", headers=op).json()
+        assert quiet["run"] == "" and quiet["note"]
+
+
 def test_auth_rules(service: Service, client: TestClient, tmp_path: Path) -> None:
     assert client.get(f"{API}/studies").status_code == 401
     assert client.get(f"{API}/studies", headers={"Authorization": "Bearer nope"}).status_code == 401

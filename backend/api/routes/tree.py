@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -203,6 +204,55 @@ def prune(
     s.commit()
     enqueue_advance(celery, study_id)
     return schemas.Message(message=f"pruned n{node_id}")
+
+
+LIVE_TAIL = 20_000
+
+
+@router.get("/nodes/{node_id}/live", response_model=schemas.LiveOutput)
+def live_output(
+    study_id: StudyId,
+    node_id: NodeId,
+    s: SessionDep,
+    settings: SettingsDep,
+    who: Reader,
+    stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
+) -> schemas.LiveOutput:
+    """Return the tail of the newest output of the node's current attempt (its dev runs and executor commands)."""
+    st = get_study(s, study_id)
+    n = get_node(s, study_id, node_id)
+    base = (settings.data_dir / "outputs" / st.name).resolve()
+    folder = (base / f"n{node_id}-a{max(n.attempts, 1)}").resolve()
+    files = [
+        p
+        for p in [*folder.glob(f"*.{stream}"), *folder.glob(f"tools/*.{stream}")]
+        if p.is_file() and not p.is_symlink() and p.resolve().is_relative_to(base)
+    ]
+    if not files:
+        note = (
+            "no output yet: the node has not run"
+            if n.status in ("proposed", "queued")
+            else "no output here: it ran on a worker on another machine (its output arrives when each run ends)"
+            if n.status == "running"
+            else "no stored output for this attempt"
+        )
+        return schemas.LiveOutput(
+            node_id=node_id, status=n.status, run="", tail="", updated_at=None, note=note
+        )
+    newest = max(files, key=lambda p: p.stat().st_mtime)
+    with open(newest, "rb") as fh:
+        size = fh.seek(0, 2)
+        fh.seek(max(0, size - LIVE_TAIL))
+        tail = fh.read().decode("utf-8", "replace")
+    changed = datetime.fromtimestamp(newest.stat().st_mtime, UTC).replace(tzinfo=None)
+    return schemas.LiveOutput(
+        node_id=node_id,
+        status=n.status,
+        run=str(newest.relative_to(folder)),
+        tail=tail,
+        updated_at=changed,
+        note="",
+    )
 
 
 @router.get("/receipts/{receipt_id}/output", response_class=PlainTextResponse)
