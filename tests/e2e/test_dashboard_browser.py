@@ -86,7 +86,7 @@ def shot(page: Page, name: str) -> None:
 def test_submit_watch_open_node_and_approve_in_a_real_browser(
     stack: dict[str, str], browser: Browser, tmp_path: Path
 ) -> None:
-    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    page = browser.new_page(viewport={"width": 1280, "height": 800})  # the size of docs/screenshots
     page.set_default_timeout(30_000)
     try:
         walk_through(stack, page, tmp_path)
@@ -140,7 +140,7 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
     shot(page, "03-node")
 
     page.get_by_role("link", name=re.compile(r"^Approvals · 1 waiting")).click()
-    card_title = page.get_by_role("heading", name=re.compile(rf"^n{node_id} · "))
+    card_title = page.get_by_role("heading", level=3, name=re.compile(rf"^n{node_id} · "))
     expect(card_title).to_be_visible()
     expect(page.get_by_text("held-out gain vs margin").first).to_be_visible()
     shot(page, "04-approvals")

@@ -42,7 +42,16 @@ def study(api: Api, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Study]
     )
     assert resp.status_code == 201, resp.text
     st = Study(api, resp.json()["id"])
-    wait_for(lambda: st.pending(), timeout=180)
+
+    def settled() -> bool:
+        # The study explores while its approval waits; once its budget is spent it waits for the
+        # decision with nothing running, so every page shows a study that holds still.
+        s = st.get()
+        return (
+            bool(st.pending()) and s["experiments_used"] >= s["experiments_budget"] and s["running_jobs"] == 0
+        )
+
+    wait_for(settled, timeout=180)
     yield st
     st.http.close()
 
@@ -52,14 +61,18 @@ def dot_of(at: Any) -> str:
 
 
 def test_study_page_shows_tree_scores_budget_state_and_events(api: Api, study: Study) -> None:
+    before = {n["id"]: n["status"] for n in study.get("/tree")["nodes"]}
     at = app_test(api.url, api.approver, page="views/study.py", study=study.id)
     assert not at.exception, at.exception
     assert "pages" in at.title[0].value
     dot = dot_of(at)
-    tree = study.get("/tree")
+    tree = study.get("/tree")  # the study explores on while its approval waits: nodes move on
     assert len(tree["nodes"]) >= 3
     for n in tree["nodes"]:
-        assert f"n{n['id']} [" in dot and f"n{n['id']} · {n['status']}" in dot
+        if n["id"] in before:
+            assert f"n{n['id']} [" in dot
+        if before.get(n["id"]) == n["status"]:  # unchanged while the page was drawn
+            assert f"n{n['id']} · {n['status']}" in dot
     root = tree["nodes"][0]["id"]
     assert f'n{root} [label="n{root} · merged' in dot and "penwidth=2.5" in dot
     metrics = {m.label: m.value for m in at.metric}
@@ -118,7 +131,7 @@ def test_node_page_shows_evidence_diff_receipts_and_verdicts(api: Api, study: St
     assert verdicts[0]["constraint"] == "small" and verdicts[0]["verdict"] == "satisfied"
     # It waits for a decision: its page says so, with the card to decide right there.
     assert any(w.value.startswith(f"**n{node_id} waits for your decision**") for w in at.warning)
-    assert [b.label for b in at.button if b.label in ("Approve", "Reject")] == ["Approve", "Reject"]
+    assert [b.label for b in at.button if b.label in ("Approve", "Yes, reject")] == ["Approve", "Yes, reject"]
     assert any(t.value == f"Fate: {detail['fate']}" for t in at.text)
     history = at.dataframe[-1].value.to_dict("records")
     assert [h["event"] for h in history][:1] == ["node.proposed"]
