@@ -10,37 +10,32 @@ from sqlmodel import Session, col, select
 from backend.core.models import Approval, now
 
 
+def _open(node_id: int) -> Any:
+    """Return an UPDATE of the node's approval that applies only while it is pending and undecided."""
+    return update(Approval).where(
+        col(Approval.node_id) == node_id, col(Approval.status) == "pending", col(Approval.decided_by) == ""
+    )
+
+
+def _won(s: Session, statement: Any) -> bool:
+    """Run a conditional update; return whether it changed the row (it won any race)."""
+    result = s.execute(statement)
+    s.expire_all()  # rows loaded before the update read it afresh
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
 def decide_approval(s: Session, node_id: int, *, approved: bool, by: str, reason: str = "") -> bool:
     """Record a human decision on a pending approval; return False if it was already decided (or withdrawn).
 
     One conditional update: of two decisions racing (or a decision and a withdrawal), one wins.
     """
-    won = s.execute(
-        update(Approval)
-        .where(
-            col(Approval.node_id) == node_id,
-            col(Approval.status) == "pending",
-            col(Approval.decided_by) == "",
-        )
-        .values(decided_by=by, reason=reason, status="approving" if approved else "rejecting")
-    )
-    s.expire_all()  # rows loaded before the update read it afresh
-    return bool(won.rowcount == 1)  # type: ignore[attr-defined]
+    status = "approving" if approved else "rejecting"
+    return _won(s, _open(node_id).values(decided_by=by, reason=reason, status=status))
 
 
 def withdraw_approval(s: Session, node_id: int, reason: str) -> bool:
     """Close a pending, undecided approval without a decision; return False if a decision came first."""
-    won = s.execute(
-        update(Approval)
-        .where(
-            col(Approval.node_id) == node_id,
-            col(Approval.status) == "pending",
-            col(Approval.decided_by) == "",
-        )
-        .values(status="withdrawn", reason=reason, decided_at=now())
-    )
-    s.expire_all()
-    return bool(won.rowcount == 1)  # type: ignore[attr-defined]
+    return _won(s, _open(node_id).values(status="withdrawn", reason=reason, decided_at=now()))
 
 
 def answer_of(s: Session, node_id: int) -> dict[str, Any] | None:

@@ -57,18 +57,23 @@ def sse(
     return events
 
 
+def create(client: TestClient, repo: Path, headers: dict[str, str]) -> int:
+    """Create a study from a repository's grove.toml over the API; return its id."""
+    resp = client.post(
+        f"{API}/studies",
+        json={"spec": (repo / "grove.toml").read_text(), "repository": str(repo)},
+        headers=headers,
+    )
+    assert resp.status_code == 201, resp.text
+    return int(resp.json()["id"])
+
+
 def test_study_over_http_runs_to_approval_merges_and_finishes(
     service: Service, client: TestClient, tmp_path: Path
 ) -> None:
     repo = make_repo(tmp_path / "r", tiny_files(name="api-flow", mode="approve", experiments=4, sleep=0.3))
     op = auth(service, "operator", "approver", name="ada")
-    resp = client.post(
-        f"{API}/studies",
-        json={"spec": (repo / "grove.toml").read_text(), "repository": str(repo)},
-        headers=op,
-    )
-    assert resp.status_code == 201, resp.text
-    sid = resp.json()["id"]
+    sid = create(client, repo, op)
 
     def pending() -> list[dict[str, Any]]:
         r = client.get(f"{API}/approvals", params={"study_id": sid}, headers=op)
@@ -138,13 +143,7 @@ def test_the_study_explores_while_an_approval_waits_then_merges_on_approve(
 ) -> None:
     repo = make_repo(tmp_path / "r", tiny_files(name="api-wait", mode="approve", experiments=10, sleep=0.2))
     op = auth(service, "operator", "approver", name="ada")
-    resp = client.post(
-        f"{API}/studies",
-        json={"spec": (repo / "grove.toml").read_text(), "repository": str(repo)},
-        headers=op,
-    )
-    assert resp.status_code == 201, resp.text
-    sid = resp.json()["id"]
+    sid = create(client, repo, op)
 
     def pending() -> list[dict[str, Any]]:
         return list(client.get(f"{API}/approvals", params={"study_id": sid}, headers=op).json()["data"])
@@ -242,13 +241,7 @@ def test_a_running_node_shows_its_output_live(service: Service, client: TestClie
     )
     repo = make_repo(tmp_path / "r", files)
     op = auth(service, "operator")
-    resp = client.post(
-        f"{API}/studies",
-        json={"spec": (repo / "grove.toml").read_text(), "repository": str(repo)},
-        headers=op,
-    )
-    assert resp.status_code == 201, resp.text
-    sid = resp.json()["id"]
+    sid = create(client, repo, op)
 
     def running_node() -> int | None:
         nodes = client.get(f"{API}/studies/{sid}/tree", headers=op).json()["nodes"]

@@ -231,8 +231,8 @@ def test_a_decision_still_open_when_nothing_is_left_to_do_is_waited_for() -> Non
     assert mem.events[-1] == "finished: experiment budget spent (4)"
 
 
-def test_stopping_withdraws_an_open_approval() -> None:
-    mem = Memory(mode="approve", experiments=10)
+def until_an_approval_opens(mem: Memory) -> tuple[Any, dict[str, Any], CoordinatorContext, Any]:
+    """Run the graph, completing jobs, until a gate pass opens an approval; return it and its interrupt."""
     graph = build_graph().compile(checkpointer=InMemorySaver())
     cfg = {"configurable": {"thread_id": "t"}}
     ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
@@ -240,13 +240,18 @@ def test_stopping_withdraws_an_open_approval() -> None:
     for _ in range(20):
         intr = out.interrupts[0]
         if any(e.startswith("approval opened") for e in mem.events):
-            break
+            return graph, cfg, ctx, intr
         first = intr.value["jobs"][0]
         mem.complete(first)
         out = graph.invoke(
             Command(resume={intr.id: [first]}), cfg, context=ctx, durability="sync", version="v2"
         )
-    intr = out.interrupts[0]
+    raise AssertionError("no approval opened")
+
+
+def test_stopping_withdraws_an_open_approval() -> None:
+    mem = Memory(mode="approve", experiments=10)
+    graph, cfg, ctx, intr = until_an_approval_opens(mem)
     assert intr.value["kind"] == "await_jobs" and intr.value["approval"] is not None
     mem.status = "stopping"
     out = graph.invoke(Command(resume={intr.id: []}), cfg, context=ctx, durability="sync", version="v2")
@@ -469,20 +474,7 @@ def test_an_approval_opened_by_a_step_that_crashed_is_adopted_not_doubled() -> N
 
 def test_a_decision_recorded_before_a_stop_is_applied() -> None:
     mem = Memory(mode="approve", experiments=10)
-    graph = build_graph().compile(checkpointer=InMemorySaver())
-    cfg = {"configurable": {"thread_id": "t"}}
-    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
-    out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
-    for _ in range(20):
-        intr = out.interrupts[0]
-        if any(e.startswith("approval opened") for e in mem.events):
-            break
-        first = intr.value["jobs"][0]
-        mem.complete(first)
-        out = graph.invoke(
-            Command(resume={intr.id: [first]}), cfg, context=ctx, durability="sync", version="v2"
-        )
-    intr = out.interrupts[0]
+    graph, cfg, ctx, intr = until_an_approval_opens(mem)
     node = intr.value["approval"]
     mem.answer, mem.status = {"approved": True, "by": "ada"}, "stopping"  # approved, then Stop pressed
     out = graph.invoke(Command(resume={intr.id: []}), cfg, context=ctx, durability="sync", version="v2")
