@@ -98,7 +98,7 @@ def receipts(api: Grove, n: dict[str, Any], sid: int) -> None:
                 "ok": r["ok"],
                 "exit": r["exit_code"],
                 "seconds": round(r["duration"], 2),
-                "metrics": json.dumps(r["metrics"]) if r["metrics"] else "",
+                "metrics": json.dumps(r["metrics"], ensure_ascii=False) if r["metrics"] else "",
                 "reason": r["reason"],
                 "commit": r["commit"][:10],
             }
@@ -181,14 +181,24 @@ def page() -> None:
     with tabs[5]:
         st.dataframe(
             [
-                {"time": e["time"][:19], "event": e["type"], "details": json.dumps(e["payload"])}
+                {
+                    "time": e["time"][:19],
+                    "event": e["type"],
+                    "details": json.dumps(e["payload"], ensure_ascii=False),
+                }
                 for e in n["history"]
             ],
             hide_index=True,
             width="stretch",
         )
     with tabs[6]:
-        st.json(n["cost"] or {})
+        cost = n["cost"] or {}
+        seconds = sum(r["duration"] for r in n["receipts"])
+        if cost:
+            st.json(cost)
+        else:
+            st.caption("No model was called for this node (the search policy, or a human's hypothesis).")
+        st.caption(f"{seconds:.1f} s of evaluation runs over {len(n['receipts'])} runs.")
 
 
 ui.guarded(page)

@@ -198,7 +198,7 @@ def events(api: Grove, sid: int) -> None:
                 "time": e["time"][11:19],
                 "type": e["type"],
                 "node": f"n{e['node_id']}" if e["node_id"] else "",
-                "payload": json.dumps(e["payload"])[:160],
+                "payload": json.dumps(e["payload"], ensure_ascii=False)[:160],
             }
             for e in recent
         ],
