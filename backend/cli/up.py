@@ -84,6 +84,33 @@ def worker_command(queues: str, concurrency: int, name: str, beat_schedule: Path
     return cmd
 
 
+def preflight(settings: Settings, redis_url: str | None) -> None:
+    """Fail at once, naming the cause, when a service the stack is told to use does not answer."""
+    if redis_url is not None:
+        import redis
+
+        try:
+            redis.Redis.from_url(redis_url, socket_connect_timeout=3, socket_timeout=3).ping()
+        except (redis.RedisError, ValueError) as exc:
+            raise UpError(f"Redis at GROVE_REDIS_URL={redis_url} does not answer: {exc}") from None
+    if settings.database_url:
+        from sqlalchemy import create_engine, text
+
+        engine = create_engine(settings.db_url, connect_args=_connect_timeout(settings.db_url))
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("select 1"))
+        except Exception as exc:  # any driver's error: the point is to say which setting is wrong
+            reason = str(exc).splitlines()[0][:300]
+            raise UpError(f"the database at GROVE_DATABASE_URL does not answer: {reason}") from None
+        finally:
+            engine.dispose()
+
+
+def _connect_timeout(url: str) -> dict[str, object]:
+    return {"connect_timeout": 5} if url.startswith("postgresql") else {}
+
+
 @dataclass
 class Stack:
     settings: Settings
@@ -134,6 +161,7 @@ class Stack:
         }
         if self.settings.database_url:
             env["GROVE_DATABASE_URL"] = self.settings.database_url
+        preflight(self.settings, redis_url)
         if redis_url is None:
             rport = free_port()
             rdir = self.settings.data_dir / "redis"

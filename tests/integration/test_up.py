@@ -6,11 +6,14 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from backend.core.config import PROJECT_ROOT
 from tests.conftest import free_port, make_repo, spawn_up, tiny_files, wait_for
 
 
@@ -94,3 +97,25 @@ def test_grove_up_serves_a_study_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     assert "Grove stopped." in out.read_text()
     assert not listening(port) and not listening(redis_port) and not listening(board)
     assert processes_using(str(tmp_path / "data")) == []
+
+
+def test_grove_up_names_a_service_that_does_not_answer(tmp_path: Path) -> None:
+    closed = free_port()  # nothing listens there
+    env = {
+        **os.environ,
+        "GROVE_DATA_DIR": str(tmp_path / "data"),
+        "GROVE_WORKTREES_DIR": str(tmp_path / "wt"),
+    }
+    cases = {
+        "GROVE_REDIS_URL": (f"redis://127.0.0.1:{closed}/0", f"Redis at GROVE_REDIS_URL=redis://127.0.0.1:{closed}/0 does not answer"),
+        "GROVE_DATABASE_URL": (f"postgresql://grove@127.0.0.1:{closed}/grove", "the database at GROVE_DATABASE_URL does not answer"),
+    }  # fmt: skip
+    for name, (value, said) in cases.items():
+        run_env = {k: v for k, v in env.items() if k not in cases} | {name: value}
+        done = subprocess.run(
+            [sys.executable, "-m", "backend.cli.main", "up", "--port", str(free_port()), "--no-dashboard"],
+            env=run_env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert said in " ".join(done.stderr.split()), done.stderr
+        assert processes_using(str(tmp_path / "data")) == []  # nothing left running
