@@ -167,9 +167,13 @@ def remember(key: str, kind: str, text: str) -> None:
     st.session_state[f"msg:{key}"] = (kind, text)
 
 
-def recall(key: str) -> None:
-    """Show the message kept under `key`, if any."""
-    kind, text = st.session_state.get(f"msg:{key}", (None, ""))
+def recall(key: str, keep: bool = True) -> None:
+    """Show the message kept under `key`, if any (once only, unless `keep`)."""
+    kind, text = (
+        st.session_state.get(f"msg:{key}", (None, ""))
+        if keep
+        else st.session_state.pop(f"msg:{key}", (None, ""))
+    )
     if kind == "success":
         st.success(text)
     elif kind == "error":

@@ -29,12 +29,18 @@ def pick_study(api: Grove) -> int | None:
     return chosen
 
 
-def act(action: Callable[[], str]) -> None:
-    """Call the API and keep its answer for the rerun."""
+def act(action: Callable[[], str], where: str = "controls") -> None:
+    """Call the API and keep its answer for the rerun, to be shown at `where`."""
     try:
-        ui.remember("controls", "success", action())
-    except (ApiError, Unreachable) as exc:
-        ui.remember("controls", "error", str(exc))
+        ui.remember(where, "success", action())
+    except ApiError as exc:
+        fields = [
+            f"{e.get('key') or e.get('loc') or 'input'}: {e.get('message') or e.get('msg')}"
+            for e in exc.errors
+        ]
+        ui.remember(where, "error", "\n".join(fields) if fields else str(exc))
+    except Unreachable as exc:
+        ui.remember(where, "error", str(exc))
     st.rerun()
 
 
@@ -248,7 +254,7 @@ def steer(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
         return
     open_nodes = [n for n in nodes if n["status"] not in ("pruned", "cancelled")]
     labels = node_labels(open_nodes)
-    with st.expander("Add a hypothesis under a node"):
+    with st.expander("Add a hypothesis under a node", expanded="msg:hyp" in st.session_state):
         with st.form("hypothesis", clear_on_submit=False):
             parent = st.selectbox(
                 "Parent node", list(labels), format_func=labels.__getitem__, key="hyp_parent"
@@ -272,15 +278,15 @@ def steer(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
                 if parent is None:
                     st.error("parent: choose a node")
                 else:
-                    act(
-                        lambda: f"added n{api.add_hypothesis(s['id'], parent, body)['id']}",
-                    )
-    with st.expander("Prune a node"):
+                    act(lambda: f"added n{api.add_hypothesis(s['id'], parent, body)['id']}", "hyp")
+        ui.recall("hyp", keep=False)  # under the form it answers, which stays open
+    with st.expander("Prune a node", expanded="msg:prune" in st.session_state):
         prunable = [i for i in labels if i != root_id(nodes)]
         target = st.selectbox("Node", prunable, format_func=labels.__getitem__, key="prune_node")
         reason = st.text_input("Reason", key="prune_reason")
         if st.button("Prune", key="prune") and target is not None:
-            act(lambda: api.prune(s["id"], target, reason))
+            act(lambda: api.prune(s["id"], target, reason), "prune")
+        ui.recall("prune", keep=False)
 
 
 SORTS = {

@@ -162,6 +162,9 @@ def test_steer_adds_a_hypothesis_and_prunes_it(api: Api, study: Study) -> None:
     bad.text_area(key="hyp_edits").input('{"config.toml:knob.nope": 2}')
     next(b for b in bad.button if b.label == "Add hypothesis").click().run()
     assert any("edits.config.toml:knob.nope" in e.value for e in bad.error), texts(bad)
+    # The error sits under the form it answers, in its expander (not at the top of the page).
+    form = next(x for x in bad.expander if x.label == "Add a hypothesis under a node")
+    assert any("edits.config.toml:knob.nope" in e.value for e in form.error)
 
     pruning = app_test(api.url, api.approver, page="views/study.py", study=study.id)
     assert any(o.startswith(f"n{new_id} · ") for o in pruning.selectbox(key="prune_node").options)
