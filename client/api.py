@@ -177,6 +177,10 @@ class Grove:
         """Push trunk to the origin; return the API's message."""
         return str(self._post(f"/studies/{study_id}/promote")["message"])
 
+    def search_space(self, study_id: int) -> dict[str, Any]:
+        """Return each measured node's `[search]` values with its dev score."""
+        return cast(dict[str, Any], self._get(f"/studies/{study_id}/search"))
+
     def report(self, study_id: int) -> str:
         """Return REPORT.md."""
         return self._call("GET", f"/studies/{study_id}/report").text

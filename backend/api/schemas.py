@@ -205,6 +205,19 @@ class Progress(BaseModel):
     points: list[ProgressPoint]
 
 
+class SearchPoint(BaseModel):
+    node_id: int
+    status: str
+    dev: float
+    values: dict[str, Any]  # every [search] key's value in this node's configuration
+
+
+class SearchSpace(BaseModel):
+    keys: list[str]
+    metric: str
+    points: list[SearchPoint]
+
+
 class LearningJobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: Literal["distill", "sparse_eval"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 from sqlmodel import Session, col, func, select
 
@@ -176,3 +177,38 @@ def progress(s: Session, st: Study) -> schemas.Progress:
     return schemas.Progress(
         baseline_dev=_mean(st.baseline_dev), baseline_heldout=_mean(st.baseline_heldout), points=points
     )
+
+
+def search_space(s: Session, st: Study) -> schemas.SearchSpace:
+    """Return each measured node's full configuration over the `[search]` keys with its dev score.
+
+    A node's edits change its parent's configuration: the values are the study's base values with
+    the edits of every node on the way down applied in order.
+    """
+    spec = spec_of(st)
+    keys = list(spec.search)
+    nodes = {n.id: n for n in s.exec(select(Node).where(Node.study_id == st.id))}
+    config: dict[int, dict[str, Any]] = {}
+
+    def of(node_id: int) -> dict[str, Any]:
+        path = []
+        cur: int | None = node_id
+        while cur is not None and cur not in config and cur in nodes:
+            path.append(cur)
+            cur = nodes[cur].parent_id
+        values = (
+            dict(config[cur])
+            if cur is not None and cur in config
+            else {k: st.base_values.get(k) for k in keys}
+        )
+        for nid in reversed(path):
+            values = {**values, **{k: v for k, v in nodes[nid].edits.items() if k in keys}}
+            config[nid] = values
+        return config[node_id]
+
+    points = [
+        schemas.SearchPoint(node_id=n.id or 0, status=n.status, dev=n.dev_mean, values=of(n.id or 0))
+        for n in sorted(nodes.values(), key=lambda n: n.id or 0)
+        if n.dev_mean is not None and n.id is not None
+    ]
+    return schemas.SearchSpace(keys=keys, metric=spec.objective.metric, points=points)

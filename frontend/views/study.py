@@ -166,6 +166,41 @@ def plots(progress: dict[str, Any]) -> None:
         )
 
 
+def search_space(api: Grove, sid: int) -> None:
+    """Plot each `[search]` key's value against the dev score, one small chart per key."""
+    space = api.search_space(sid)
+    points = [p for p in space["points"] if p["values"]]
+    if not points or not space["keys"]:
+        st.caption("No measured node yet." if space["keys"] else "The study has no [search] keys.")
+        return
+    st.caption(f"dev {space['metric']} against each searched value (one point per measured node)")
+    cols = st.columns(3)
+    for i, key in enumerate(space["keys"][:12]):
+        rows = [
+            {
+                "value": p["values"].get(key),
+                "dev": p["dev"],
+                "node": f"n{p['node_id']}",
+                "status": p["status"],
+            }
+            for p in points
+            if p["values"].get(key) is not None
+        ]
+        numeric = all(isinstance(r["value"], int | float) and not isinstance(r["value"], bool) for r in rows)
+        spec = {
+            "mark": {"type": "point", "filled": True, "size": 60},
+            "encoding": {
+                "x": {"field": "value", "type": "quantitative" if numeric else "nominal", "title": key},
+                "y": {"field": "dev", "type": "quantitative", "scale": {"zero": False}, "title": "dev"},
+                "color": {"field": "status", "type": "nominal"},
+                "tooltip": [{"field": "node"}, {"field": "value"}, {"field": "dev"}, {"field": "status"}],
+            },
+            "height": 200,
+        }
+        with cols[i % 3]:
+            st.vega_lite_chart(rows, spec, width="stretch", key=f"space-{i}")
+
+
 def improvement_state(state: dict[str, Any]) -> None:
     if not state:
         st.caption("No improvement state yet.")
@@ -411,6 +446,8 @@ def page() -> None:
     node_picker(s, nodes)
     st.subheader("Leaderboard")
     leaderboard(api, s, nodes)
+    st.subheader("Search space")
+    search_space(api, sid)
     st.subheader("Steer")
     steer(api, s, nodes)
 

@@ -86,7 +86,8 @@ def test_study_page_shows_tree_scores_budget_state_and_events(api: Api, study: S
     assert {"node.awaiting_approval", "node.evaluated"} <= {e["type"] for e in events}
     assert "Verified findings" in texts(at) and "Next plan" in texts(at)
     charts = [c.proto.spec for c in at.get("vega_lite_chart")]
-    assert len(charts) == 2 and all('"experiment"' in c for c in charts)
+    assert len([c for c in charts if '"experiment"' in c]) == 2
+    assert len([c for c in charts if '"title":"config.toml:knob.x"' in c.replace(" ", "")]) == 1
     # Stop and Promote ask first: their buttons sit behind a confirmation.
     assert at.button(key="stop").label == "Yes, stop it" and at.button(key="promote").label == "Yes, promote"
 
@@ -114,6 +115,21 @@ def test_the_leaderboard_sorts_filters_and_compares_two_nodes(api: Api, study: S
     diffs = [c.value.strip() for c in at.code if c.language == "diff"]
     assert diffs[-2:] == [(study.node(i)["diff"] or "(no change)").strip() for i in (a, b)]
     assert diffs[-1] != diffs[-2]
+
+
+def test_the_search_space_gives_each_measured_node_its_whole_configuration(study: Study) -> None:
+    space = study.get("/search")
+    assert space["keys"] == ["config.toml:knob.x"] and space["metric"] == "score"
+    tree = {n["id"]: n for n in study.get("/tree")["nodes"]}
+    measured = {i for i, n in tree.items() if n["dev_mean"] is not None}
+    assert {p["node_id"] for p in space["points"]} == measured
+    for p in space["points"]:
+        node = study.node(p["node_id"])
+        x = node["edits"].get("config.toml:knob.x")
+        if x is None:  # unchanged: the parent's value (the root's is the spec's base value, 0)
+            parent = next((q for q in space["points"] if q["node_id"] == node["parent_id"]), None)
+            x = parent["values"]["config.toml:knob.x"] if parent else 0
+        assert p["values"] == {"config.toml:knob.x": x} and p["dev"] == node["dev_mean"]
 
 
 def test_node_page_shows_evidence_diff_receipts_and_verdicts(api: Api, study: Study) -> None:

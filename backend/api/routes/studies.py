@@ -183,6 +183,12 @@ def read_progress(study_id: StudyId, s: SessionDep, who: Reader) -> schemas.Prog
     return serializers.progress(s, get_study(s, study_id))
 
 
+@router.get("/{study_id}/search", response_model=schemas.SearchSpace)
+def read_search_space(study_id: StudyId, s: SessionDep, who: Reader) -> schemas.SearchSpace:
+    """Return each measured node's values of the `[search]` keys with its dev score."""
+    return serializers.search_space(s, get_study(s, study_id))
+
+
 @router.get("/{study_id}/report", response_class=PlainTextResponse)
 def read_report(study_id: StudyId, s: SessionDep, who: Reader) -> str:
     """Return the study's REPORT.md (built from its current state)."""
