@@ -171,6 +171,7 @@ class _Capture(threading.Thread):
             while chunk := self.stream.read1(65536):
                 if self.total < self.cap:
                     out.write(chunk[: self.cap - self.total])
+                    out.flush()  # on disk as it comes: the node page follows a run's output live
                 self.total += len(chunk)
                 self.tail = (self.tail + chunk)[-self.tail_size :]
             if self.total > self.cap:
