@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Facts:
+class Facts(NamedTuple):
     """What a node's fate is told from (its row, its refine children and the study's trunk)."""
 
     status: str

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -11,21 +12,35 @@ from agents.tree.fate import Facts, fate
 from backend.core.models import Node, Study
 from backend.services.records import spec_of
 
-# The node columns a fate is told from (besides the summary's own).
-FATE_COLUMNS = (
-    "status_reason",
-    "status_by",
-    "verification",
-    "gated",
-    "gate_reason",
-    "failure",
-    "base_commit",
-)
+
+def fate_columns() -> dict[str, Any]:
+    """Return the columns a fate is told from (besides a node summary's), by name, for one bulk query.
+
+    Only the two parts of `verification` a fate reads are taken out of it, in the database.
+    """
+    v = col(Node.verification)
+    return {
+        "status_reason": Node.status_reason,
+        "status_by": Node.status_by,
+        "decision": v["decision"].as_string(),
+        "open_constraints": v["open_constraints"].as_string(),  # JSON text: decoded only when not empty
+        "gated": Node.gated,
+        "gate_reason": Node.gate_reason,
+        "failure": Node.failure,
+        "base_commit": Node.base_commit,
+        "origin_ref": Node.origin_ref,
+    }
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    """Return constraint names from a JSON list (text, as read in bulk, or already decoded)."""
+    if isinstance(value, str):
+        value = json.loads(value) if value not in ("", "[]", "null") else []
+    return tuple(str(c) for c in value or ())
 
 
 def node_fate(row: Mapping[str, Any], refined_as: Sequence[int], trunk_commit: str, min_gain: float) -> str:
-    """Return a node's fate from its columns (`NodeSummary` fields and `FATE_COLUMNS`)."""
-    v = row["verification"] or {}
+    """Return a node's fate from its columns (a node summary's fields and `fate_columns`)."""
     return fate(
         Facts(
             status=row["status"],
@@ -34,8 +49,8 @@ def node_fate(row: Mapping[str, Any], refined_as: Sequence[int], trunk_commit: s
             is_root=row["parent_id"] is None,
             gain_lcb=row["gain_lcb"],
             min_gain=min_gain,
-            decision=str(v.get("decision", "")),
-            open_constraints=tuple(str(c) for c in v.get("open_constraints", [])),
+            decision=row["decision"] or "",
+            open_constraints=_names(row["open_constraints"]),
             refined_as=tuple(refined_as),
             gated=bool(row["gated"]),
             gate_reason=row["gate_reason"],
@@ -52,7 +67,8 @@ def fate_of(s: Session, n: Node) -> str:
     refined = s.exec(
         select(Node.id).where(Node.origin_ref == n.id, Node.origin == "refine", Node.study_id == n.study_id)
     ).all()
-    row = n.model_dump()
+    v = n.verification or {}
+    row = {**n.model_dump(), "decision": v.get("decision"), "open_constraints": v.get("open_constraints")}
     return node_fate(
         row, [i for i in refined if i is not None], st.trunk_commit, spec_of(st).plateau.min_gain
     )
