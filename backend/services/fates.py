@@ -86,3 +86,45 @@ def study_fates(s: Session, st: Study) -> dict[int, str]:
         n.id or 0: node_fate(n.model_dump(), refined.get(n.id or 0, []), st.trunk_commit, min_gain)
         for n in nodes
     }
+
+
+# A fate's words change only when its node's row changes (`updated_at`), a refine child appears,
+# trunk moves or the spec's min_gain differs: each (database, node) keeps its last fate under that key.
+_MEMO: dict[tuple[str, int], tuple[tuple[Any, ...], str]] = {}
+MEMO_LIMIT = 200_000
+
+
+def bulk_fates(
+    s: Session,
+    url: str,
+    st: Study,
+    rows: Sequence[Mapping[str, Any]],
+    changed: Mapping[int, Any],
+    refined: Mapping[int, Sequence[int]],
+) -> dict[int, str]:
+    """Return the fate of each node in `rows` (node summaries; `changed`: each one's `updated_at`),
+    reading the columns a fate needs only for nodes whose fate may have changed since last told."""
+    min_gain, trunk = spec_of(st).plateau.min_gain, st.trunk_commit
+    out: dict[int, str] = {}
+    stale: dict[int, tuple[Any, ...]] = {}
+    for r in rows:
+        nid = r["id"]
+        key = (changed[nid], trunk, tuple(refined.get(nid, ())), min_gain)
+        hit = _MEMO.get((url, nid))
+        if hit is not None and hit[0] == key:
+            out[nid] = hit[1]
+        else:
+            stale[nid] = key
+    if len(_MEMO) + len(stale) > MEMO_LIMIT:
+        _MEMO.clear()
+    extra = fate_columns()
+    by_id = {r["id"]: r for r in rows}
+    ids = list(stale)
+    for chunk in range(0, len(ids), 500):
+        part = ids[chunk : chunk + 500]
+        for values in s.exec(select(Node.id, *extra.values()).where(col(Node.id).in_(part))).all():
+            nid = values[0]
+            row = {**by_id[nid], **dict(zip(extra, values[1:], strict=True))}
+            out[nid] = node_fate(row, refined.get(nid, ()), trunk, min_gain)
+            _MEMO[(url, nid)] = (stale[nid], out[nid])
+    return out
