@@ -60,7 +60,7 @@ def observe(
     study = storage.study(sid)
     pending = _active_jobs(state)
     awaiting = state.get("awaiting")
-    if awaiting is None:
+    if awaiting is None and study.spec.gate.mode == "approve":
         awaiting = open_approval(storage.nodes(sid))  # opened by a step that crashed before its checkpoint
     if awaiting is not None:
         # A decision already recorded is applied first, even when a stop follows it.
@@ -274,7 +274,7 @@ def gate(
         if study.status == "stopping":
             break  # observe cancels what is running and finishes
         records = storage.nodes(sid)
-        opened = open_approval(records)
+        opened = open_approval(records) if study.spec.gate.mode == "approve" else None
         if opened is not None:  # a replayed step: the approval it opened before a crash stays the one
             return Command(update={"candidates": [], "gate_node": None, "awaiting": opened}, goto="observe")
         node_id = cands.pop(0)
