@@ -67,11 +67,15 @@ def fate_of(s: Session, n: Node) -> str:
     refined = s.exec(
         select(Node.id).where(Node.origin_ref == n.id, Node.origin == "refine", Node.study_id == n.study_id)
     ).all()
-    v = n.verification or {}
-    row = {**n.model_dump(), "decision": v.get("decision"), "open_constraints": v.get("open_constraints")}
     return node_fate(
-        row, [i for i in refined if i is not None], st.trunk_commit, spec_of(st).plateau.min_gain
+        _row(n), [i for i in refined if i is not None], st.trunk_commit, spec_of(st).plateau.min_gain
     )
+
+
+def _row(n: Node) -> dict[str, Any]:
+    """Return a loaded node as the columns `node_fate` reads (the two parts of its verification)."""
+    v = n.verification or {}
+    return {**n.model_dump(), "decision": v.get("decision"), "open_constraints": v.get("open_constraints")}
 
 
 def study_fates(s: Session, st: Study) -> dict[int, str]:
@@ -83,8 +87,7 @@ def study_fates(s: Session, st: Study) -> dict[int, str]:
             refined.setdefault(n.origin_ref, []).append(n.id or 0)
     min_gain = spec_of(st).plateau.min_gain
     return {
-        n.id or 0: node_fate(n.model_dump(), refined.get(n.id or 0, []), st.trunk_commit, min_gain)
-        for n in nodes
+        n.id or 0: node_fate(_row(n), refined.get(n.id or 0, []), st.trunk_commit, min_gain) for n in nodes
     }
 
 
