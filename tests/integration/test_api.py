@@ -68,6 +68,13 @@ def create(client: TestClient, repo: Path, headers: dict[str, str]) -> int:
     return int(resp.json()["id"])
 
 
+def approvals_of(client: TestClient, sid: int, headers: dict[str, str]) -> list[dict[str, Any]]:
+    """Return a study's pending approvals."""
+    r = client.get(f"{API}/approvals", params={"study_id": sid}, headers=headers)
+    assert r.status_code == 200
+    return list(r.json()["data"])
+
+
 def test_study_over_http_runs_to_approval_merges_and_finishes(
     service: Service, client: TestClient, tmp_path: Path
 ) -> None:
@@ -76,9 +83,7 @@ def test_study_over_http_runs_to_approval_merges_and_finishes(
     sid = create(client, repo, op)
 
     def pending() -> list[dict[str, Any]]:
-        r = client.get(f"{API}/approvals", params={"study_id": sid}, headers=op)
-        assert r.status_code == 200
-        return list(r.json()["data"])
+        return approvals_of(client, sid, op)
 
     card = wait_for(pending, timeout=180)[0]  # type: ignore[index]
     assert card["dev_gain_lcb"] > 0 and card["heldout_gain"] >= card["margin"]
@@ -146,7 +151,7 @@ def test_the_study_explores_while_an_approval_waits_then_merges_on_approve(
     sid = create(client, repo, op)
 
     def pending() -> list[dict[str, Any]]:
-        return list(client.get(f"{API}/approvals", params={"study_id": sid}, headers=op).json()["data"])
+        return approvals_of(client, sid, op)
 
     card = wait_for(pending, timeout=180)[0]  # type: ignore[index]
     waiting = card["node_id"]
