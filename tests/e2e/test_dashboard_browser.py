@@ -2,7 +2,9 @@
 
 Submit the digits example in the form, watch the tree grow, open a node, see the study explore
 while an approval waits, approve from the study page's banner, open the merged node from the
-tree; a reload keeps a viewer's sign-in; the API's docs render with no network outside. Screenshots go to $GROVE_TEST_ARTIFACTS
+tree; reject a node on its page and see its fate and withdrawn findings, sort the leaderboard and
+compare two nodes' diffs; a reload keeps a viewer's sign-in; the API's docs render with no network
+outside. Screenshots go to $GROVE_TEST_ARTIFACTS
 (default: test-artifacts/ in the project).
 """
 
@@ -17,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import httpx
@@ -24,7 +27,7 @@ import pytest
 from playwright.sync_api import Browser, Page, Playwright, Route, expect, sync_playwright
 
 from backend.core.config import PROJECT_ROOT
-from tests.conftest import free_port, git, spawn_up, wait_for
+from tests.conftest import free_port, git, make_repo, spawn_up, tiny_files, wait_for
 
 ARTIFACTS = Path(os.environ.get("GROVE_TEST_ARTIFACTS", PROJECT_ROOT / "test-artifacts"))
 CHROMIUM_ARGS = [
@@ -258,6 +261,99 @@ def test_a_reload_keeps_a_viewer_sign_in(stack: dict[str, str], browser: Browser
         assert viewer not in json.dumps(cookies) and stack["token"] not in json.dumps(cookies)
     except Exception:
         shot(page, "failure-reload")
+        raise
+    finally:
+        page.close()
+
+
+def test_reject_on_the_node_page_then_rank_and_compare(
+    stack: dict[str, str], browser: Browser, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "tiny", tiny_files(name="tiny-reject", mode="approve", experiments=6))
+    headers = {"Authorization": f"Bearer {stack['token']}"}
+    made = httpx.post(
+        f"{stack['api']}/studies",
+        json={"spec": (repo / "grove.toml").read_text(), "repository": str(repo)},
+        headers=headers,
+    )
+    assert made.status_code == 201, made.text
+    sid = made.json()["id"]
+
+    def pending() -> list[dict[str, Any]]:
+        got = httpx.get(f"{stack['api']}/approvals", params={"study_id": sid}, headers=headers)
+        return list(got.json()["data"])
+
+    node_id = wait_for(pending, timeout=240, every=1.0)[0]["node_id"]  # type: ignore[index]
+
+    def cited() -> bool:
+        state = httpx.get(f"{stack['api']}/studies/{sid}", headers=headers).json()["improvement_state"]
+        return any(node_id in f["node_ids"] for f in state.get("verified_findings", []))
+
+    wait_for(cited, timeout=60, every=0.5)  # before a decision, its gain counts as a verified finding
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.set_default_timeout(30_000)
+    try:
+        page.goto(f"{stack['dashboard']}/node?study={sid}&node={node_id}")
+        expect(page.get_by_text(f"n{node_id} waits for your decision")).to_be_visible()
+        page.get_by_placeholder("reason for rejecting").fill("too close to the margin")
+        page.get_by_placeholder("reason for rejecting").press("Enter")
+        page.get_by_role("button", name="Reject").click()
+        page.get_by_role("button", name="Yes, reject").click()
+        expect(page.get_by_text(re.compile(rf"n{node_id}: rejection recorded by grove-up"))).to_be_visible()
+
+        def rejected() -> bool:
+            got = httpx.get(f"{stack['api']}/studies/{sid}/nodes/{node_id}", headers=headers).json()
+            return bool(got["status"] == "rejected")
+
+        wait_for(rejected, timeout=120, every=1.0)
+        page.reload()
+        expect(page.get_by_text("Fate: rejected by grove-up: too close to the margin")).to_be_visible()
+        expect(page.get_by_text(f"n{node_id} waits for your decision")).to_have_count(0)
+
+        # The study page no longer counts it among verified findings, and names it as rejected.
+        page.goto(f"{stack['dashboard']}/study?study={sid}")
+        expect(page.get_by_text("Rejected candidates")).to_be_visible()
+        expect(page.get_by_text(re.compile(rf"^n{node_id}: .*too close to the margin"))).to_be_visible()
+        state = httpx.get(f"{stack['api']}/studies/{sid}", headers=headers).json()["improvement_state"]
+        assert all(node_id not in f["node_ids"] for f in state["verified_findings"])
+        findings = page.locator("li", has_text=re.compile(rf"\(n{node_id}(,|\))"))
+        expect(findings).to_have_count(0)
+
+        # Stopped, the tree holds still; the leaderboard sorts by what is chosen, compare shows both diffs.
+        assert httpx.post(f"{stack['api']}/studies/{sid}/stop", headers=headers).status_code == 200
+
+        def ended() -> bool:
+            got = httpx.get(f"{stack['api']}/studies/{sid}", headers=headers).json()
+            return got["status"] in ("finished", "stopped", "failed")
+
+        wait_for(ended, timeout=120, every=1.0)
+        nodes = httpx.get(f"{stack['api']}/studies/{sid}/tree", headers=headers).json()["nodes"]
+        measured = [n for n in nodes if n["parent_id"] is not None and n["dev_mean"] is not None]
+        assert len(measured) >= 2 and node_id in {n["id"] for n in measured}
+        page.goto(f"{stack['dashboard']}/study?study={sid}")
+        board = page.locator("[data-testid='stTable']").first
+        expect(board).to_be_visible()
+        a, b = measured[0], measured[1]
+        for n in (a, b):  # the two picked by default, each under its own heading
+            expect(page.get_by_text(f"n{n['id']} · {n['title']}", exact=True).first).to_be_visible()
+        diffs = page.locator("[data-testid='stCode']", has_text="diff --git")
+        expect(diffs).to_have_count(2)
+        for n in (a, b):
+            diff = httpx.get(f"{stack['api']}/studies/{sid}/nodes/{n['id']}", headers=headers).json()["diff"]
+            changed = next(line for line in diff.splitlines() if line.startswith("+x"))
+            expect(diffs.filter(has_text=changed)).not_to_have_count(0)
+        # Each sort orders the whole table (missing values last, ties by node id).
+        for label, key in (("held-out gain", "heldout_gain"), ("dev mean", "dev_mean")):
+            page.get_by_role("combobox", name="Sort by").click()
+            page.keyboard.type(label)  # a click alone does not open this list in headless Chromium
+            page.get_by_role("option", name=label, exact=True).click()
+            order = sorted(measured, key=lambda n: (n[key] is None, -(n[key] or 0.0), n["id"]))
+            expect(board.locator("tbody tr")).to_have_text(
+                [re.compile(rf"^\s*n{n['id']}(?!\d)") for n in order]
+            )
+        shot(page, "07-leaderboard-compare")
+    except Exception:
+        shot(page, "failure-reject")
         raise
     finally:
         page.close()
