@@ -194,6 +194,7 @@ class Me(BaseModel):
 class ProgressPoint(BaseModel):
     experiment: int = Field(description="1-based count of evaluated nodes so far")
     node_id: int
+    status: str = Field(description="the node's status now")
     dev: float | None = Field(description="the node's mean dev score")
     trunk_dev: float | None = Field(description="trunk's mean dev score after this experiment")
     trunk_heldout: float | None = Field(description="trunk's mean held-out score after this experiment")

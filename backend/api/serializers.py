@@ -169,6 +169,7 @@ def progress(s: Session, st: Study) -> schemas.Progress:
             schemas.ProgressPoint(
                 experiment=len(points) + 1,
                 node_id=n.id or 0,
+                status=n.status,
                 dev=n.dev_mean,
                 trunk_dev=trunk_dev,
                 trunk_heldout=trunk_heldout,

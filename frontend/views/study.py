@@ -131,7 +131,8 @@ def scores(s: dict[str, Any]) -> None:
     c[4].metric("pending approvals", s["pending_approvals"])
 
 
-def plots(progress: dict[str, Any]) -> None:
+def plots(sid: int, progress: dict[str, Any]) -> None:
+    """Chart trunk's scores and each experiment's dev score (coloured by status, linked to its node)."""
     points = progress["points"]
     if not points:
         st.caption("No experiment has finished yet.")
@@ -153,17 +154,35 @@ def plots(progress: dict[str, Any]) -> None:
             height=260,
         )
     with right:
-        st.caption("each node's dev score")
-        st.scatter_chart(
-            [
-                {"experiment": p["experiment"], "dev": p["dev"], "node": f"n{p['node_id']}"}
-                for p in points
-                if p["dev"] is not None
-            ],
-            x="experiment",
-            y="dev",
-            height=260,
-        )
+        st.caption("each experiment's dev score (click a point to open its node)")
+        rows = [
+            {
+                "experiment": p["experiment"],
+                "dev": p["dev"],
+                "node": f"n{p['node_id']}",
+                "status": p["status"],
+                "url": node_url(sid, p["node_id"]),
+            }
+            for p in points
+            if p["dev"] is not None
+        ]
+        spec = {
+            "mark": {"type": "point", "filled": True, "size": 60, "cursor": "pointer"},
+            "encoding": {
+                "x": {"field": "experiment", "type": "quantitative", "axis": {"tickMinStep": 1}},
+                "y": {"field": "dev", "type": "quantitative", "scale": {"zero": False}},
+                "color": {"field": "status", "type": "nominal"},
+                "href": {"field": "url"},
+                "tooltip": [{"field": "node"}, {"field": "dev"}, {"field": "status"}],
+            },
+            "height": 260,
+        }
+        st.vega_lite_chart(rows, spec, width="stretch", key="dev-scatter")
+
+
+def node_url(sid: int, node_id: int) -> str:
+    """Return the dashboard address of a node's page (relative, so it works behind any host)."""
+    return f"node?study={sid}&node={node_id}"
 
 
 def search_space(api: Grove, sid: int) -> None:
@@ -182,14 +201,16 @@ def search_space(api: Grove, sid: int) -> None:
                 "dev": p["dev"],
                 "node": f"n{p['node_id']}",
                 "status": p["status"],
+                "url": node_url(sid, p["node_id"]),
             }
             for p in points
             if p["values"].get(key) is not None
         ]
         numeric = all(isinstance(r["value"], int | float) and not isinstance(r["value"], bool) for r in rows)
         spec = {
-            "mark": {"type": "point", "filled": True, "size": 60},
+            "mark": {"type": "point", "filled": True, "size": 60, "cursor": "pointer"},
             "encoding": {
+                "href": {"field": "url"},
                 "x": {"field": "value", "type": "quantitative" if numeric else "nominal", "title": key},
                 "y": {"field": "dev", "type": "quantitative", "scale": {"zero": False}, "title": "dev"},
                 "color": {"field": "status", "type": "nominal"},
@@ -253,7 +274,7 @@ def tree(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
     nodes = t["nodes"]
     collapse = st.toggle("Collapse pruned subtrees and dead ends", value=True, key="collapse")
     dot, stats = tree_view.to_dot(
-        nodes, t["trunk_node_id"], collapse=collapse, link=lambda nid: f"node?study={s['id']}&node={nid}"
+        nodes, t["trunk_node_id"], collapse=collapse, link=lambda nid: node_url(s["id"], nid)
     )
     st.caption(
         f"{len(nodes)} nodes · showing {stats.shown}"
@@ -434,7 +455,7 @@ def page() -> None:
             tree(api, fresh, t)
         with right:
             budget(fresh)
-        plots(progress)
+        plots(sid, progress)
         st.subheader("Improvement state")
         improvement_state(fresh["improvement_state"])
         st.subheader("Recent events")

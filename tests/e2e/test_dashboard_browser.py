@@ -352,6 +352,12 @@ def test_reject_on_the_node_page_then_rank_and_compare(
                 [re.compile(rf"^\s*n{n['id']}(?!\d)") for n in order]
             )
         shot(page, "07-leaderboard-compare")
+        # A point of the dev-score chart opens its node's page.
+        target = measured[-1]["id"]
+        point = page.locator(f"[data-testid='stVegaLiteChart'] path[aria-label*='node: n{target};']").first
+        point.scroll_into_view_if_needed()
+        point.click()
+        expect(page.get_by_role("heading", level=1, name=re.compile(rf"^n{target} · "))).to_be_visible()
     except Exception:
         shot(page, "failure-reject")
         raise
