@@ -25,7 +25,7 @@ class _Section(BaseModel):
 class StudySection(_Section):
     name: str
     goal: str
-    base: str = "main"
+    base: str = "HEAD"  # the repository's default branch
 
     @field_validator("name")
     @classmethod
@@ -64,6 +64,8 @@ class Files(_Section):
     editable: list[str] = Field(min_length=1)
     protected: list[str] = []
     sealed: list[str] = []
+    # The format of config files whose name does not say it (`"MLproject" = "yaml"`).
+    formats: dict[str, Literal["toml", "yaml", "json"]] = {}
 
 
 class Constraint(_Section):
@@ -94,11 +96,16 @@ Scalar = bool | int | float | str
 
 
 class SearchDim(_Section):
-    values: list[Scalar] | None = None
+    values: list[Scalar | list[Scalar]] | None = None
     low: float | None = None
     high: float | None = None
     log: bool = False
-    integer: bool = False
+    # true: whole numbers; false: floats; unset: whole numbers only where the bounds and the
+    # repository's current value all are.
+    integer: bool | None = None
+    # Config keys that all take this dimension's value (`["MLproject:a.b", "params.yaml:alpha"]`);
+    # unset: the `[search]` key itself names the one target.
+    targets: list[str] = []
 
     @model_validator(mode="after")
     def _shape(self) -> SearchDim:
@@ -232,9 +239,33 @@ class Spec(_Section):
     @classmethod
     def _keys(cls, v: Any) -> Any:
         if isinstance(v, dict):
-            for key in v:
-                split_search_key(key)
+            for key, dim in v.items():
+                targets = dim.get("targets") if isinstance(dim, dict) else None
+                if not targets:
+                    split_search_key(key)
+                    continue
+                if not isinstance(targets, list):
+                    raise ValueError(f"key {key!r}: targets must be a list of 'FILE:dotted.key' strings")
+                for i, target in enumerate(targets):
+                    try:
+                        split_search_key(str(target))
+                    except ValueError as exc:
+                        raise ValueError(f"key {key!r}: targets[{i}]: {exc}") from None
         return v
+
+    def targets(self, key: str) -> list[tuple[str, str]]:
+        """Return the `(file, dotted key)` pairs a `[search]` key sets."""
+        dim = self.search[key]
+        return [split_search_key(t) for t in dim.targets] if dim.targets else [split_search_key(key)]
+
+    def value_at(self, key: str, read: Callable[[str], str]) -> Any:
+        """Return a `[search]` key's current value: its first target's, read through `read(file)`."""
+        file, dotted = self.targets(key)[0]
+        return configfiles.get_key(file, read(file), dotted, self.files.formats.get(file))
+
+    def target_map(self) -> dict[str, list[str]]:
+        """Return each `[search]` key's targets as `FILE:dotted` strings."""
+        return {k: [f"{f}:{d}" for f, d in self.targets(k)] for k in self.search}
 
     @model_validator(mode="after")
     def _cross(self) -> Spec:
@@ -246,10 +277,11 @@ class Spec(_Section):
 
 
 class SpecIssue(BaseModel):
-    """One problem found in a spec, located by its dotted key."""
+    """One problem found in a spec, located by its dotted key; a warning does not stop a study."""
 
     key: str
     message: str
+    level: Literal["error", "warning"] = "error"
 
     def __str__(self) -> str:
         return f"{self.key}: {self.message}" if self.key else self.message
@@ -269,10 +301,8 @@ def split_search_key(key: str) -> tuple[str, str]:
     file, sep, dotted = key.rpartition(":")
     if not sep or not file or not dotted:
         raise ValueError(f"key {key!r}: expected 'FILE:dotted.key', e.g. 'config.toml:model.hidden'")
-    try:
-        configfiles.file_format(file)
-    except ValueError as exc:
-        raise ValueError(f"key {key!r}: {exc}") from None
+    if file.startswith("/") or ".." in file.split("/"):
+        raise ValueError(f"key {key!r}: the file must be a path inside the repository")
     return file, dotted
 
 
@@ -334,28 +364,64 @@ def check_against_tree(spec: Spec, files: list[str], read: Callable[[str], str])
                 )
     present = set(files)
     for key, dim in spec.search.items():
-        file, dotted = split_search_key(key)
-        where = format_key(("search", key))
+        issues += _check_dim(spec, key, dim, present, read)
+    for i, c in enumerate(spec.constraints):
+        if c.metric == spec.objective.metric and c.min is None and c.max is None:
+            issues.append(SpecIssue(key=f"constraints[{i}]", message="empty constraint"))
+    return issues
+
+
+def _check_dim(
+    spec: Spec, key: str, dim: SearchDim, present: set[str], read: Callable[[str], str]
+) -> list[SpecIssue]:
+    """Check one `[search]` dimension's targets: present, editable, readable, of the right kind."""
+    where = format_key(("search", key))
+    issues: list[SpecIssue] = []
+    currents: list[Any] = []
+    for file, dotted in spec.targets(key):
+        name = f"{file}:{dotted}" if dim.targets else dotted
         if file not in present:
             issues.append(SpecIssue(key=where, message=f"file {file!r} does not exist at base"))
             continue
         if not globs.match_any(spec.files.editable, file):
             issues.append(SpecIssue(key=where, message=f"file {file!r} is not in files.editable"))
         try:
-            current = configfiles.get_key(file, read(file), dotted)
+            current = configfiles.get_key(file, read(file), dotted, spec.files.formats.get(file))
         except configfiles.ConfigKeyError:
             issues.append(SpecIssue(key=where, message=f"key {dotted!r} not found in {file}"))
             continue
         except Exception as exc:
-            issues.append(SpecIssue(key=where, message=f"cannot parse {file}: {exc}"))
+            issues.append(SpecIssue(key=where, message=f"cannot read {file}: {exc}"))
             continue
-        if dim.is_range and not isinstance(current, int | float):
+        currents.append(current)
+        if dim.is_range and (isinstance(current, bool) or not isinstance(current, int | float)):
             issues.append(
-                SpecIssue(key=where, message=f"range given but current value {current!r} is not numeric")
+                SpecIssue(
+                    key=where, message=f"{name}: range given but current value {current!r} is not numeric"
+                )
             )
         elif dim.is_range and isinstance(current, float) and math.isnan(current):
-            issues.append(SpecIssue(key=where, message="current value is NaN"))
-    for i, c in enumerate(spec.constraints):
-        if c.metric == spec.objective.metric and c.min is None and c.max is None:
-            issues.append(SpecIssue(key=f"constraints[{i}]", message="empty constraint"))
+            issues.append(SpecIssue(key=where, message=f"{name}: current value is NaN"))
+        elif (
+            dim.is_range
+            and dim.low is not None
+            and dim.high is not None
+            and not dim.low <= current <= dim.high
+        ):
+            issues.append(
+                SpecIssue(
+                    key=where,
+                    level="warning",
+                    message=f"{name}: current value {current!r} lies outside [{dim.low:g}, {dim.high:g}]",
+                )
+            )
+    if len({repr(c) for c in currents}) > 1:
+        issues.append(
+            SpecIssue(
+                key=where,
+                level="warning",
+                message=f"its targets hold different values now ({', '.join(map(repr, currents))}); "
+                "the first is the base value, and every experiment writes one value to all",
+            )
+        )
     return issues

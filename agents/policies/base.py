@@ -94,6 +94,8 @@ class ImplementInput:
     reflection: str
     editable: list[str]
     context: dict[str, Any] = field(default_factory=dict)  # goal, metric, direction, ancestor insights
+    targets: dict[str, list[str]] = field(default_factory=dict)  # `[search]` key -> its `FILE:dotted` targets
+    formats: dict[str, str] = field(default_factory=dict)  # `[files.formats]`
     runtime: Any = None  # agents.executor.tools.Runtime, provided by the host
     trajectory: dict[str, Any] = field(default_factory=dict)  # filled by executors that keep one
 

@@ -325,22 +325,32 @@ class SearchPolicy:
         """Apply the node's key edits exactly; return a short account of what changed."""
         by_file: dict[str, dict[str, Any]] = {}
         for key, value in node.edits.items():
-            file, dotted = split_search_key(key)
-            by_file.setdefault(file, {})[dotted] = value
+            for target in node.targets.get(key) or [key]:
+                try:
+                    file, dotted = split_search_key(target)
+                except ValueError as exc:
+                    raise ImplementationError(str(exc)) from None
+                by_file.setdefault(file, {})[dotted] = value
         changed = []
+        root = worktree.resolve()
         for file, values in sorted(by_file.items()):
             if not globs.match_any(node.editable, file):
                 raise ImplementationError(f"{file} is not editable")
             path = (worktree / file).resolve()
-            if not path.is_relative_to(worktree.resolve()):
+            if not path.is_relative_to(root):
                 raise ImplementationError(f"{file} resolves outside the worktree")
+            real = path.relative_to(root).as_posix()
+            if real != file and not globs.match_any(node.editable, real):
+                raise ImplementationError(f"{file} is a link to {real}, which is not editable")
             if not path.is_file():
                 raise ImplementationError(f"{file} does not exist")
             text = path.read_text("utf-8")
             try:
-                new = configfiles.set_keys(file, text, values)
+                new = configfiles.set_keys(file, text, values, node.formats.get(file))
             except configfiles.ConfigKeyError as exc:
                 raise ImplementationError(f"{file}: key {exc} not found") from exc
+            except configfiles.ConfigFormatError as exc:
+                raise ImplementationError(str(exc)) from exc
             if new != text:
                 path.write_text(new, "utf-8")
                 changed.append(file)

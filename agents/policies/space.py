@@ -35,8 +35,8 @@ class Space:
         """Return whether a range key takes integers."""
         d = self.dims[key]
         cur = self.base.get(key)
-        if d.get("integer"):
-            return True
+        if d.get("integer") is not None:
+            return bool(d["integer"])
         # An int in the file makes an int key only where the bounds are whole numbers too.
         whole = float(d["low"]).is_integer() and float(d["high"]).is_integer()
         return whole and isinstance(cur, int) and not isinstance(cur, bool)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import posixpath
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -149,6 +150,19 @@ class Repo:
     def read_at(self, ref: str, path: str) -> str:
         """Return a file's text at a commit."""
         return self.git("show", f"{ref}:{path}")
+
+    def read_followed(self, ref: str, path: str) -> str:
+        """Return a file's text at a commit, following symbolic links that stay inside the repository."""
+        for _ in range(8):
+            entry = self.git("ls-tree", "-z", ref, "--", path)
+            if not entry.startswith("120000 "):
+                return self.read_at(ref, path)
+            target = self.read_at(ref, path)
+            new = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+            if target.startswith("/") or new == ".." or new.startswith("../"):
+                raise ValueError(f"{path} is a link to {target!r}, outside the repository")
+            path = new
+        raise ValueError(f"{path}: too many levels of symbolic links")
 
     def changed_files(self, old: str, new: str) -> list[str]:
         """Return paths that differ between two commits (renames as delete + add)."""

@@ -23,7 +23,7 @@ from agents.policies.base import ImplementationError, ImplementInput
 from agents.policies.llm.model import BudgetExhausted, ModelError
 from agents.policies.registry import make_policy
 from agents.policies.space import fmt
-from agents.spec import split_search_key
+from agents.spec import Spec
 from agents.tree.stats import summarize
 from agents.tree.status import NodeStatus
 from backend.core import gitops
@@ -66,6 +66,8 @@ def run_experiment(site: Site, job_id: int, token: str) -> str:
             edits=dict(node.edits),
             reflection=node.reflection,
             editable=list(spec.files.editable),
+            targets=spec.target_map(),
+            formats=dict(spec.files.formats),
             context={
                 "goal": spec.study.goal,
                 "metric": spec.objective.metric,
@@ -81,7 +83,7 @@ def run_experiment(site: Site, job_id: int, token: str) -> str:
                 store.save_trajectory(inp.trajectory)
         # A human's own words stay; a generated title is rewritten from the real diff.
         title = (
-            node.origin != "human" and diff_title(repo, node.base_commit, path, dict(node.edits))
+            node.origin != "human" and diff_title(spec, repo, node.base_commit, path, dict(node.edits))
         ) or node.title
         commit = repo.commit_all(path, f"Grove n{node.id}: {title}\n\n{account}")
         if title != node.title:
@@ -165,14 +167,15 @@ class SandboxRuntime:
         return f"dev evaluation failed: {r.reason}\n{r.stderr_tail[-2000:]}"
 
 
-def diff_title(repo: gitops.Repo, base_commit: str, worktree: Path, edits: dict[str, Any]) -> str:
+def diff_title(spec: Spec, repo: gitops.Repo, base_commit: str, worktree: Path, edits: dict[str, Any]) -> str:
     """Describe a config-edit node by its real change to the commit it sits on: `key old → new, ...`."""
     changes = []
     for key in sorted(edits):
-        file, dotted = split_search_key(key)
+        if key not in spec.search:
+            return ""
         try:
-            old = configfiles.get_key(file, repo.read_at(base_commit, file), dotted)
-            new = configfiles.get_key(file, (worktree / file).read_text("utf-8"), dotted)
+            old = spec.value_at(key, lambda f: repo.read_followed(base_commit, f))
+            new = spec.value_at(key, lambda f: (worktree / f).read_text("utf-8"))
         except (configfiles.ConfigKeyError, GitError, OSError, ValueError):
             return ""
         if fmt(old) != fmt(new):

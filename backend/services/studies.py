@@ -10,8 +10,7 @@ from urllib.parse import urlsplit
 
 from sqlmodel import Session, select
 
-from agents.policies import configfiles
-from agents.spec import Spec, SpecError, SpecIssue, check_against_tree, parse_spec, split_search_key
+from agents.spec import Spec, SpecError, SpecIssue, check_against_tree, parse_spec
 from agents.tree.status import NodeStatus, StudyStatus
 from backend.core import gitops
 from backend.core.config import Settings
@@ -38,19 +37,16 @@ def check_spec(spec: Spec, repo: gitops.Repo, source: str = "grove.toml") -> str
             ],
             source,
         ) from None
-    issues = check_against_tree(spec, repo.files_at(base), lambda p: repo.read_at(base, p))
-    if issues:
-        raise SpecError(issues, source)
+    issues = check_against_tree(spec, repo.files_at(base), lambda p: repo.read_followed(base, p))
+    errors = [i for i in issues if i.level == "error"]
+    if errors:
+        raise SpecError(errors, source)
     return base
 
 
 def base_values(spec: Spec, repo: gitops.Repo, base: str) -> dict[str, Any]:
     """Return the current value of each search key at the base commit."""
-    out = {}
-    for key in spec.search:
-        file, dotted = split_search_key(key)
-        out[key] = configfiles.get_key(file, repo.read_at(base, file), dotted)
-    return out
+    return {key: spec.value_at(key, lambda f: repo.read_followed(base, f)) for key in spec.search}
 
 
 def validate(spec_text: str, source_repo: str, source: str = "grove.toml") -> Spec:

@@ -104,7 +104,7 @@ def test_implementer_refuses_non_editable_and_escaping_files(tmp_path: Path) -> 
         SearchPolicy().implement(
             tmp_path, ImplementInput(1, "t", {}, {"link.toml:m.hidden": 4}, "", ["*.toml"])
         )
-    with pytest.raises(ImplementationError, match="outside the worktree"):
+    with pytest.raises(ImplementationError, match="must be a path inside the repository"):
         SearchPolicy().implement(
             tmp_path, ImplementInput(1, "t", {}, {"../outside.toml:m.hidden": 4}, "", ["**"])
         )
@@ -114,9 +114,9 @@ def test_implementer_refuses_non_editable_and_escaping_files(tmp_path: Path) -> 
 # -- the Optuna bridge --------------------------------------------------------------------------
 
 MIXED = {
-    "c.toml:m.kind": {"values": ["a", "b", "c"], "low": None, "high": None, "log": False, "integer": False},
-    "c.toml:m.layers": {"values": None, "low": 1, "high": 9, "log": False, "integer": False},
-    "c.toml:t.lr": {"values": None, "low": 1e-4, "high": 1e-1, "log": True, "integer": False},
+    "c.toml:m.kind": {"values": ["a", "b", "c"], "low": None, "high": None, "log": False, "integer": None},
+    "c.toml:m.layers": {"values": None, "low": 1, "high": 9, "log": False, "integer": None},
+    "c.toml:t.lr": {"values": None, "low": 1e-4, "high": 1e-1, "log": True, "integer": None},
 }
 MIXED_BASE = {"c.toml:m.kind": "a", "c.toml:m.layers": 2, "c.toml:t.lr": 0.001}
 SIZE = {"name": "size", "metric": "n_params", "max": 1000.0, "min": None, "judge": "metric"}

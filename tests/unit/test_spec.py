@@ -56,10 +56,10 @@ def test_not_toml() -> None:
 def test_bad_search_entries_are_named() -> None:
     text = GOOD.replace(
         '"config.toml:knob.x" = { values = [0, 1, 2, 3, 4, 5] }',
-        '"config.txt:a" = { values = [1, 2] }\n"config.toml:knob.y" = { low = 2, high = 1 }',
+        '"config.txt" = { values = [1, 2] }\n"config.toml:knob.y" = { low = 2, high = 1 }',
     )
     got = issues(text)
-    assert "unsupported config format" in got['search."config.txt:a"']
+    assert "expected 'FILE:dotted.key'" in got['search."config.txt"']
 
 
 def test_range_must_be_ordered() -> None:

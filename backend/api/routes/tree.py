@@ -13,7 +13,6 @@ from fastapi.responses import PlainTextResponse, Response
 from sqlmodel import Session, col, select
 
 from agents.policies import configfiles
-from agents.spec import split_search_key
 from agents.tree.status import STUDY_ENDED, TERMINAL, StudyStatus
 from backend.api import schemas, serializers
 from backend.api.deps import MAX_ID, CeleryDep, NodeId, Operator, Reader, SessionDep, SettingsDep, StudyId
@@ -131,15 +130,15 @@ def add_hypothesis(
             },
         )
     edits = {**st.base_values, **parent.edits}
+    repo = gitops.Repo(Path(st.repo_path))
     for key, value in body.edits.items():
         if key not in spec.search:
             raise HTTPException(
                 422, {"message": f"edits.{key}: not a key of the study's [search] section", "errors": []}
             )
-        file, dotted = split_search_key(key)
         try:
-            configfiles.get_key(file, gitops.Repo(Path(st.repo_path)).read_at(st.trunk_commit, file), dotted)
-        except (configfiles.ConfigKeyError, gitops.GitError):
+            spec.value_at(key, lambda f: repo.read_followed(st.trunk_commit, f))
+        except (configfiles.ConfigKeyError, gitops.GitError, ValueError):
             raise HTTPException(422, {"message": f"edits.{key}: not found at trunk", "errors": []}) from None
         edits[key] = value
     if spec.policy_kind == "search" and not body.edits:
