@@ -425,3 +425,18 @@ def _check_dim(
             )
         )
     return issues
+
+
+def spec_changes(old: Spec, new: Spec) -> list[str]:
+    """Return the dotted keys whose values differ between two specs (comments and layout aside)."""
+
+    def flat(value: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                flat(v, f"{prefix}.{format_key((str(k),))}" if prefix else format_key((str(k),)), out)
+        else:
+            out[prefix] = value
+        return out
+
+    a, b = flat(old.model_dump(), "", {}), flat(new.model_dump(), "", {})
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))

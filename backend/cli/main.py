@@ -17,7 +17,7 @@ from rich.prompt import Confirm, Prompt
 from rich.table import Table
 from sqlmodel import Session, col, select
 
-from agents.spec import SpecError, parse_spec
+from agents.spec import SpecError, SpecIssue, parse_spec, spec_changes
 from agents.tree.status import IllegalStudyTransition, StudyStatus
 from backend.cli.runner import run_study
 from backend.core import db, fanout, gitops
@@ -68,8 +68,9 @@ def validate_cmd(
 ) -> None:
     """Check a spec (and, against its repository, globs and search keys); exit 1 on errors."""
     spec_path = _spec_file(path)
+    warnings: list[SpecIssue] = []
     try:
-        spec = validate(spec_path.read_text("utf-8"), repo or str(spec_path.parent), str(spec_path))
+        spec = validate(spec_path.read_text("utf-8"), repo or str(spec_path.parent), str(spec_path), warnings)
     except SpecError as exc:
         for issue in exc.issues:
             err.print(f"[red]error:[/] {exc.source}: {issue}")
@@ -77,6 +78,8 @@ def validate_cmd(
     except (FileNotFoundError, gitops.GitError) as exc:
         err.print(f"[red]error:[/] repository: {exc}")
         raise typer.Exit(1) from None
+    for w in warnings:
+        err.print(f"[yellow]warning:[/] {spec_path}: {w}")
     console.print(f"[green]ok[/] {spec_path}: study {spec.study.name!r}, policy {spec.policy_kind}")
 
 
@@ -139,6 +142,12 @@ def run_cmd(
     ] = False,
     budget: Annotated[int | None, typer.Option(help="override budget.experiments")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="discard an earlier study of the same name")] = False,
+    resume_anyway: Annotated[
+        bool,
+        typer.Option(
+            "--resume-anyway", help="resume with the spec the study started with, though grove.toml changed"
+        ),
+    ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="no live display")] = False,
 ) -> None:
     """Run a study to the end in this process (resuming it if it was interrupted)."""
@@ -177,6 +186,21 @@ def run_cmd(
             f"study {existing.name!r} already finished; report: {existing.report_path} (use --fresh)"
         )
         return
+    if existing is not None and existing.status == StudyStatus.FAILED:
+        err.print(
+            f"[red]error:[/] study {existing.name!r} failed: {existing.stop_reason}\n"
+            "fix the cause, then run again with --fresh to start over"
+        )
+        raise typer.Exit(1)
+    if existing is not None and not resume_anyway:
+        changed = spec_changes(parse_spec(existing.spec_toml), parse_spec(text, str(spec_path)))
+        if changed:
+            err.print(
+                f"[red]error:[/] {spec_path.name} changed since study {existing.name!r} started "
+                f"(keys: {', '.join(changed)}); use --fresh to start over, or --resume-anyway to go on "
+                "with the spec it started with"
+            )
+            raise typer.Exit(1)
     if existing is None:
         try:
             with db.session(settings.db_url) as s:
@@ -220,7 +244,10 @@ def run_cmd(
         st = s.get(Study, sid)
         assert st is not None
     if st.status == StudyStatus.FAILED:
-        err.print(f"[red]error:[/] study {st.name!r} failed: {st.stop_reason}")
+        err.print(
+            f"[red]error:[/] study {st.name!r} failed: {st.stop_reason}\n"
+            "fix the cause, then run again with --fresh to start over"
+        )
         raise typer.Exit(1)
     console.print(f"study {st.name!r} {status}: {st.stop_reason}")
     console.print(f"report: {st.report_path}")

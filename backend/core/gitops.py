@@ -134,6 +134,11 @@ class Repo:
         """Return the commit id a ref points at."""
         return self.git("rev-parse", "--verify", f"{ref}^{{commit}}").strip()
 
+    def branches(self) -> list[str]:
+        """Return the names of the local branches, Grove's own (`grove/...`) left out."""
+        out = self.git("for-each-ref", "--format=%(refname:short)", "refs/heads")
+        return [b for b in out.split() if not b.startswith("grove/")]
+
     def branch_exists(self, branch: str) -> bool:
         """Return whether a local branch exists."""
         return bool(self.git("branch", "--list", branch).strip())

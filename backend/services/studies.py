@@ -23,24 +23,34 @@ class StudyExists(ValueError):
     """A study with this name already exists."""
 
 
-def check_spec(spec: Spec, repo: gitops.Repo, source: str = "grove.toml") -> str:
-    """Check the spec against the repository at `base`; return the base commit or raise SpecError."""
+def check_spec(
+    spec: Spec, repo: gitops.Repo, source: str = "grove.toml", warnings: list[SpecIssue] | None = None
+) -> str:
+    """Check the spec against the repository at `base`; return the base commit or raise SpecError.
+
+    Every problem is reported at once: with `base` missing, the files are checked at HEAD. Warnings
+    (which do not stop a study) are appended to `warnings` when it is given.
+    """
+    issues: list[SpecIssue] = []
     try:
-        base = repo.rev(spec.study.base)
+        base = at = repo.rev(spec.study.base)
     except gitops.GitError:
-        raise SpecError(
-            [
-                SpecIssue(
-                    key="study.base",
-                    message=f"{spec.study.base!r} is not a branch or commit of the repository",
-                )
-            ],
-            source,
-        ) from None
-    issues = check_against_tree(spec, repo.files_at(base), lambda p: repo.read_followed(base, p))
+        base = ""
+        branches = ", ".join(repo.branches()) or "none"
+        issues.append(
+            SpecIssue(
+                key="study.base",
+                message=f"{spec.study.base!r} is not a branch or commit of the repository "
+                f"(its branches: {branches}); leave it out to use the repository's default branch",
+            )
+        )
+        at = repo.rev("HEAD")
+    issues += check_against_tree(spec, repo.files_at(at), lambda p: repo.read_followed(at, p))
     errors = [i for i in issues if i.level == "error"]
     if errors:
         raise SpecError(errors, source)
+    if warnings is not None:
+        warnings += issues
     return base
 
 
@@ -49,12 +59,14 @@ def base_values(spec: Spec, repo: gitops.Repo, base: str) -> dict[str, Any]:
     return {key: spec.value_at(key, lambda f: repo.read_followed(base, f)) for key in spec.search}
 
 
-def validate(spec_text: str, source_repo: str, source: str = "grove.toml") -> Spec:
+def validate(
+    spec_text: str, source_repo: str, source: str = "grove.toml", warnings: list[SpecIssue] | None = None
+) -> Spec:
     """Parse a spec and check it against a repository without creating anything."""
     spec = parse_spec(spec_text, source)
     tmp = Path(tempfile.mkdtemp(prefix="grove-validate-")) / "repo"
     try:
-        check_spec(spec, gitops.clone(source_repo, tmp), source)
+        check_spec(spec, gitops.clone(source_repo, tmp), source, warnings)
     finally:
         shutil.rmtree(tmp.parent, ignore_errors=True)
     return spec
@@ -104,11 +116,13 @@ def check_source(settings: Settings, source: str) -> None:
         raise SourceRefused(f"repository: host {parts.hostname!r} is not in GROVE_GIT_ALLOWED_HOSTS")
 
 
-def check_study(s: Session, spec_text: str, source_repo: str) -> Spec:
+def check_study(
+    s: Session, spec_text: str, source_repo: str, warnings: list[SpecIssue] | None = None
+) -> Spec:
     """Check everything `create_study` checks for a served study, creating nothing."""
     spec = parse_spec(spec_text, "grove.toml")
     check_new(s, spec, source_repo, allow_plain_folder=False)
-    return validate(spec_text, source_repo)
+    return validate(spec_text, source_repo, warnings=warnings)
 
 
 def create_study(

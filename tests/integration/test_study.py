@@ -430,3 +430,56 @@ def test_extra_seeds_stop_where_they_would_overspend_the_budget(settings: Settin
     assert first.dev_n == 4
     jobs = rows(settings, Job)
     assert jobs[0].extra_runs == 4 and len(jobs) == 1
+
+
+def test_a_changed_spec_is_refused_on_resume_and_a_comment_is_not_a_change(
+    settings: Settings, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "r", tiny_files(name="changes", experiments=2))
+    started = (repo / "grove.toml").read_text()
+    with db.session(settings.db_url) as s:
+        create_study(s, settings, started, str(repo))
+    changed = started.replace("experiments = 2", "experiments = 3").replace("margin = 0.5", "margin = 0.25")
+    (repo / "grove.toml").write_text(changed)
+    res = grove(settings, "run", str(repo), "--auto-approve", "--quiet")
+    said = " ".join(res.stderr.split())
+    assert res.returncode == 1, res.stdout
+    assert "grove.toml changed since study 'changes' started (keys: budget.experiments, gate.margin)" in said
+    assert "use --fresh to start over, or --resume-anyway" in said
+    assert the_study(settings).status == "created"  # nothing ran
+    (repo / "grove.toml").write_text("# only a comment is new\n" + started)
+    res = grove(settings, "run", str(repo), "--auto-approve", "--quiet")
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert "resuming study 'changes'" in res.stdout and the_study(settings).status == "finished"
+
+
+def test_validate_reports_every_problem_at_once_and_warns(settings: Settings, tmp_path: Path) -> None:
+    files = tiny_files()
+    files["grove.toml"] = (
+        files["grove.toml"]
+        .replace('goal = "Push', 'base = "master"\ngoal = "Push')
+        .replace('sealed = ["data/test/**"]', 'sealed = ["secret/**"]')
+        .replace(
+            '"config.toml:knob.x" = { values = [0, 1, 2, 3, 4, 5] }',
+            '"config.toml:knob.x" = { values = [0, 1, 2, 3, 4, 5] }\n"config.toml:knob.nope" = { values = [1, 2] }',
+        )
+    )
+    repo = make_repo(tmp_path / "r", files)
+    git("branch", "dev", cwd=repo)
+    res = grove(settings, "validate", str(repo))
+    said = " ".join(res.stderr.split())
+    assert res.returncode == 1
+    # The missing base, the glob and the search key: all in one run, the branches that exist named.
+    assert (
+        "study.base: 'master' is not a branch or commit of the repository (its branches: dev, main)" in said
+    )
+    assert "files.sealed[0]" in said and "key 'knob.nope' not found in config.toml" in said
+    # A current value outside its range is a warning: the spec is valid.
+    files = tiny_files()
+    files["grove.toml"] = files["grove.toml"].replace(
+        "{ values = [0, 1, 2, 3, 4, 5] }", "{ low = 1, high = 5 }"
+    )
+    res = grove(settings, "validate", str(make_repo(tmp_path / "warn", files)))
+    said = " ".join(res.stderr.split())
+    assert res.returncode == 0, said
+    assert "warning:" in said and "knob.x: current value 0 lies outside [1, 5]" in said

@@ -10,7 +10,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 from sqlmodel import Session, col, func, select
 
-from agents.spec import parse_spec
+from agents.spec import SpecIssue, parse_spec
 from agents.tree.status import StudyStatus
 from backend.api import schemas, serializers
 from backend.api.deps import MAX_ID, Approver, CeleryDep, Operator, Reader, SessionDep, SettingsDep, StudyId
@@ -109,8 +109,10 @@ def validate(
             message=f"valid: study {spec.study.name!r} can be created; the repository is cloned and "
             "checked in the background when it is"
         )
-    spec = check_study(s, body.spec, body.repository)
-    return schemas.Message(message=f"valid: study {spec.study.name!r} can be created")
+    warnings: list[SpecIssue] = []
+    spec = check_study(s, body.spec, body.repository, warnings)
+    said = "".join(f"; warning: {w}" for w in warnings)
+    return schemas.Message(message=f"valid: study {spec.study.name!r} can be created{said}")
 
 
 @router.get("", response_model=schemas.Page[schemas.StudyPublic])
