@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import importlib.util
 import itertools
+import json
 import math
 import warnings
 from collections.abc import Sequence
@@ -42,12 +43,28 @@ class SamplerUnavailable(RuntimeError):
     """The sampler a spec names cannot run in this installation."""
 
 
+def _encode(v: Any) -> Any:
+    """Return a choice as Optuna can hold it: a list value (`[64, 64]`) as its JSON text."""
+    return json.dumps(v) if isinstance(v, list) else v
+
+
+def _decode(space: Space, k: str, v: Any) -> Any:
+    """Return the choice an encoded value stands for."""
+    if isinstance(v, str) and not space.is_range(k):
+        return next((c for c in space.values(k) if isinstance(c, list) and json.dumps(c) == v), v)
+    return v
+
+
+def _params(a: Assignment) -> dict[str, Any]:
+    return {k: _encode(v) for k, v in a.items()}
+
+
 def distributions(space: Space) -> dict[str, BaseDistribution]:
     """Return one Optuna distribution per `[search]` key."""
     out: dict[str, BaseDistribution] = {}
     for k in space.keys:
         if not space.is_range(k):
-            out[k] = CategoricalDistribution(space.values(k))
+            out[k] = CategoricalDistribution([_encode(c) for c in space.values(k)])
             continue
         lo, hi = space.bounds(k)
         log = bool(space.dims[k].get("log"))
@@ -197,11 +214,11 @@ def _trials(
             # which the coordinator may know. The region is not admissible.
             turned_down = n.status == "rejected" and all(v <= 0 for v in cons.values())
             cons[ADMITTED] = 1.0 if turned_down else -1.0
-            trial = create_trial(params=params, distributions=dists, value=n.dev_mean, constraints=cons)
+            trial = create_trial(params=_params(params), distributions=dists, value=n.dev_mean, constraints=cons)
         elif n.status in PENDING:
-            trial = create_trial(state=TrialState.RUNNING, params=params, distributions=dists)
+            trial = create_trial(state=TrialState.RUNNING, params=_params(params), distributions=dists)
         elif n.status in ("failed", "rejected") and n.dev_mean is None:
-            trial = create_trial(state=TrialState.FAIL, params=params, distributions=dists)
+            trial = create_trial(state=TrialState.FAIL, params=_params(params), distributions=dists)
         else:
             continue
         out.append(trial)
@@ -210,7 +227,9 @@ def _trials(
 
 def pending_trial(space: Space, a: Assignment) -> optuna.trial.FrozenTrial:
     """Return a running trial for an assignment that is proposed but not yet measured."""
-    return create_trial(state=TrialState.RUNNING, params=space.full(a), distributions=distributions(space))
+    return create_trial(
+        state=TrialState.RUNNING, params=_params(space.full(a)), distributions=distributions(space)
+    )
 
 
 def ask(
@@ -239,7 +258,7 @@ def _take(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trial = study.ask(dists)
-        a = {k: space.clean(k, trial.params[k]) for k in space.keys}
+        a = {k: space.clean(k, _decode(space, k, trial.params[k])) for k in space.keys}
         key = space.key_of(a)
         if key not in seen:
             seen.add(key)

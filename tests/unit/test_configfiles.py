@@ -1,0 +1,112 @@
+"""Config files: formats by name, override or content; YAML 1.2 edited in place; lists, Hydra, links."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agents.policies import configfiles, optuna_bridge
+from agents.policies.base import ImplementInput
+from agents.policies.search import ImplementationError, SearchPolicy
+from agents.policies.space import Space
+from agents.spec import check_against_tree, parse_spec
+from backend.core import gitops
+from tests.conftest import make_repo, tiny_files
+
+
+def test_yaml_is_read_as_1_2_and_a_change_rewrites_only_the_value() -> None:
+    text = "train:\n  lr: 1e-3    # learning rate\n  on: yes\n  batch: 32\n"
+    assert configfiles.get_key("c.yaml", text, "train.lr") == 0.001  # YAML 1.1 would read "1e-3"
+    assert configfiles.get_key("c.yaml", text, "train.on") == "yes"
+    new = configfiles.set_keys("c.yaml", text, {"train.lr": 0.0005, "train.batch": 32})
+    assert new == "train:\n  lr: 0.0005    # learning rate\n  on: yes\n  batch: 32\n"
+
+
+def test_list_indices_list_values_and_quoting_are_kept() -> None:
+    text = 'model:\n  name: "mlp"\n  dims: [64, 64]\n  layers:\n    - width: 8\n    - width: 16\n'
+    assert configfiles.get_key("m.yaml", text, "model.layers.1.width") == 16
+    new = configfiles.set_keys(
+        "m.yaml", text, {"model.layers.1.width": 32, "model.dims": [128, 128], "model.name": "cnn"}
+    )
+    assert new == 'model:\n  name: "cnn"\n  dims: [128, 128]\n  layers:\n    - width: 8\n    - width: 32\n'
+    grown = configfiles.set_keys("m.yaml", text, {"model.dims": [32, 32, 32]})
+    assert configfiles.get_key("m.yaml", grown, "model.dims") == [32, 32, 32]
+    with pytest.raises(configfiles.ConfigKeyError):
+        configfiles.get_key("m.yaml", text, "model.layers.7.width")
+    toml = "[m]\nlayers = [1, 2]  # keep\n"
+    assert configfiles.set_keys("m.toml", toml, {"m.layers.1": 5}) == "[m]\nlayers = [1, 5]  # keep\n"
+
+
+def test_a_hydra_defaults_choice_is_a_dotted_key() -> None:
+    text = "defaults:\n  - model: mlp  # group\n  - optimizer: adam\n  - _self_\nlr: 0.1\n"
+    assert configfiles.get_key("config.yaml", text, "defaults.model") == "mlp"
+    new = configfiles.set_keys("config.yaml", text, {"defaults.model": "cnn"})
+    assert new == text.replace("model: mlp", "model: cnn")
+
+
+def test_formats_come_from_the_override_the_name_or_the_content() -> None:
+    assert configfiles.file_format("MLproject", "name: x\n", "yaml") == "yaml"
+    assert configfiles.file_format("settings", '{"a": 1}') == "json"
+    assert configfiles.file_format("Pipfile", "[a]\nb = 1\n") == "toml"
+    assert configfiles.file_format("MLproject", "name: x\nentry_points: {}\n") == "yaml"
+    with pytest.raises(configfiles.ConfigFormatError, match=r'\[files.formats\] "notes" = "yaml"'):
+        configfiles.file_format("notes", "just some words")
+    json_text = '{\n\t"a": {"b": 1}\n}\n'
+    assert configfiles.set_keys("c.json", json_text, {"a.b": 2}) == '{\n\t"a": {\n\t\t"b": 2\n\t}\n}\n'
+
+
+def test_spec_check_names_an_unreadable_format_and_warns_on_out_of_range(tmp_path: Path) -> None:
+    files = tiny_files()
+    files["MLproject"] = "just words, no mapping\n"
+    files["grove.toml"] = (
+        files["grove.toml"]
+        .replace('editable = ["config.toml"]', 'editable = ["config.toml", "MLproject"]')
+        .replace(
+            "{ values = [0, 1, 2, 3, 4, 5] }", '{ low = 1, high = 5 }\n"MLproject:a" = { values = [1, 2] }'
+        )
+    )
+    spec = parse_spec(files["grove.toml"])
+    repo = gitops.Repo(make_repo(tmp_path / "r", files))
+    issues = check_against_tree(spec, repo.files_at("HEAD"), lambda f: repo.read_followed("HEAD", f))
+    by = {(i.key, i.level): i.message for i in issues}
+    assert "cannot tell its format" in by[('search."MLproject:a"', "error")]
+    assert "current value 0 lies outside [1, 5]" in by[('search."config.toml:knob.x"', "warning")]
+
+
+def test_links_are_followed_inside_the_repository_only(tmp_path: Path) -> None:
+    root = make_repo(tmp_path / "r", {"real/params.yaml": "a: 1\n", "x.txt": "x"})
+    (root / "params.yaml").symlink_to("real/params.yaml")
+    (root / "escape.yaml").symlink_to("../../outside.yaml")
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    subprocess.run(["git", "commit", "-qm", "links"], cwd=root, check=True)
+    repo = gitops.Repo(root)
+    assert repo.read_at("HEAD", "params.yaml") == "real/params.yaml"  # git stores the link's text
+    assert repo.read_followed("HEAD", "params.yaml") == "a: 1\n"
+    with pytest.raises(ValueError, match="outside the repository"):
+        repo.read_followed("HEAD", "escape.yaml")
+    # Writing through a link edits its target, which must be editable too.
+    SearchPolicy().implement(
+        root, ImplementInput(1, "t", {}, {"params.yaml:a": 2}, "", ["params.yaml", "real/**"])
+    )
+    assert (root / "real/params.yaml").read_text() == "a: 2\n"
+    with pytest.raises(ImplementationError, match=r"a link to real/params\.yaml, which is not editable"):
+        SearchPolicy().implement(root, ImplementInput(1, "t", {}, {"params.yaml:a": 3}, "", ["params.yaml"]))
+
+
+def test_one_dimension_writes_every_target_and_list_values_reach_optuna(tmp_path: Path) -> None:
+    (tmp_path / "MLproject").write_text("p:\n  alpha: {default: 0.5}  # mix\n")
+    (tmp_path / "params.yaml").write_text("alpha: 0.5\n")
+    targets = {"alpha": ["MLproject:p.alpha.default", "params.yaml:alpha"]}
+    inp = ImplementInput(
+        1, "t", {}, {"alpha": 0.25}, "", ["*"], targets=targets, formats={"MLproject": "yaml"}
+    )
+    SearchPolicy().implement(tmp_path, inp)
+    assert (tmp_path / "MLproject").read_text() == "p:\n  alpha: {default: 0.25}  # mix\n"
+    assert (tmp_path / "params.yaml").read_text() == "alpha: 0.25\n"
+    dims = {"m.yaml:dims": {"values": [[64, 64], [128, 128], [256]], "low": None, "high": None}}
+    space = Space(dims, {"m.yaml:dims": [64, 64]})
+    study = optuna_bridge.replay(space, [], [], maximize=True, sampler=optuna_bridge.make_sampler("tpe", 0))
+    got = optuna_bridge.ask(study, space, 2, {space.key_of({"m.yaml:dims": [64, 64]})})
+    assert sorted(map(str, (a["m.yaml:dims"] for a in got))) == ["[128, 128]", "[256]"]
