@@ -196,6 +196,22 @@ class Sandbox(_Section):
     network: bool = False  # evaluations and executor commands reach the network only if true
 
 
+ENV_INPUTS = [
+    "requirements*.txt", "pyproject.toml", "setup.py", "setup.cfg", "uv.lock", "poetry.lock",
+    "Pipfile.lock", "environment.yml", "conda.yaml", "MLproject",
+]  # fmt: skip
+
+
+class Environment(_Section):
+    # Run once per Grove clone and content of `inputs`, inside the sandbox, to build the folder
+    # `$GROVE_ENV` (e.g. `python -m venv "$GROVE_ENV" && "$GROVE_ENV/bin/pip" install -r requirements.txt`);
+    # every evaluation then runs with `$GROVE_ENV/bin` first on PATH.
+    setup: str = ""
+    inputs: list[str] = Field(default_factory=lambda: list(ENV_INPUTS))  # globs whose content keys the cache
+    network: bool = False  # the setup step may reach the network (evaluations still follow [sandbox])
+    timeout: int = Field(default=1800, ge=1, le=WEEK)
+
+
 class Resources(_Section):
     gpu: bool = False
 
@@ -213,6 +229,7 @@ class Spec(_Section):
     plateau: Plateau = Plateau()
     sandbox: Sandbox = Sandbox()
     resources: Resources = Resources()
+    environment: Environment = Environment()
 
     @property
     def policy_kind(self) -> Literal["search", "llm"]:

@@ -214,7 +214,9 @@ def _trials(
             # which the coordinator may know. The region is not admissible.
             turned_down = n.status == "rejected" and all(v <= 0 for v in cons.values())
             cons[ADMITTED] = 1.0 if turned_down else -1.0
-            trial = create_trial(params=_params(params), distributions=dists, value=n.dev_mean, constraints=cons)
+            trial = create_trial(
+                params=_params(params), distributions=dists, value=n.dev_mean, constraints=cons
+            )
         elif n.status in PENDING:
             trial = create_trial(state=TrialState.RUNNING, params=_params(params), distributions=dists)
         elif n.status in ("failed", "rejected") and n.dev_mean is None:

@@ -30,7 +30,7 @@ from backend.core import gitops
 from backend.core.config import Settings, get_settings
 from backend.core.gitops import GitError
 from backend.core.models import Study
-from backend.engine import evaluation, repeats, sandbox, workspace
+from backend.engine import environment, evaluation, repeats, sandbox, workspace
 from backend.engine.jobstore import Superseded
 from backend.engine.site import LocalSite, Site
 from backend.services.ledger import StoreLedger
@@ -74,7 +74,7 @@ def run_experiment(site: Site, job_id: int, token: str) -> str:
                 "direction": spec.objective.direction,
                 "insights": store.insights(),
             },
-            runtime=SandboxRuntime(settings, study, path, label),
+            runtime=SandboxRuntime(settings, study, path, label, repo, node.base_commit),
         )
         try:
             account = policy.implement(path, inp)
@@ -117,6 +117,7 @@ def run_experiment(site: Site, job_id: int, token: str) -> str:
         raise
     except (
         ImplementationError, ModelError, BudgetExhausted, GitError, OSError, ValueError, sandbox.SandboxUnavailable,
+        environment.SetupFailed,
     ) as exc:  # fmt: skip
         failure = f"{type(exc).__name__}: {exc}"[:2000]
         return finish(
@@ -133,13 +134,24 @@ def run_experiment(site: Site, job_id: int, token: str) -> str:
 class SandboxRuntime:
     """The executor's `run` and `evaluate_dev` tools, through the sandbox, inside one worktree."""
 
-    def __init__(self, settings: Settings, study: Study, worktree: Path, label: str) -> None:
+    def __init__(
+        self, settings: Settings, study: Study, worktree: Path, label: str, repo: gitops.Repo, commit: str
+    ) -> None:
         self.settings, self.study, self.worktree = settings, study, worktree
         self.spec = spec_of(study)
         self.out = workspace.output_dir(settings, study, label) / "tools"
         self.calls = 0
         # `disk_mb` bounds what the whole attempt adds to its tree, not each command alone.
         self.disk_base = sandbox.usage(worktree)
+        self.repo, self.commit = repo, commit
+        self._iso: sandbox.Isolation | None = None
+
+    def isolation(self) -> sandbox.Isolation:
+        """Return the box of this attempt's commands, with the study's environment (built on first use)."""
+        if self._iso is None:
+            base = workspace.isolation_of(self.settings)
+            self._iso = environment.ensure(self.settings, self.study, self.spec, self.repo, self.commit, base)
+        return self._iso
 
     def run(self, command: str, timeout: float) -> tuple[int | None, str]:
         """Run a command in the sandbox; return its exit code (None on timeout) and output tail."""
@@ -147,7 +159,7 @@ class SandboxRuntime:
         limits = replace(workspace.limits_of(self.spec), timeout=timeout)
         res = sandbox.run(
             command, cwd=self.worktree, output_dir=self.out, name=f"run{self.calls}", limits=limits,
-            isolation=workspace.isolation_of(self.settings), output_cap=self.settings.output_cap_bytes,
+            isolation=self.isolation(), output_cap=self.settings.output_cap_bytes,
             disk_base=self.disk_base,
         )  # fmt: skip
         text = res.stdout_tail + ("\n[stderr]\n" + res.stderr_tail if res.stderr_tail.strip() else "")
@@ -159,7 +171,7 @@ class SandboxRuntime:
         r = evaluation.evaluate(
             kind="dev", command=self.spec.evaluate.dev, worktree=self.worktree, output_dir=self.out,
             seed=0, metric=self.spec.objective.metric, commit="working tree", limits=workspace.limits_of(self.spec),
-            evaluator_fingerprint="", isolation=workspace.isolation_of(self.settings),
+            evaluator_fingerprint="", isolation=self.isolation(),
             disk_base=self.disk_base,
         )  # fmt: skip
         if r.ok:

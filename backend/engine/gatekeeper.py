@@ -19,7 +19,7 @@ from backend.core import db
 from backend.core.config import Settings
 from backend.core.gitops import GitError, MergeConflict, Repo
 from backend.core.models import Approval, Node, Study, now
-from backend.engine import workspace
+from backend.engine import environment, workspace
 from backend.engine.jobstore import DbStore, JobStore, local_repo
 from backend.services import lifecycle, notify, report
 from backend.services.approvals import answer_of, withdraw_approval
@@ -58,6 +58,8 @@ class SealedRunner:
                     self.settings, self.store, self.repo, st, spec, kind="dev", worktree=path,
                     commit=st.base_commit, label="baseline", node_id=st.trunk_node_id,
                 )  # fmt: skip
+            except environment.SetupFailed as exc:
+                raise BaselineError(str(exc)) from None
             finally:
                 self.repo.remove_worktree(path)
             if not all(r.ok for r in rs):

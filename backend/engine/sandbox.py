@@ -43,7 +43,7 @@ SAFE_ENV = (
     "OPENBLAS_L2_SIZE", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
 )  # fmt: skip
 SECRET = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
-TREE, OUT = "/grove/tree", "/grove/out"
+TREE, OUT, ENV = "/grove/tree", "/grove/out", "/grove/env"
 # What a box sees of /etc: enough for the dynamic linker, locales, TLS roots and user names.
 ETC = (
     "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "ssl", "ca-certificates",
@@ -91,6 +91,14 @@ class Isolation:
     network: bool = True  # whether a run whose limits ask for the network may have it
     uid_base: int = 200_000
     uid_slots: int = 1000
+    # A study's evaluation environment (`environment.py`): mounted at /grove/env with its `bin/`
+    # first on PATH; writable only while its setup builds it.
+    env_dir: str = ""
+    env_writable: bool = False
+
+    def env_path(self) -> str:
+        """Return where a command sees the environment: /grove/env in a box, else its real folder."""
+        return ENV if self.boxed else self.env_dir
 
     @property
     def boxed(self) -> bool:
@@ -479,6 +487,8 @@ def _bwrap_argv(
     if networked:
         args += ["--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
     args += [*_dirs(TREE), "--bind", str(tree), TREE, "--bind", str(out), OUT]
+    if iso.env_dir:
+        args += ["--bind" if iso.env_writable else "--ro-bind", iso.env_dir, ENV]
     # The tree's `.git` (a file naming Grove's clone) becomes an empty read-only mount point: the box
     # can neither read where the clone is nor remove or replace it with a repository of its own.
     dotgit = tree / ".git"
@@ -615,7 +625,10 @@ def run(
                 )  # fmt: skip
             finally:
                 # The box is gone (its PID namespace with it): nothing races this walk.
-                _reclaim(tree, (os.getuid(), os.getgid()) if uid is not None else None)
+                owner = (os.getuid(), os.getgid()) if uid is not None else None
+                _reclaim(tree, owner)
+                if isolation.env_dir and isolation.env_writable:
+                    _reclaim(Path(isolation.env_dir), owner)
     finally:
         shutil.rmtree(exchange, ignore_errors=True)
 
@@ -643,10 +656,17 @@ def _run(
     extra = {k: v.replace("{out}", out_seen) for k, v in (env or {}).items()}
     if boxed:
         extra = {"HOME": "/tmp", "TMPDIR": "/tmp", **extra}
+    if iso.env_dir:
+        seen = iso.env_path()
+        extra = {"GROVE_ENV": seen, "VIRTUAL_ENV": seen, **extra}
     full_env = scrubbed_env(extra, (*passthrough, *iso.passthrough))
+    if iso.env_dir:
+        full_env["PATH"] = f"{iso.env_path()}/bin{os.pathsep}{full_env['PATH']}"
     if uid is not None:
         _chown_tree(tree, uid, uid)
         os.chown(exchange, uid, uid)
+        if iso.env_dir and iso.env_writable:
+            _chown_tree(Path(iso.env_dir), uid, uid)
     status_r, status_w = os.pipe()
     info_r, info_w = os.pipe()  # bwrap writes the box's first process id here
     keep: list[int] = [info_w] if boxed else []

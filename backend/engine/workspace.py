@@ -14,7 +14,7 @@ from backend.core import db
 from backend.core.config import Settings
 from backend.core.gitops import Repo, git
 from backend.core.models import Job, Study
-from backend.engine import evaluation, sandbox
+from backend.engine import environment, evaluation, sandbox
 from backend.engine.jobstore import JobStore
 
 
@@ -129,6 +129,7 @@ def run_repeats(
     readonly = tuple(
         globs.select(spec.files.protected + (spec.files.sealed if kind == "test" else []), files)
     )
+    iso = environment.ensure(settings, study, spec, repo, commit, isolation_of(settings))
     receipts = []
     for seed in seeds if seeds is not None else range(n):
         r = evaluation.evaluate(
@@ -141,7 +142,7 @@ def run_repeats(
             commit=commit,
             limits=limits_of(spec),
             evaluator_fingerprint=fp,
-            isolation=isolation_of(settings),
+            isolation=iso,
             readonly=readonly,
             output_cap=settings.output_cap_bytes,
             tail_bytes=settings.tail_bytes,

@@ -1,0 +1,96 @@
+"""Evaluation environments: a study's `[environment] setup`, built once per clone and inputs.
+
+The setup runs in the sandbox on a worktree of the commit being evaluated, with the folder it
+builds mounted writable at `$GROVE_ENV` (and the network only if `environment.network` allows
+it). The folder is keyed by the setup command and the content of the `inputs` files at that
+commit, so every worktree of the study shares it until a dependency file changes. Evaluations
+then see it read-only, its `bin/` first on PATH. The setup's output is kept beside it as a log.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+from agents import globs
+from agents.spec import Spec
+from backend.core.config import Settings
+from backend.core.gitops import Repo
+from backend.core.models import Study
+from backend.engine import sandbox
+
+
+class SetupFailed(RuntimeError):
+    """The study's environment setup did not succeed; the message says why and where its log is."""
+
+
+def key_of(spec: Spec, repo: Repo, commit: str) -> str:
+    """Return the cache key of an environment: its setup command and its input files' content."""
+    h = hashlib.sha256(spec.environment.setup.encode() + b"\0")
+    for path in globs.select(spec.environment.inputs, repo.files_at(commit)):
+        h.update(path.encode() + b"\0" + repo.read_at(commit, path).encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def ensure(
+    settings: Settings, study: Study, spec: Spec, repo: Repo, commit: str, iso: sandbox.Isolation
+) -> sandbox.Isolation:
+    """Return `iso` with the study's environment for `commit` mounted, building it first if needed."""
+    if not spec.environment.setup:
+        return iso
+    key = key_of(spec, repo, commit)
+    root = (settings.data_dir / "envs" / study.name / key).resolve()
+    ready, env = root / "ready", root / "env"
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / "lock").open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        if not ready.exists():
+            _build(settings, study, spec, repo, commit, iso, key, root)
+            ready.touch()
+    return replace(iso, env_dir=str(env), env_writable=False)
+
+
+def _build(
+    settings: Settings,
+    study: Study,
+    spec: Spec,
+    repo: Repo,
+    commit: str,
+    iso: sandbox.Isolation,
+    key: str,
+    root: Path,
+) -> None:
+    from backend.engine import workspace  # workspace evaluates through this module
+
+    env = root / "env"
+    shutil.rmtree(env, ignore_errors=True)
+    env.mkdir()
+    tree = workspace.worktree_path(settings, study, f"env-{key}")
+    workspace.prepare(
+        repo, tree, f"grove/{study.name}/env", commit, sealed=spec.files.sealed, reason="environment setup"
+    )
+    limits = replace(
+        workspace.limits_of(spec),
+        timeout=spec.environment.timeout,
+        network=spec.environment.network,
+        disk_mb=0,
+    )
+    try:
+        res = sandbox.run(
+            spec.environment.setup,
+            cwd=tree,
+            output_dir=root,
+            name="setup",
+            limits=limits,
+            isolation=replace(iso, env_dir=str(env), env_writable=True),
+            output_cap=settings.output_cap_bytes,
+        )
+    finally:
+        repo.remove_worktree(tree)
+    if not res.ok:
+        why = f"timed out after {limits.timeout:g}s" if res.timed_out else f"exited with code {res.exit_code}"
+        tail = (res.stderr_tail or res.stdout_tail).strip()[-1500:]
+        raise SetupFailed(f"environment setup {why}; its log: {res.stderr_path}\n{tail}")

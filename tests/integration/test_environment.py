@@ -1,0 +1,93 @@
+"""`[environment] setup`: built once in the sandbox, shared by every evaluation, no network needed."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zipfile
+from pathlib import Path
+
+from backend.cli.runner import run_study
+from backend.core import db
+from backend.core.config import Settings
+from backend.core.models import Study
+from backend.services.studies import create_study
+from tests.conftest import make_repo, tiny_files
+
+WHEEL = "wheels/tinypkg-0.1-py3-none-any.whl"
+
+
+def build_wheel(dest: Path) -> None:
+    """Write a pure-Python wheel of a package `tinypkg` (what `pip wheel` would make, offline)."""
+    files = {
+        "tinypkg/__init__.py": b"BONUS = 0.5\n",
+        "tinypkg-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinypkg\nVersion: 0.1\n",
+        "tinypkg-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, body in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(body).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(body)}")
+    record.append("tinypkg-0.1.dist-info/RECORD,,")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(dest, "w") as z:
+        for name, body in files.items():
+            z.writestr(name, body)
+        z.writestr("tinypkg-0.1.dist-info/RECORD", "\n".join(record) + "\n")
+
+
+SETUP = (
+    'python -m venv "$GROVE_ENV" && "$GROVE_ENV/bin/pip" install --no-index --quiet '
+    f"--disable-pip-version-check {WHEEL} && echo built"
+)
+
+
+def study_files(setup: str) -> dict[str, str]:
+    files = tiny_files(name="envs", experiments=3)
+    files["eval.py"] = (
+        files["eval.py"]
+        .replace(
+            "import json, os, sys, time, tomllib",
+            "import json, os, sys, time, tomllib\nfrom tinypkg import BONUS",
+        )
+        .replace("+ 0.01 * seed", "+ 0.01 * seed + BONUS")
+    )
+    files["requirements.txt"] = "tinypkg==0.1\n"
+    files["grove.toml"] += f"\n[environment]\nsetup = '{setup}'\n"
+    return files
+
+
+def test_setup_installs_a_local_wheel_once_and_every_evaluation_imports_it(
+    settings: Settings, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "r", study_files(SETUP))
+    build_wheel(repo / WHEEL)
+    import subprocess
+
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(["git", "commit", "-qm", "wheel"], cwd=repo, check=True)
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, (repo / "grove.toml").read_text(), str(repo))
+    assert run_study(settings, study.id or 0, approver=lambda s, n: {"approved": True}) == "finished"
+    with db.session(settings.db_url) as s:
+        st = s.get(Study, study.id)
+        assert st is not None
+    assert st.baseline_dev and min(st.baseline_dev) >= 1.5  # 10 - 9 + BONUS: the import worked
+    envs = list((settings.data_dir / "envs" / "envs").iterdir())
+    assert len(envs) == 1  # one build, shared by the baseline, the experiments and the gate
+    assert (envs[0] / "ready").exists() and (envs[0] / "setup.stdout").read_text().strip() == "built"
+    assert list((envs[0] / "env").glob("lib/python*/site-packages/tinypkg/__init__.py"))
+
+
+def test_a_failing_setup_fails_the_study_naming_the_step_and_its_log(
+    settings: Settings, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "r", study_files("echo no such wheel >&2; exit 3"))
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, (repo / "grove.toml").read_text(), str(repo))
+    assert run_study(settings, study.id or 0, approver=lambda s, n: {"approved": True}) == "failed"
+    with db.session(settings.db_url) as s:
+        st = s.get(Study, study.id)
+        assert st is not None
+    assert "environment setup exited with code 3" in st.stop_reason
+    assert "no such wheel" in st.stop_reason and "setup.stderr" in st.stop_reason
