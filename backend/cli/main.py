@@ -17,17 +17,18 @@ from rich.prompt import Confirm, Prompt
 from rich.table import Table
 from sqlmodel import Session, col, select
 
-from agents.spec import SpecError, SpecIssue, parse_spec, spec_changes
+from agents.spec import Spec, SpecError, SpecIssue, parse_spec, spec_changes
 from agents.tree.status import IllegalStudyTransition, StudyStatus
 from backend.cli.runner import run_study
 from backend.core import db, fanout, gitops
 from backend.core.config import Settings, get_settings
 from backend.core.models import Event, Job, Node, Study
-from backend.engine import sandbox, workspace
+from backend.engine import evaluation, sandbox, workspace
 from backend.engine.driver import thread_id
+from backend.engine.environment import SetupFailed
 from backend.services import lifecycle
 from backend.services.records import spec_of
-from backend.services.studies import StudyExists, create_study, get_by_name, validate
+from backend.services.studies import StudyExists, create_study, get_by_name, trial_run, validate
 
 app = typer.Typer(
     help="Grove: grow a hypothesis tree over a git repository.",
@@ -65,12 +66,32 @@ def validate_cmd(
     repo: Annotated[
         str | None, typer.Option(help="repository (path or URL); default: the spec's folder")
     ] = None,
+    static: Annotated[
+        bool, typer.Option("--static", help="check only; do not build the environment or run dev on base")
+    ] = False,
 ) -> None:
-    """Check a spec (and, against its repository, globs and search keys); exit 1 on errors."""
+    """Check a spec against its repository, then run its dev command once on base; exit 1 on errors."""
     spec_path = _spec_file(path)
+    settings = get_settings()
     warnings: list[SpecIssue] = []
+    ran: list[evaluation.Receipt] = []
+
+    def trial(spec: Spec, clone: gitops.Repo, base: str) -> None:
+        for w in warnings:
+            err.print(f"[yellow]warning:[/] {spec_path}: {w}")
+        warnings.clear()
+        console.print(
+            f"static checks ok; running `{spec.evaluate.dev}` once on {spec.study.base} ({base[:10]})"
+        )
+        settings.ensure_dirs()
+        _require_sandbox(settings)
+        ran.append(trial_run(settings, spec, clone, base))
+
     try:
-        spec = validate(spec_path.read_text("utf-8"), repo or str(spec_path.parent), str(spec_path), warnings)
+        spec = validate(
+            spec_path.read_text("utf-8"), repo or str(spec_path.parent), str(spec_path), warnings,
+            trial=None if static else trial,
+        )  # fmt: skip
     except SpecError as exc:
         for issue in exc.issues:
             err.print(f"[red]error:[/] {exc.source}: {issue}")
@@ -78,8 +99,24 @@ def validate_cmd(
     except (FileNotFoundError, gitops.GitError) as exc:
         err.print(f"[red]error:[/] repository: {exc}")
         raise typer.Exit(1) from None
+    except SetupFailed as exc:
+        err.print(f"[red]error:[/] {spec_path}: [environment] {exc}")
+        raise typer.Exit(1) from None
     for w in warnings:
         err.print(f"[yellow]warning:[/] {spec_path}: {w}")
+    if ran and not ran[0].ok:
+        r = ran[0]
+        err.print(f"[red]error:[/] evaluate.dev on base: {r.reason} after {r.duration:.1f}s")
+        tail = (r.stderr_tail or r.stdout_tail).strip()
+        if tail:
+            err.print(escape(tail[-1500:]))
+        raise typer.Exit(1)
+    if ran:
+        value = (ran[0].metrics or {}).get(spec.objective.metric)
+        console.print(
+            f"dev on base: {spec.objective.metric} = {value} in {ran[0].duration:.1f}s "
+            f"(metrics: {', '.join(sorted(ran[0].metrics or {}))})"
+        )
     console.print(f"[green]ok[/] {spec_path}: study {spec.study.name!r}, policy {spec.policy_kind}")
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -15,6 +17,7 @@ from agents.tree.status import NodeStatus, StudyStatus
 from backend.core import gitops
 from backend.core.config import Settings
 from backend.core.models import Node, Study
+from backend.engine import environment, evaluation, workspace
 from backend.services import lifecycle
 from backend.services.records import add_event
 
@@ -60,16 +63,51 @@ def base_values(spec: Spec, repo: gitops.Repo, base: str) -> dict[str, Any]:
 
 
 def validate(
-    spec_text: str, source_repo: str, source: str = "grove.toml", warnings: list[SpecIssue] | None = None
+    spec_text: str,
+    source_repo: str,
+    source: str = "grove.toml",
+    warnings: list[SpecIssue] | None = None,
+    trial: Callable[[Spec, gitops.Repo, str], None] | None = None,
 ) -> Spec:
-    """Parse a spec and check it against a repository without creating anything."""
+    """Parse a spec and check it against a repository without creating anything.
+
+    With `trial`, it is then called with the spec, the clone and the base commit (a dev run).
+    """
     spec = parse_spec(spec_text, source)
     tmp = Path(tempfile.mkdtemp(prefix="grove-validate-")) / "repo"
     try:
-        check_spec(spec, gitops.clone(source_repo, tmp), source, warnings)
+        repo = gitops.clone(source_repo, tmp)
+        base = check_spec(spec, repo, source, warnings)
+        if trial is not None:
+            trial(spec, repo, base)
     finally:
         shutil.rmtree(tmp.parent, ignore_errors=True)
     return spec
+
+
+def trial_run(settings: Settings, spec: Spec, repo: gitops.Repo, base: str) -> evaluation.Receipt:
+    """Build the study's environment and run its dev command once (seed 0) on `base`, in the sandbox.
+
+    Raises `environment.SetupFailed` when the environment cannot be built.
+    """
+    study = Study(name=spec.study.name, goal=spec.study.goal, spec_toml="", source="")
+    label = f"validate-{uuid.uuid4().hex[:8]}"
+    tree = workspace.worktree_path(settings, study, label)
+    out = Path(tempfile.mkdtemp(prefix="grove-trial-"))
+    workspace.prepare(
+        repo, tree, f"grove/{study.name}/validate", base, sealed=spec.files.sealed, reason=label
+    )
+    try:
+        iso = environment.ensure(settings, study, spec, repo, base, workspace.isolation_of(settings))
+        return evaluation.evaluate(
+            kind="dev", command=spec.evaluate.dev, worktree=tree, output_dir=out, seed=0,
+            metric=spec.objective.metric, commit=base, limits=workspace.limits_of(spec),
+            evaluator_fingerprint="", isolation=iso, output_cap=settings.output_cap_bytes,
+            tail_bytes=settings.tail_bytes,
+        )  # fmt: skip
+    finally:
+        repo.remove_worktree(tree)
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def check_new(s: Session, spec: Spec, source_repo: str, allow_plain_folder: bool = False) -> None:
@@ -79,7 +117,11 @@ def check_new(s: Session, spec: Spec, source_repo: str, allow_plain_folder: bool
         if not path.is_dir():
             raise FileNotFoundError(f"{source_repo!r} does not exist or is not a directory")
         if gitops.toplevel(path.resolve()) != path.resolve():
-            raise FileNotFoundError(f"{source_repo!r} is not the top of a git repository")
+            raise FileNotFoundError(
+                f"{source_repo!r} is not the top of a git repository: the service tunes git repositories "
+                "(make it one: git init && git add -A && git commit -m init), while `grove run` on this "
+                "machine also imports a plain folder as a one-commit snapshot"
+            )
     if s.exec(select(Study).where(Study.name == spec.study.name)).first():
         raise StudyExists(f"study {spec.study.name!r} already exists")
 

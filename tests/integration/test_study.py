@@ -483,3 +483,24 @@ def test_validate_reports_every_problem_at_once_and_warns(settings: Settings, tm
     said = " ".join(res.stderr.split())
     assert res.returncode == 0, said
     assert "warning:" in said and "knob.x: current value 0 lies outside [1, 5]" in said
+
+
+def test_validate_runs_dev_once_on_base_and_reports_what_happened(settings: Settings, tmp_path: Path) -> None:
+    ok = grove(settings, "validate", str(make_repo(tmp_path / "ok", tiny_files())))
+    assert ok.returncode == 0, ok.stderr
+    assert "dev on base: score = 1.0 in" in ok.stdout  # 10 - (0 - 3)^2 with seed 0
+    files = tiny_files()
+    files["eval.py"] = "import sys\nprint('no such data file', file=sys.stderr)\nsys.exit(2)\n"
+    bad = grove(settings, "validate", str(make_repo(tmp_path / "bad", files)))
+    said = " ".join(bad.stderr.split())
+    assert (
+        bad.returncode == 1
+        and "evaluate.dev on base: exited with code 2" in said
+        and "no such data file" in said
+    )
+    files["eval.py"] = "import json\nprint(json.dumps({'accuracy': 0.5}))\n"
+    missing = grove(settings, "validate", str(make_repo(tmp_path / "missing", files)))
+    said = " ".join(missing.stderr.split())
+    assert missing.returncode == 1 and "objective metric 'score' missing from the reported metrics" in said
+    static = grove(settings, "validate", "--static", str(tmp_path / "missing"))
+    assert static.returncode == 0 and "dev on base" not in static.stdout
