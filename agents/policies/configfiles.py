@@ -126,6 +126,11 @@ def _plain(value: Any) -> Any:
     return unwrap() if callable(unwrap) else value
 
 
+def load(path: str, text: str, fmt: str | None = None) -> Any:
+    """Return a config file's whole content as plain values."""
+    return _load(file_format(path, text, fmt), path, text)
+
+
 def get_key(path: str, text: str, key: str, fmt: str | None = None) -> Any:
     """Return the value at a dotted key of a config file's text."""
     kind = file_format(path, text, fmt)

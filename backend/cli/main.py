@@ -17,6 +17,7 @@ from rich.prompt import Confirm, Prompt
 from rich.table import Table
 from sqlmodel import Session, col, select
 
+from agents import intake
 from agents.spec import Spec, SpecError, SpecIssue, parse_spec, spec_changes
 from agents.tree.status import IllegalStudyTransition, StudyStatus
 from backend.cli.runner import run_study
@@ -28,7 +29,14 @@ from backend.engine.driver import thread_id
 from backend.engine.environment import SetupFailed
 from backend.services import lifecycle
 from backend.services.records import spec_of
-from backend.services.studies import StudyExists, create_study, get_by_name, trial_run, validate
+from backend.services.studies import (
+    StudyExists,
+    create_study,
+    get_by_name,
+    repository_files,
+    trial_run,
+    validate,
+)
 
 app = typer.Typer(
     help="Grove: grow a hypothesis tree over a git repository.",
@@ -58,6 +66,34 @@ def _spec_file(path: Path) -> Path:
         err.print(f"[red]error:[/] {p}: no such file (expected a grove.toml or a folder holding one)")
         raise typer.Exit(2)
     return p
+
+
+@app.command("init")
+def init_cmd(
+    path: Annotated[Path, typer.Argument(help="the repository (or plain folder) to study")] = Path("."),
+    goal: Annotated[str, typer.Option(help="what should improve, in words")] = "",
+    force: Annotated[bool, typer.Option("--force", help="overwrite an existing grove.toml")] = False,
+    stdout: Annotated[bool, typer.Option("--stdout", help="print the draft instead of writing it")] = False,
+) -> None:
+    """Look at a repository and write a commented grove.toml, explaining each choice."""
+    root = path.expanduser().resolve()
+    if not root.is_dir():
+        err.print(f"[red]error:[/] {path}: not a folder")
+        raise typer.Exit(2)
+    choices = intake.draft(repository_files(root), root.name, goal)
+    text = intake.render(choices)
+    if stdout:
+        sys.stdout.write(text)
+        return
+    dest = root / "grove.toml"
+    if dest.exists() and not force:
+        err.print(f"[red]error:[/] {dest} exists; pass --force to overwrite it, or --stdout to see the draft")
+        raise typer.Exit(1)
+    dest.write_text(text, "utf-8")
+    console.print(f"wrote {dest}; what was chosen and why:")
+    for note in choices.notes:
+        console.print(f"  - {escape(note)}")
+    console.print(f"next: edit it, then `grove validate {path}` (it runs dev once), then `grove run {path}`")
 
 
 @app.command("validate")

@@ -294,3 +294,38 @@ def promote(s: Session, study: Study, by: str) -> str:
     repo.git("push", "--force", "origin", f"{study.trunk_commit}:refs/heads/{target}")
     add_event(s, study.id or 0, "study.promoted", None, branch=target, commit=study.trunk_commit, by=by)
     return target
+
+
+MAX_INTAKE_BYTES = 200_000
+
+
+def repository_files(path: Path) -> dict[str, str]:
+    """Return a repository's (or plain folder's) text files, path -> content, as intake reads them.
+
+    In a git work tree, the files committed at HEAD; in a plain folder, the files on disk. Large
+    and binary files, and folders such as `.git`, `.venv` and `node_modules`, are left out.
+    """
+    out: dict[str, str] = {}
+    root = path.resolve()
+    if gitops.toplevel(root) == root:
+        repo = gitops.Repo(root)
+        names = repo.files_at("HEAD")
+        blobs = {n: (root / n) for n in names}
+    else:
+        skip = {".git", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache", ".pytest_cache"}
+        blobs = {
+            p.relative_to(root).as_posix(): p
+            for p in root.rglob("*")
+            if p.is_file() and not p.is_symlink() and not skip & set(p.relative_to(root).parts)
+        }
+    for name, file in sorted(blobs.items()):
+        try:
+            if file.is_symlink() or file.stat().st_size > MAX_INTAKE_BYTES:
+                continue
+            data = file.read_bytes()
+        except OSError:
+            continue
+        if b"\0" in data[:4096]:
+            continue
+        out[name] = data.decode("utf-8", "replace")
+    return out
