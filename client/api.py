@@ -159,6 +159,11 @@ class Grove:
                 return st["id"]
         raise NotFound(404, f"no study named {name!r}")
 
+    def draft(self, repository: str, goal: str, use_model: bool = True) -> dict[str, Any]:
+        """Draft a commented grove.toml for a repository and a goal in words; return spec, notes, model."""
+        body = {"repository": repository, "goal": goal, "use_model": use_model}
+        return cast(dict[str, Any], self._post("/studies/draft", body))
+
     def validate(self, spec: str, repository: str) -> str:
         """Check a spec against a repository; return the API's message or raise `Invalid`."""
         return str(self._post("/studies/validate", {"spec": spec, "repository": repository})["message"])

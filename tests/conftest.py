@@ -250,9 +250,12 @@ class Service:
             self.stop_worker(name)
 
 
-def spawn_up(tmp: Path, port: int, board: int) -> tuple[subprocess.Popen[bytes], Path]:
+def spawn_up(
+    tmp: Path, port: int, board: int, extra_env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], Path]:
     """Start `grove up` over a data folder of its own (its own Redis); return it and its log once it is up."""
     env = {**os.environ, "GROVE_DATA_DIR": str(tmp / "data"), "GROVE_WORKTREES_DIR": str(tmp / "wt")}
+    env.update(extra_env or {})
     env.pop("GROVE_REDIS_URL", None)
     env.pop("GROVE_DATABASE_URL", None)
     out = tmp / "up.log"

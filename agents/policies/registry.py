@@ -70,6 +70,14 @@ def endpoint(spec: Spec, model: str) -> tuple[str | None, str | None]:
     )
 
 
+def server_endpoint(model: str) -> tuple[str | None, str | None]:
+    """Return the operator's model server and key (`GROVE_LLM_API_BASE`, `GROVE_LLM_API_KEY`)."""
+    base = os.environ.get("GROVE_LLM_API_BASE")
+    return base, os.environ.get("GROVE_LLM_API_KEY") or (
+        "local" if base and not _provider_key(model) else None
+    )
+
+
 def _provider_key(model: str) -> str | None:
     provider = model.split("/", 1)[0].upper().replace("-", "_")
     return os.environ.get(f"{provider}_API_KEY")

@@ -21,6 +21,23 @@ class StudyCreate(BaseModel):
     repository: str = Field(description="a local path or git URL of the repository", min_length=1)
 
 
+class DraftRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    repository: str = Field(description="a local path or git URL of the repository", min_length=1)
+    goal: str = Field(default="", description="what should improve, in words", max_length=4000)
+    use_model: bool = Field(
+        default=True,
+        description="let the service's model (if one is set) read the evaluator, configs and README; "
+        "never the files the draft seals",
+    )
+
+
+class Draft(BaseModel):
+    spec: str = Field(description="the drafted grove.toml text, commented")
+    notes: list[str] = Field(description="why each choice was made")
+    model: str | None = Field(description="the model that refined Grove's own analysis, if any")
+
+
 class StudyPublic(BaseModel):
     id: int
     name: str

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import streamlit as st
 
@@ -52,8 +53,13 @@ def study_list() -> None:
 
 def new_study_form() -> None:
     st.subheader("New study")
+    repository = st.text_input(
+        "Repository", key="repository", placeholder="/path/on/the/server or https://host/repo.git"
+    )
+    repo_msg = st.empty()
+    draft_from_goal(repository, repo_msg)
     options = templates()
-    template = st.selectbox("Start from a template", list(options), key="template")
+    template = st.selectbox("…or start from a template", list(options), key="template")
     upload = st.file_uploader("…or upload a grove.toml", type=["toml"], key="upload")
     source = ("upload", upload.file_id) if upload is not None else ("template", template)
     if st.session_state.get("spec_source") != source:
@@ -61,11 +67,11 @@ def new_study_form() -> None:
         st.session_state.spec_text = (
             upload.getvalue().decode("utf-8", "replace") if upload is not None else options[template]
         )
-    repository = st.text_input(
-        "Repository", key="repository", placeholder="/path/on/the/server or https://host/repo.git"
-    )
-    repo_msg = st.empty()
+        st.session_state.pop("draft_notes", None)
     spec = st.text_area("grove.toml", key="spec_text", height=440)
+    if st.session_state.get("draft_notes"):
+        with st.expander("Why Grove chose each line of this draft", expanded=True):
+            st.text("\n".join(f"- {n}" for n in st.session_state.draft_notes))  # a model's words: plain text
     spec_msg = st.empty()
     left, right, _ = st.columns([1, 1, 4])
     check = left.button("Validate", key="validate")
@@ -103,6 +109,41 @@ def new_study_form() -> None:
         return
     ui.remember("create", "success", f"Created study {made['name']!r} (id {made['id']}); it is starting.")
     st.session_state.created_study = made["id"]
+    st.rerun()
+
+
+def draft_from_goal(repository: str, repo_msg: Any) -> None:
+    """Draft the grove.toml below from a goal in words and the repository (Grove's analysis, and a model if set)."""
+    goal = st.text_area(
+        "Goal in words", key="goal_text", height=80,
+        placeholder="e.g. Raise held-out accuracy of the classifier without making it slower",
+    )  # fmt: skip
+    left, right = st.columns([1, 2])
+    use_model = right.checkbox(
+        "Ask the service's model too (it reads the evaluator, configs and README; never sealed files)",
+        value=True, key="draft_model",
+    )  # fmt: skip
+    if not left.button("Draft grove.toml from the goal", key="draft"):
+        return
+    if not repository.strip():
+        repo_msg.error("repository: give a path on the server or a git URL to draft from")
+        return
+    try:
+        made = ui.client().draft(repository.strip(), goal, use_model)
+    except ApiError as exc:
+        repo_errors = exc.for_field("repository")
+        if repo_errors:
+            repo_msg.error("\n\n".join(repo_errors))
+        else:
+            ui.show_error(exc)
+        return
+    except Unreachable as exc:
+        ui.show_error(exc)
+        return
+    st.session_state.spec_text = made["spec"]
+    st.session_state.draft_notes = made["notes"]
+    by = f" with {made['model']}" if made.get("model") else ""
+    ui.remember("create", "info", f"Drafted grove.toml{by}: read it, edit it, Validate, then Create study.")
     st.rerun()
 
 

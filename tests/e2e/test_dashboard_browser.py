@@ -28,6 +28,7 @@ from playwright.sync_api import Browser, Page, Playwright, Route, expect, sync_p
 
 from backend.core.config import PROJECT_ROOT
 from tests.conftest import free_port, git, make_repo, spawn_up, tiny_files, wait_for
+from tests.fake_llm import FakeLLM
 
 ARTIFACTS = Path(os.environ.get("GROVE_TEST_ARTIFACTS", PROJECT_ROOT / "test-artifacts"))
 CHROMIUM_ARGS = [
@@ -43,11 +44,29 @@ def chromium() -> str:
     return path
 
 
+INTAKE_ANSWER = {
+    "metric": "rmse",
+    "search": {
+        "params.yaml:train.seed": {"values": [7, 8, 9]},
+        "params.yaml:train.nope": {"low": 1, "high": 2},
+    },
+    "notes": ["the seed picks the training subsample; searching it shows how noisy dev is"],
+}
+
+
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def fake_model() -> Iterator[FakeLLM]:
+    """The service's model: a scripted OpenAI-compatible server on loopback (drafts use it)."""
+    with FakeLLM({"intake": [{"content": json.dumps(INTAKE_ANSWER)}]}) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, fake_model: FakeLLM) -> Iterator[dict[str, str]]:
     """Run `grove up` (API, workers, Redis, dashboard) in a fresh data directory."""
     port, board = free_port(), free_port()
-    proc, out = spawn_up(tmp_path_factory.mktemp("e2e"), port, board)
+    model = {"GROVE_MODEL": "openai/fake-intake", "GROVE_LLM_API_BASE": fake_model.url}
+    proc, out = spawn_up(tmp_path_factory.mktemp("e2e"), port, board, model)
     try:
         text = out.read_text()
         token = re.search(r"token\s+(grove_\S+)", text).group(1)  # type: ignore[union-attr]
@@ -103,7 +122,7 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
     page.goto(stack["dashboard"])
     expect(page.get_by_text("New study")).to_be_visible()
 
-    page.get_by_label("Start from a template").click()
+    page.get_by_label("…or start from a template").click()
     page.get_by_role("option", name="digits example").click()
     expect(page.get_by_role("textbox", name="grove.toml")).to_have_value(re.compile(r'name = "digits"'))
     page.get_by_label("Repository").fill(str(repo))
@@ -360,6 +379,72 @@ def test_reject_on_the_node_page_then_rank_and_compare(
         expect(page.get_by_role("heading", level=1, name=re.compile(rf"^n{target} · "))).to_be_visible()
     except Exception:
         shot(page, "failure-reject")
+        raise
+    finally:
+        page.close()
+
+
+SEALED = "SEALED-ROW-" + "7f3a9c"
+
+
+def wine_repository(dest: Path) -> Path:
+    """A public-style repository: an argparse evaluator, YAML params, held-out data, requirements."""
+    from tests.integration.test_intake import FILES
+
+    return make_repo(dest, {**FILES, "data/test/test.csv": f"{SEALED}\n4\n5\n"})
+
+
+@pytest.mark.parametrize("with_model", [False, True], ids=["grove-alone", "scripted-model"])
+def test_goal_in_words_to_a_drafted_spec_validated_and_created(
+    stack: dict[str, str], browser: Browser, fake_model: FakeLLM, tmp_path: Path, with_model: bool
+) -> None:
+    name = "wine-model" if with_model else "wine-alone"
+    repo = wine_repository(tmp_path / name)
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.set_default_timeout(30_000)
+    asked = len(fake_model.requests)
+    try:
+        page.goto(stack["dashboard"])
+        page.get_by_label("Repository").fill(str(repo))
+        page.get_by_label("Goal in words").fill("Lower the dev RMSE of the wine model")
+        if not with_model:
+            page.get_by_text("Ask the service's model too").click()
+        page.get_by_role("button", name="Draft grove.toml from the goal").click()
+        spec = page.get_by_role("textbox", name="grove.toml")
+        expect(spec).to_have_value(re.compile(rf'name = "{name}"'), timeout=90_000)  # litellm's first import
+        expect(spec).to_have_value(re.compile(r'goal = "Lower the dev RMSE of the wine model"'))
+        expect(spec).to_have_value(re.compile(r'dev = "python evaluate.py --split dev"'))
+        expect(spec).to_have_value(re.compile(r'sealed = \["data/test/\*\*"\]'))
+        expect(page.get_by_text("Why Grove chose each line of this draft")).to_be_visible()
+        notes = page.get_by_test_id("stText").filter(has_text="- evaluator: evaluate.py")
+        expect(notes).to_contain_text("metric: 'rmse', minimized")
+        if with_model:
+            expect(spec).to_have_value(re.compile(r'"params.yaml:train.seed" = \{ values = \[7, 8, 9\] \}'))
+            expect(notes).to_contain_text("search params.yaml:train.nope left out")
+            expect(notes).to_contain_text("the seed picks the training subsample")
+            sent = json.dumps(fake_model.requests[asked:])
+            assert len(fake_model.requests) == asked + 1 and "evaluate.py" in sent
+            assert SEALED not in sent  # the sealed split never reaches the model
+        else:
+            expect(spec).not_to_have_value(re.compile("train.seed"))
+            assert len(fake_model.requests) == asked
+        shot(page, f"08-draft-{name}")
+        # The person edits the draft before anything is created: fewer experiments.
+        text = spec.input_value().replace("experiments = 20", "experiments = 3")
+        spec.fill(text)
+        page.get_by_role("button", name="Validate").click()
+        expect(page.get_by_text(f"valid: study '{name}' can be created")).to_be_visible()
+        page.get_by_role("button", name="Create study").click()
+        expect(page.get_by_text(f"Created study '{name}'")).to_be_visible()
+        headers = {"Authorization": f"Bearer {stack['token']}"}
+        made = [
+            s
+            for s in httpx.get(f"{stack['api']}/studies", headers=headers).json()["data"]
+            if s["name"] == name
+        ]
+        assert made and made[0]["experiments_budget"] == 3 and made[0]["metric"] == "rmse"
+    except Exception:
+        shot(page, f"failure-draft-{name}")
         raise
     finally:
         page.close()

@@ -56,7 +56,7 @@ def test_init_drafts_a_spec_that_validates_and_runs_dev(settings: Settings, tmp_
         "MLproject:entry_points.main.parameters.alpha.default": {"low": 0.05, "high": 5.0, "log": True},
         "params.yaml:train.lr": {"low": 0.0001, "high": 0.01, "log": True},
     }  # `seed` is no hyperparameter
-    assert spec["environment"]["setup"].endswith("/bin/pip\" install -r requirements.txt")
+    assert spec["environment"]["setup"].endswith('/bin/pip" install -r requirements.txt')
     again = grove(settings, "init", str(repo))
     assert again.returncode == 1 and "--force" in again.stderr
     checked = grove(settings, "validate", str(repo))

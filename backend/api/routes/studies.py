@@ -17,7 +17,7 @@ from backend.api.deps import MAX_ID, Approver, CeleryDep, Operator, Reader, Sess
 from backend.core import gitops
 from backend.core.config import Settings
 from backend.core.models import Study
-from backend.services import lifecycle, report
+from backend.services import drafting, lifecycle, report
 from backend.services.studies import (
     NotPromotable,
     check_new,
@@ -93,6 +93,18 @@ async def create_form(
     if not text:
         raise HTTPException(422, {"message": "spec: give the grove.toml text or upload it", "errors": []})
     return await run_in_threadpool(_create, s, settings, celery, text, repository)
+
+
+@router.post("/draft", response_model=schemas.Draft)
+def draft(body: schemas.DraftRequest, settings: SettingsDep, who: Operator) -> schemas.Draft:
+    """Draft a commented grove.toml for a repository and a goal in words, explaining each choice."""
+    check_source(settings, body.repository)
+    try:
+        name, files = drafting.read_repository(body.repository, settings.clone_timeout)
+    except (FileNotFoundError, gitops.GitError) as exc:
+        raise HTTPException(422, {"message": f"repository: {exc}", "errors": []}) from None
+    made = drafting.draft_study(name, files, body.goal, use_model=body.use_model)
+    return schemas.Draft(spec=made.spec, notes=made.notes, model=made.model)
 
 
 @router.post("/validate", response_model=schemas.Message)
