@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -43,22 +41,22 @@ class _Unbilled:
         return None
 
 
-def read_repository(source: str, clone_timeout: float) -> tuple[str, dict[str, str]]:
-    """Return a repository's name and text files (a URL is cloned to a temporary folder first)."""
+def read_repository(source: str) -> tuple[str, dict[str, str]]:
+    """Return a local repository's (or plain folder's) name and text files.
+
+    A URL is refused: cloning belongs to the workers, not to a request (`POST /studies` clones).
+    """
     from backend.services.studies import repository_files
 
-    if not gitops.is_url(source):
-        path = Path(source).expanduser().resolve()
-        if not path.is_dir():
-            raise FileNotFoundError(f"repository: {source!r} does not exist or is not a directory")
-        return path.name, repository_files(path)
-    tmp = Path(tempfile.mkdtemp(prefix="grove-draft-"))
-    try:
-        gitops.clone(source, tmp / "repo", timeout=clone_timeout)
-        name = source.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
-        return name, repository_files(tmp / "repo")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if gitops.is_url(source):
+        raise FileNotFoundError(
+            f"{source!r} is a URL; a draft reads a repository on this server's disk: clone it under "
+            "GROVE_REPO_ROOTS and draft from that path, or start from a template (creating the study clones it)"
+        )
+    path = Path(source).expanduser().resolve()
+    if not path.is_dir():
+        raise FileNotFoundError(f"{source!r} does not exist or is not a directory")
+    return path.name, repository_files(path)
 
 
 def draft_study(name: str, files: dict[str, str], goal: str, use_model: bool = True) -> Drafted:

@@ -397,3 +397,30 @@ def test_pause_steer_and_resume(service: Service, client: TestClient, tmp_path: 
     assert decoy_node["status"] == "pruned" and decoy_node["attempts"] == 0
     assert "not worth it" in decoy_node["insights"][-1]["text"]
     assert decoy_node["fate"].startswith("pruned by ") and decoy_node["fate"].endswith(": not worth it")
+
+
+def test_draft_explains_its_choices_and_refuses_what_it_cannot_read(
+    service: Service, client: TestClient, tmp_path: Path
+) -> None:
+    from tests.integration.test_intake import FILES
+
+    repo = make_repo(tmp_path / "wine", FILES)
+    op, viewer = auth(service, "operator"), auth(service, "viewer")
+    body = {"repository": str(repo), "goal": "Lower the RMSE", "use_model": False}
+    assert client.post(f"{API}/studies/draft", json=body, headers=viewer).status_code == 403
+    got = client.post(f"{API}/studies/draft", json=body, headers=op)
+    assert got.status_code == 200, got.text
+    draft = got.json()
+    assert draft["model"] is None and 'name = "wine"' in draft["spec"]
+    assert any(n.startswith("sealed: data/test/**") for n in draft["notes"])
+    valid = client.post(
+        f"{API}/studies/validate", json={"spec": draft["spec"], "repository": str(repo)}, headers=op
+    )
+    assert valid.status_code == 200 and valid.json()["message"].startswith("valid: study 'wine'")
+    for repository, said in (
+        ("https://example.invalid/repo.git", "a draft reads a repository on this server's disk"),
+        (str(tmp_path / "missing"), "does not exist"),
+        ("/", "must lie under"),
+    ):
+        bad = client.post(f"{API}/studies/draft", json={**body, "repository": repository}, headers=op)
+        assert bad.status_code == 422 and said in bad.text and "repository" in bad.text, bad.text

@@ -100,7 +100,7 @@ def draft(body: schemas.DraftRequest, settings: SettingsDep, who: Operator) -> s
     """Draft a commented grove.toml for a repository and a goal in words, explaining each choice."""
     check_source(settings, body.repository)
     try:
-        name, files = drafting.read_repository(body.repository, settings.clone_timeout)
+        name, files = drafting.read_repository(body.repository)
     except (FileNotFoundError, gitops.GitError) as exc:
         raise HTTPException(422, {"message": f"repository: {exc}", "errors": []}) from None
     made = drafting.draft_study(name, files, body.goal, use_model=body.use_model)
