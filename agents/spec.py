@@ -198,7 +198,7 @@ class Sandbox(_Section):
 
 ENV_INPUTS = [
     "requirements*.txt", "pyproject.toml", "setup.py", "setup.cfg", "uv.lock", "poetry.lock",
-    "Pipfile.lock", "environment.yml", "conda.yaml", "MLproject",
+    "Pipfile.lock", "environment.yml", "conda.yaml",
 ]  # fmt: skip
 
 

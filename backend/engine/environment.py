@@ -69,9 +69,8 @@ def _build(
     shutil.rmtree(env, ignore_errors=True)
     env.mkdir()
     tree = workspace.worktree_path(settings, study, f"env-{key}")
-    workspace.prepare(
-        repo, tree, f"grove/{study.name}/env", commit, sealed=spec.files.sealed, reason="environment setup"
-    )
+    branch = f"grove/{study.name}/env/{key}"
+    workspace.prepare(repo, tree, branch, commit, sealed=spec.files.sealed, reason="environment setup")
     limits = replace(
         workspace.limits_of(spec),
         timeout=spec.environment.timeout,
@@ -90,6 +89,7 @@ def _build(
         )
     finally:
         repo.remove_worktree(tree)
+        repo.git("branch", "-D", branch, check=False)
     if not res.ok:
         why = f"timed out after {limits.timeout:g}s" if res.timed_out else f"exited with code {res.exit_code}"
         tail = (res.stderr_tail or res.stdout_tail).strip()[-1500:]

@@ -7,10 +7,12 @@ import hashlib
 import zipfile
 from pathlib import Path
 
+from sqlmodel import select
+
 from backend.cli.runner import run_study
 from backend.core import db
 from backend.core.config import Settings
-from backend.core.models import Study
+from backend.core.models import Node, Study
 from backend.services.studies import create_study
 from tests.conftest import make_repo, tiny_files
 
@@ -91,3 +93,18 @@ def test_a_failing_setup_fails_the_study_naming_the_step_and_its_log(
         assert st is not None
     assert "environment setup exited with code 3" in st.stop_reason
     assert "no such wheel" in st.stop_reason and "setup.stderr" in st.stop_reason
+
+
+def test_environments_keyed_by_an_edited_file_build_side_by_side(settings: Settings, tmp_path: Path) -> None:
+    files = tiny_files(name="envkeys", experiments=4)
+    setup = 'cp config.toml "$GROVE_ENV/built-from.toml"'
+    files["grove.toml"] += f"\n[environment]\nsetup = '{setup}'\ninputs = [\"config.toml\"]\n"
+    repo = make_repo(tmp_path / "r", files)
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, files["grove.toml"], str(repo))
+    assert run_study(settings, study.id or 0, approver=lambda s, n: {"approved": True}) == "finished"
+    with db.session(settings.db_url) as s:
+        nodes = list(s.exec(select(Node).where(Node.study_id == study.id, Node.parent_id != None)))  # noqa: E711
+    assert len(nodes) >= 4 and all(n.status != "failed" for n in nodes), [(n.id, n.failure) for n in nodes]
+    built = {p.read_text() for p in (settings.data_dir / "envs" / "envkeys").glob("*/env/built-from.toml")}
+    assert len(built) >= 5  # the baseline's and one per experiment's config, each built once
