@@ -74,6 +74,8 @@ def validate(
     With `trial`, it is then called with the spec, the clone and the base commit (a dev run).
     """
     spec = parse_spec(spec_text, source)
+    if warnings is not None:
+        warnings += uncommitted(source_repo)
     tmp = Path(tempfile.mkdtemp(prefix="grove-validate-")) / "repo"
     try:
         repo = gitops.clone(source_repo, tmp)
@@ -83,6 +85,26 @@ def validate(
     finally:
         shutil.rmtree(tmp.parent, ignore_errors=True)
     return spec
+
+
+def uncommitted(source_repo: str) -> list[SpecIssue]:
+    """Warn when a local repository's working tree differs from what Grove will study (its commits)."""
+    path = Path(source_repo).expanduser()
+    if gitops.is_url(source_repo) or not path.is_dir() or gitops.toplevel(path.resolve()) != path.resolve():
+        return []
+    out = gitops.git("status", "--porcelain", "-z", "--untracked-files=no", cwd=path.resolve(), check=False)
+    changed = sorted({entry[3:] for entry in out.split("\0") if len(entry) > 3} - {"grove.toml"})
+    if not changed:
+        return []
+    shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+    return [
+        SpecIssue(
+            key="",
+            level="warning",
+            message=f"the working tree differs from the last commit in {shown}: Grove studies the commit "
+            "(values, the evaluator and the files all come from it); commit the changes to include them",
+        )
+    ]
 
 
 def trial_run(settings: Settings, spec: Spec, repo: gitops.Repo, base: str) -> evaluation.Receipt:

@@ -483,6 +483,11 @@ def test_validate_reports_every_problem_at_once_and_warns(settings: Settings, tm
     said = " ".join(res.stderr.split())
     assert res.returncode == 0, said
     assert "warning:" in said and "knob.x: current value 0 lies outside [1, 5]" in said
+    # A config edited but not committed: Grove studies the commit, and says so.
+    (tmp_path / "warn" / "config.toml").write_text("[knob]\nx = 3\nsleep = 0\n")
+    res = grove(settings, "validate", "--static", str(tmp_path / "warn"))
+    said = " ".join(res.stderr.split())
+    assert res.returncode == 0 and "the working tree differs from the last commit in config.toml" in said
 
 
 def test_validate_runs_dev_once_on_base_and_reports_what_happened(settings: Settings, tmp_path: Path) -> None:
