@@ -59,21 +59,23 @@ def study_files(setup: str) -> dict[str, str]:
     return files
 
 
-def test_setup_installs_a_local_wheel_once_and_every_evaluation_imports_it(
-    settings: Settings, tmp_path: Path
-) -> None:
-    repo = make_repo(tmp_path / "r", study_files(SETUP))
-    build_wheel(repo / WHEEL)
-    import subprocess
-
-    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
-    subprocess.run(["git", "commit", "-qm", "wheel"], cwd=repo, check=True)
+def run_to_end(settings: Settings, repo: Path) -> tuple[str, Study]:
+    """Create the repository's study, run it to the end, and return its status and row."""
     with db.session(settings.db_url) as s:
         study = create_study(s, settings, (repo / "grove.toml").read_text(), str(repo))
-    assert run_study(settings, study.id or 0, approver=lambda s, n: {"approved": True}) == "finished"
+    status = run_study(settings, study.id or 0, approver=lambda s, n: {"approved": True})
     with db.session(settings.db_url) as s:
         st = s.get(Study, study.id)
         assert st is not None
+    return status, st
+
+
+def test_setup_installs_a_local_wheel_once_and_every_evaluation_imports_it(
+    settings: Settings, tmp_path: Path
+) -> None:
+    build_wheel(tmp_path / "r" / WHEEL)  # committed with the rest
+    status, st = run_to_end(settings, make_repo(tmp_path / "r", study_files(SETUP)))
+    assert status == "finished"
     assert st.baseline_dev and min(st.baseline_dev) >= 1.5  # 10 - 9 + BONUS: the import worked
     envs = list((settings.data_dir / "envs" / "envs").iterdir())
     assert len(envs) == 1  # one build, shared by the baseline, the experiments and the gate
@@ -84,13 +86,10 @@ def test_setup_installs_a_local_wheel_once_and_every_evaluation_imports_it(
 def test_a_failing_setup_fails_the_study_naming_the_step_and_its_log(
     settings: Settings, tmp_path: Path
 ) -> None:
-    repo = make_repo(tmp_path / "r", study_files("echo no such wheel >&2; exit 3"))
-    with db.session(settings.db_url) as s:
-        study = create_study(s, settings, (repo / "grove.toml").read_text(), str(repo))
-    assert run_study(settings, study.id or 0, approver=lambda s, n: {"approved": True}) == "failed"
-    with db.session(settings.db_url) as s:
-        st = s.get(Study, study.id)
-        assert st is not None
+    status, st = run_to_end(
+        settings, make_repo(tmp_path / "r", study_files("echo no such wheel >&2; exit 3"))
+    )
+    assert status == "failed"
     assert "environment setup exited with code 3" in st.stop_reason
     assert "no such wheel" in st.stop_reason and "setup.stderr" in st.stop_reason
 
@@ -99,12 +98,10 @@ def test_environments_keyed_by_an_edited_file_build_side_by_side(settings: Setti
     files = tiny_files(name="envkeys", experiments=4)
     setup = 'cp config.toml "$GROVE_ENV/built-from.toml"'
     files["grove.toml"] += f"\n[environment]\nsetup = '{setup}'\ninputs = [\"config.toml\"]\n"
-    repo = make_repo(tmp_path / "r", files)
+    status, st = run_to_end(settings, make_repo(tmp_path / "r", files))
+    assert status == "finished"
     with db.session(settings.db_url) as s:
-        study = create_study(s, settings, files["grove.toml"], str(repo))
-    assert run_study(settings, study.id or 0, approver=lambda s, n: {"approved": True}) == "finished"
-    with db.session(settings.db_url) as s:
-        nodes = list(s.exec(select(Node).where(Node.study_id == study.id, Node.parent_id != None)))  # noqa: E711
+        nodes = list(s.exec(select(Node).where(Node.study_id == st.id, Node.parent_id != None)))  # noqa: E711
     assert len(nodes) >= 4 and all(n.status != "failed" for n in nodes), [(n.id, n.failure) for n in nodes]
     built = {p.read_text() for p in (settings.data_dir / "envs" / "envkeys").glob("*/env/built-from.toml")}
     assert len(built) >= 5  # the baseline's and one per experiment's config, each built once
