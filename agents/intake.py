@@ -231,10 +231,11 @@ def draft(files: dict[str, str], name: str, goal: str = "", base: str = "") -> C
         c.setup = (
             'python -m venv "$GROVE_ENV" && "$GROVE_ENV/bin/pip" install -r requirements.txt'
             if reqs[0] == "requirements.txt"
-            else 'python -m venv "$GROVE_ENV" && "$GROVE_ENV/bin/pip" install -e .'
+            else 'python -m venv "$GROVE_ENV" && "$GROVE_ENV/bin/pip" install .'
         )
         c.notes.append(
-            f"environment: {reqs[0]} found; the setup installs it into the study's environment (needs network = true)"
+            f"environment: {reqs[0]} found; the setup installs it into the study's environment, downloading "
+            "packages (network = true, which the operator allows with GROVE_SANDBOX_NETWORK=true)"
         )
     return c
 
@@ -258,7 +259,16 @@ def _toml(value: Any) -> str:
         return json.dumps(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+    return "{ " + ", ".join(f"{_key(str(k))} = {_toml(v)}" for k, v in value.items()) + " }"
+
+
+def _key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
+
+def one_line(text: str) -> str:
+    """Return text with every control character (a line break above all) turned into a space."""
+    return re.sub(r"[\x00-\x1f\x7f\u2028\u2029\x85]", " ", text)
 
 
 def render(c: Choices) -> str:
@@ -310,7 +320,7 @@ def render(c: Choices) -> str:
         'mode = "approve"   # a human approves each change that clears the sealed gate',
         "",
         "# Why each choice was made:",
-        *(f"# - {n}" for n in c.notes),
+        *(f"# - {one_line(n)}" for n in c.notes),
         "",
     ]
     return "\n".join(lines)

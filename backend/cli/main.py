@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -86,13 +87,20 @@ def init_cmd(
         sys.stdout.write(text)
         return
     dest = root / "grove.toml"
+    if dest.is_symlink():
+        err.print(
+            f"[red]error:[/] {dest} is a symbolic link; Grove writes only a plain file (--stdout prints it)"
+        )
+        raise typer.Exit(1)
     if dest.exists() and not force:
         err.print(f"[red]error:[/] {dest} exists; pass --force to overwrite it, or --stdout to see the draft")
         raise typer.Exit(1)
-    dest.write_text(text, "utf-8")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if force else os.O_EXCL)
+    with os.fdopen(os.open(dest, flags, 0o644), "w", encoding="utf-8") as fh:
+        fh.write(text)
     console.print(f"wrote {dest}; what was chosen and why:")
     for note in choices.notes:
-        console.print(f"  - {escape(note)}")
+        console.print(f"  - {escape(intake.one_line(note))}")
     console.print(f"next: edit it, then `grove validate {path}` (it runs dev once), then `grove run {path}`")
 
 
@@ -126,7 +134,7 @@ def validate_cmd(
     try:
         spec = validate(
             spec_path.read_text("utf-8"), repo or str(spec_path.parent), str(spec_path), warnings,
-            trial=None if static else trial,
+            trial=None if static else trial, settings=settings,
         )  # fmt: skip
     except SpecError as exc:
         for issue in exc.issues:

@@ -68,12 +68,15 @@ def validate(
     source: str = "grove.toml",
     warnings: list[SpecIssue] | None = None,
     trial: Callable[[Spec, gitops.Repo, str], None] | None = None,
+    settings: Settings | None = None,
 ) -> Spec:
     """Parse a spec and check it against a repository without creating anything.
 
     With `trial`, it is then called with the spec, the clone and the base commit (a dev run).
     """
     spec = parse_spec(spec_text, source)
+    if settings is not None:
+        check_operator_limits(settings, spec, source)
     if warnings is not None:
         warnings += uncommitted(source_repo)
     tmp = Path(tempfile.mkdtemp(prefix="grove-validate-")) / "repo"
@@ -208,11 +211,20 @@ def create_study(
 
 def check_operator_limits(settings: Settings, spec: Spec, source: str = "grove.toml") -> None:
     """Refuse what a spec may ask for only with the operator's leave (network access)."""
+    issues = []
     if spec.sandbox.network and not settings.sandbox_network:
         message = (
             "this server does not give studies network access (the operator sets GROVE_SANDBOX_NETWORK=true)"
         )
-        raise SpecError([SpecIssue(key="sandbox.network", message=message)], source)
+        issues.append(SpecIssue(key="sandbox.network", message=message))
+    if spec.environment.network and spec.environment.setup and not settings.sandbox_network:
+        message = (
+            "this server does not give the setup step network access (the operator sets "
+            "GROVE_SANDBOX_NETWORK=true); or install from files in the repository (pip install --no-index ...)"
+        )
+        issues.append(SpecIssue(key="environment.network", message=message))
+    if issues:
+        raise SpecError(issues, source)
 
 
 def register_study(

@@ -429,8 +429,13 @@ def test_goal_in_words_to_a_drafted_spec_validated_and_created(
             expect(spec).not_to_have_value(re.compile("train.seed"))
             assert len(fake_model.requests) == asked
         shot(page, f"08-draft-{name}")
-        # The person edits the draft before anything is created: fewer experiments.
-        text = spec.input_value().replace("experiments = 20", "experiments = 3")
+        # The person edits the draft before anything is created: fewer experiments
+        # (and no downloads: this server gives no network)
+        text = (
+            spec.input_value()
+            .replace("experiments = 20", "experiments = 3")
+            .replace("network = true", "network = false")
+        )
         spec.fill(text)
         page.get_by_role("button", name="Validate").click()
         expect(page.get_by_text(f"valid: study '{name}' can be created")).to_be_visible()

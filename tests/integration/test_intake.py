@@ -5,6 +5,8 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from backend.core.config import Settings
 from tests.conftest import make_repo
 from tests.integration.test_study import grove
@@ -38,7 +40,9 @@ FILES = {
 }
 
 
-def test_init_drafts_a_spec_that_validates_and_runs_dev(settings: Settings, tmp_path: Path) -> None:
+def test_init_drafts_a_spec_that_validates_and_runs_dev(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     repo = make_repo(tmp_path / "wine-quality", FILES)
     made = grove(settings, "init", str(repo), "--goal", "Lower the dev RMSE of the wine model")
     assert made.returncode == 0, made.stderr
@@ -59,6 +63,11 @@ def test_init_drafts_a_spec_that_validates_and_runs_dev(settings: Settings, tmp_
     assert spec["environment"]["setup"].endswith('/bin/pip" install -r requirements.txt')
     again = grove(settings, "init", str(repo))
     assert again.returncode == 1 and "--force" in again.stderr
+    # The setup downloads packages: only with the operator's leave.
+    refused = grove(settings, "validate", str(repo))
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 1 and "environment.network: this server does not give the setup step" in said
+    monkeypatch.setenv("GROVE_SANDBOX_NETWORK", "true")
     checked = grove(settings, "validate", str(repo))
     assert checked.returncode == 0, checked.stderr + checked.stdout
     assert "dev on base: rmse = " in checked.stdout
