@@ -44,6 +44,11 @@ NOT_CONFIG = re.compile(
     r"\.pre-commit-config\.yaml|docker-compose\.ya?ml|mkdocs\.ya?ml|tsconfig\.json|codecov\.ya?ml)$"
 )
 HELD_OUT = re.compile(r"(^|/)(test|tests?_data|heldout|held_out|holdout|hidden)(/|$)", re.IGNORECASE)
+# A data file named like a held-out split (`data/test.csv`, `test_labels.json`, `heldout.npy`).
+HELD_OUT_FILE = re.compile(
+    r"(^|/)(test|heldout|held_out|holdout|hidden)[\w.-]*\.(csv|tsv|json|jsonl|parquet|npy|npz|txt|pkl|pt|h5|arrow|feather|zip|gz)$",
+    re.IGNORECASE,
+)
 CODE = (".py", ".ipynb", ".sh", ".r", ".jl", ".js", ".ts", ".c", ".cpp", ".rs", ".go")
 MAX_KEYS = 6
 
@@ -102,7 +107,17 @@ def _sealed(files: dict[str, str]) -> list[str]:
         if not any(p.lower().endswith(CODE) for p in files if p.startswith(folder + "/")):
             folders.add(folder)
     top = sorted(f for f in folders if not any(f.startswith(g + "/") for g in folders))
-    return [f"{f}/**" for f in top]
+    loose = sorted(
+        p for p in files if HELD_OUT_FILE.search(p) and not any(p.startswith(f + "/") for f in top)
+    )
+    return [f"{f}/**" for f in top] + loose
+
+
+def looks_held_out(path: str) -> bool:
+    """Return whether a file's path looks like held-out data (it is never shown to a model)."""
+    return bool(HELD_OUT_FILE.search(path)) or (
+        bool(HELD_OUT.search(path)) and not path.lower().endswith(CODE)
+    )
 
 
 def _leaves(value: Any, prefix: str, out: list[tuple[str, Any]]) -> list[tuple[str, Any]]:

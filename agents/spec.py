@@ -403,7 +403,9 @@ def _check_dim(
         if not globs.match_any(spec.files.editable, file):
             issues.append(SpecIssue(key=where, message=f"file {file!r} is not in files.editable"))
         try:
-            current = configfiles.get_key(file, read(file), dotted, spec.files.formats.get(file))
+            text = read(file)
+            current = configfiles.get_key(file, text, dotted, spec.files.formats.get(file))
+            configfiles.check_settable(file, text, dotted, spec.files.formats.get(file))
         except configfiles.ConfigKeyError:
             issues.append(SpecIssue(key=where, message=f"key {dotted!r} not found in {file}"))
             continue

@@ -11,6 +11,7 @@ indentation.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import re
 import tomllib
@@ -42,22 +43,17 @@ def suffix_format(path: str) -> str | None:
 def sniff(text: str) -> str | None:
     """Return the format a config text parses as (JSON, then TOML, then a YAML mapping), or None."""
     stripped = text.lstrip()
-    if stripped[:1] in ("{", "["):
+    tries: list[tuple[str, Any]] = [
+        ("json", lambda: stripped[:1] in ("{", "[") and json.loads(text) is not None),
+        ("toml", lambda: bool(tomllib.loads(text))),
+        ("yaml", lambda: isinstance(_yaml_safe().load(text), dict)),
+    ]
+    for kind, parses in tries:
         try:
-            json.loads(text)
-            return "json"
-        except ValueError:
-            pass
-    try:
-        if tomllib.loads(text):
-            return "toml"
-    except tomllib.TOMLDecodeError:
-        pass
-    try:
-        if isinstance(_yaml_safe().load(text), dict):
-            return "yaml"
-    except YAMLError:
-        pass
+            if parses():
+                return kind
+        except (ValueError, YAMLError, RecursionError):
+            continue
     return None
 
 
@@ -181,9 +177,36 @@ def _yaml_node(root: Node, key: str) -> Node:
         else:
             hits = []
         if len(hits) != 1:
+            merged = isinstance(node, MappingNode) and any(
+                isinstance(k, ScalarNode) and k.value == "<<" for k, _ in node.value
+            )
+            if merged and not hits:
+                raise ConfigFormatError(
+                    f"{key}: inherited through a merge key (<<); name it where it is written, Grove edits in place"
+                )
             raise ConfigKeyError(key)
         node = hits[0]
+    if getattr(node, "anchor", None):
+        raise ConfigFormatError(
+            f"{key}: the value is anchored (&{node.anchor}) and may be shared through aliases; "
+            "name a value written once, Grove edits in place"
+        )
     return node
+
+
+def check_settable(path: str, text: str, key: str, fmt: str | None = None) -> None:
+    """Raise ConfigKeyError or ConfigFormatError unless the key can be set in place."""
+    kind = file_format(path, text, fmt)
+    if kind != "yaml":
+        get_key(path, text, key, kind)
+        return
+    try:
+        root = _yaml_safe().compose(text)
+    except (YAMLError, RecursionError) as exc:
+        raise ConfigFormatError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if root is None:
+        raise ConfigKeyError(key)
+    _yaml_node(root, key)
 
 
 def _yaml_text(value: Any, style: str | None = None) -> str:
@@ -228,11 +251,19 @@ def _set_yaml(path: str, text: str, values: dict[str, Any]) -> str:
         if holder[slot] == value and type(holder[slot]) is type(value):
             continue  # unchanged: its characters stay as written (`1e-3` is not rewritten `0.001`)
         spans += _spans(node, value)
+    spans.sort()
+    for (_, end, _), (start, _, _) in itertools.pairwise(spans):
+        if start < end:
+            raise ConfigFormatError(f"{path}: two of the keys set share characters; set each value once")
     out = text
-    for start, end, new in sorted(spans, reverse=True):
+    for start, end, new in reversed(spans):
+        if start == end:  # `lr:` with no value: the empty value's mark lies after the line break
+            start = end = out.rfind(":", 0, start) + 1
         old = out[start:end]
         tail = old[len(old.rstrip()) :]  # a block value's span ends after its line break
-        out = out[:start] + new + tail + out[end:]
+        tag = re.match(r"(?:![^\s]*\s+)+", old)  # keep an explicit tag: `!!float 1e-3`
+        lead = tag.group(0) if tag else (" " if start == end else "")  # `lr:` with no value yet
+        out = out[:start] + lead + new + tail + out[end:]
     doc = _load("yaml", path, out)
     for key, value in values.items():
         holder, slot = _walk(doc, key)

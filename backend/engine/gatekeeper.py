@@ -124,11 +124,19 @@ class SealedRunner:
             reason = f"rejected: {violation}"
         elif merged:
             # The merged commit is tested in a fresh worktree that holds the sealed files.
-            values = self._heldout(st, spec, merged, label, node_id=node_id)
-            if values is not None:
-                values, trunk = self._look_again(st, spec, merged, label, node_id, values)
+            setup = ""
+            try:
+                values = self._heldout(st, spec, merged, label, node_id=node_id)
+                if values is not None:
+                    values, trunk = self._look_again(st, spec, merged, label, node_id, values)
+            except environment.SetupFailed as exc:  # the merged commit's dependencies do not install
+                values, setup = None, str(exc).splitlines()[0]
             if values is None:
-                reason = "failed: the sealed evaluation did not run cleanly on the merged commit"
+                reason = (
+                    f"failed: {setup}"
+                    if setup
+                    else "failed: the sealed evaluation did not run cleanly on the merged commit"
+                )
             else:
                 plan = Plan(spec.gate.test_repeats, 3 * spec.gate.test_repeats)
                 d = heldout_decision(

@@ -69,15 +69,20 @@ def draft_study(name: str, files: dict[str, str], goal: str, use_model: bool = T
 
 
 def _repository_map(choices: intake.Choices, files: dict[str, str]) -> dict[str, Any]:
-    sealed = choices.sealed
+    """Return what the model may read: every path with its size, and the text of the evaluator,
+    the README and the config files only; never a sealed file or one that looks held out."""
+    hidden = [p for p in files if globs.match_any(choices.sealed, p) or intake.looks_held_out(p)]
+    readable = [p for p in files if p not in hidden]
+    configs = [p for p in readable if p.endswith((".toml", ".yaml", ".yml")) and not p.startswith("data/")]
+    first = [
+        p
+        for p in readable
+        if p in choices.protected or p in choices.editable or p.lower().startswith("readme")
+    ]
     shown: dict[str, str] = {}
     budget = PROMPT_BYTES
-    wanted = [p for p in files if not globs.match_any(sealed, p)]
-    first = [
-        p for p in wanted if p in choices.protected or p in choices.editable or p.lower().startswith("readme")
-    ]
-    for path in first + [p for p in wanted if p.endswith((".toml", ".yaml", ".yml", ".json", ".py"))]:
-        if path in shown or budget <= 0:
+    for path in first + configs:
+        if path in shown or budget <= 0 or path.startswith("data/"):
             continue
         shown[path] = files[path][: min(6000, budget)]
         budget -= len(shown[path])
@@ -142,7 +147,13 @@ def _with_model(model: str, c: intake.Choices, files: dict[str, str], goal: str)
 def _merge(model: str, c: intake.Choices, answer: dict[str, Any], files: dict[str, str]) -> intake.Choices:
     """Apply each of the model's choices that holds against the repository; note what changed."""
     out = replace(c, notes=list(c.notes), search=dict(c.search), sealed=list(c.sealed))
-    said = [str(n)[:300] for n in answer.get("notes", []) if isinstance(n, str)][:12]
+    raw_notes = answer.get("notes", [])
+    said = [
+        str(n)[:300]
+        for n in (raw_notes if isinstance(raw_notes, list) else [raw_notes])
+        if isinstance(n, str)
+    ]
+    said = said[:12]
     for field_name in ("metric", "dev", "test"):
         value = answer.get(field_name)
         if isinstance(value, str) and value.strip() and value != getattr(out, field_name):
@@ -153,14 +164,20 @@ def _merge(model: str, c: intake.Choices, answer: dict[str, Any], files: dict[st
         out.notes.append(f"model {model}: direction = {out.direction!r}")
     sealed = answer.get("sealed")
     if isinstance(sealed, list) and all(isinstance(s, str) for s in sealed):
-        kept = [s for s in sealed if globs.select([s], list(files))]
-        if kept and kept != out.sealed:
-            out.sealed = kept
-            out.notes.append(f"model {model}: sealed = {kept}")
+        # The model may seal more, never less: what Grove's analysis sealed stays sealed.
+        more = [s for s in sealed if s not in out.sealed and globs.select([s], list(files))]
+        if more:
+            out.sealed += more
+            out.notes.append(f"model {model}: also sealed {more}")
     search = answer.get("search")
     if isinstance(search, dict):
         for key, dim in list(search.items())[:12]:
             if not isinstance(key, str) or not isinstance(dim, dict):
+                continue
+            if ":" not in key or "targets" in dim or key.rpartition(":")[0] not in files:
+                out.notes.append(
+                    f"model {model}: search {intake.one_line(key)[:120]} left out (not FILE:key of a file here)"
+                )
                 continue
             trial = replace(out, search={key: dim}, editable=sorted({*out.editable, key.rpartition(":")[0]}))
             problem = _problem(trial, files, key)
@@ -172,7 +189,7 @@ def _merge(model: str, c: intake.Choices, answer: dict[str, Any], files: dict[st
             if file not in out.editable:
                 out.editable.append(file)
             if "." not in Path(file).name:
-                out.formats.setdefault(file, configfiles.file_format(file, files[file]))
+                out.formats.setdefault(file, configfiles.file_format(file, files[file]))  # parsed by _problem
     out.notes += [f"model {model}: {n}" for n in said]
     return out
 

@@ -110,3 +110,18 @@ def test_one_dimension_writes_every_target_and_list_values_reach_optuna(tmp_path
     study = optuna_bridge.replay(space, [], [], maximize=True, sampler=optuna_bridge.make_sampler("tpe", 0))
     got = optuna_bridge.ask(study, space, 2, {space.key_of({"m.yaml:dims": [64, 64]})})
     assert sorted(map(str, (a["m.yaml:dims"] for a in got))) == ["[128, 128]", "[256]"]
+
+
+def test_yaml_values_grove_cannot_edit_in_place_are_named_and_tags_and_empty_values_work() -> None:
+    text = "base: &b\n  lr: 0.1\ntrain:\n  <<: *b\n  epochs: 3\nshared: &s 4\nalias: *s\n"
+    with pytest.raises(configfiles.ConfigFormatError, match=r"train.lr: inherited through a merge key"):
+        configfiles.check_settable("c.yaml", text, "train.lr")
+    with pytest.raises(configfiles.ConfigFormatError, match=r"alias: the value is anchored \(&s\)"):
+        configfiles.set_keys("c.yaml", text, {"alias": 5})
+    configfiles.check_settable("c.yaml", text, "base.lr")  # where it is written: fine
+    assert configfiles.set_keys("c.yaml", "x: !!float 1\ny:\nw: 2\n", {"x": 2.5, "y": 3}) == (
+        "x: !!float 2.5\ny: 3\nw: 2\n"
+    )
+    with pytest.raises(configfiles.ConfigFormatError, match="share characters"):
+        configfiles.set_keys("c.yaml", "a:\n  b: 1\n", {"a": {"b": 2}, "a.b": 3})
+    assert configfiles.sniff("[" * 100_000) is None  # too deep for any parser: no crash
