@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 import tempfile
 import uuid
@@ -91,12 +93,37 @@ def validate(
 
 
 def uncommitted(source_repo: str) -> list[SpecIssue]:
-    """Warn when a local repository's working tree differs from what Grove will study (its commits)."""
+    """Warn when a local repository's working tree differs from what Grove will study (its commits).
+
+    Each tracked file's bytes are hashed here as git hashes a blob and compared with HEAD's tree:
+    `git status` would run the repository's own clean filters, which Grove's git never does.
+    """
     path = Path(source_repo).expanduser()
     if gitops.is_url(source_repo) or not path.is_dir() or gitops.toplevel(path.resolve()) != path.resolve():
         return []
-    out = gitops.git("status", "--porcelain", "-z", "--untracked-files=no", cwd=path.resolve(), check=False)
-    changed = sorted({entry[3:] for entry in out.split("\0") if len(entry) > 3} - {"grove.toml"})
+    root = path.resolve()
+    listing = gitops.git("ls-tree", "-r", "-z", "HEAD", cwd=root, check=False)
+    changed = []
+    for entry in listing.split("\0")[:5000]:
+        meta, _, name = entry.partition("\t")
+        parts = meta.split()
+        if len(parts) != 3 or parts[1] != "blob" or name == "grove.toml":
+            continue
+        file = root / name
+        try:
+            if parts[0] == "120000":
+                data = os.readlink(file).encode()
+            elif file.is_symlink() or not file.is_file():
+                changed.append(name)
+                continue
+            else:
+                data = file.read_bytes()
+        except OSError:
+            changed.append(name)
+            continue
+        algo = hashlib.sha256 if len(parts[2]) == 64 else hashlib.sha1  # the repository's object format
+        if algo(b"blob %d\0" % len(data) + data).hexdigest() != parts[2]:
+            changed.append(name)
     if not changed:
         return []
     shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
