@@ -158,10 +158,14 @@ class Repo:
 
     def read_followed(self, ref: str, path: str) -> str:
         """Return a file's text at a commit, following symbolic links that stay inside the repository."""
+        return self.read_at(ref, self.resolve_at(ref, path))
+
+    def resolve_at(self, ref: str, path: str) -> str:
+        """Return the path a file's symbolic links lead to at a commit (itself if none); never outside."""
         for _ in range(8):
             entry = self.git("ls-tree", "-z", ref, "--", path)
             if not entry.startswith("120000 "):
-                return self.read_at(ref, path)
+                return path
             target = self.read_at(ref, path)
             new = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
             if target.startswith("/") or new == ".." or new.startswith("../"):

@@ -342,6 +342,8 @@ def _unshare_inode(dfd: int, name: str) -> None:
             try:
                 while chunk := os.read(src, 1 << 20):
                     os.write(dst, chunk)
+                # An executable stays one (an environment's tools), without set-id bits.
+                os.fchmod(dst, stat.S_IMODE(os.fstat(src).st_mode) & 0o755)
             finally:
                 os.close(dst)
         finally:

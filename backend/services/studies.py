@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 
 from sqlmodel import Session, select
 
-from agents.spec import Spec, SpecError, SpecIssue, check_against_tree, parse_spec
+from agents import globs
+from agents.spec import Spec, SpecError, SpecIssue, check_against_tree, format_key, parse_spec
 from agents.tree.status import NodeStatus, StudyStatus
 from backend.core import gitops
 from backend.core.config import Settings
@@ -51,12 +52,38 @@ def check_spec(
         )
         at = repo.rev("HEAD")
     issues += check_against_tree(spec, repo.files_at(at), lambda p: repo.read_followed(at, p))
+    issues += _linked_targets(spec, repo, at)
     errors = [i for i in issues if i.level == "error"]
     if errors:
         raise SpecError(errors, source)
     if warnings is not None:
         warnings += issues
     return base
+
+
+def _linked_targets(spec: Spec, repo: gitops.Repo, at: str) -> list[SpecIssue]:
+    """Refuse a `[search]` file that is a link to a file a change may not edit (or a sealed one)."""
+    out = []
+    for key in spec.search:
+        for file, _ in spec.targets(key):
+            try:
+                real = repo.resolve_at(at, file)
+            except (ValueError, gitops.GitError):
+                continue  # check_against_tree has named it
+            if real == file:
+                continue
+            if globs.match_any(spec.files.sealed, real) or globs.match_any(spec.files.protected, real):
+                why = "sealed" if globs.match_any(spec.files.sealed, real) else "protected"
+            elif not globs.match_any(spec.files.editable, real):
+                why = "not in files.editable"
+            else:
+                continue
+            out.append(
+                SpecIssue(
+                    key=format_key(("search", key)), message=f"{file} is a link to {real}, which is {why}"
+                )
+            )
+    return out
 
 
 def base_values(spec: Spec, repo: gitops.Repo, base: str) -> dict[str, Any]:

@@ -125,3 +125,26 @@ def test_yaml_values_grove_cannot_edit_in_place_are_named_and_tags_and_empty_val
     with pytest.raises(configfiles.ConfigFormatError, match="share characters"):
         configfiles.set_keys("c.yaml", "a:\n  b: 1\n", {"a": {"b": 2}, "a.b": 3})
     assert configfiles.sniff("[" * 100_000) is None  # too deep for any parser: no crash
+
+
+def test_a_search_file_linked_to_a_sealed_file_is_refused_at_validation(tmp_path: Path) -> None:
+    from agents.spec import SpecError
+    from backend.services.studies import check_spec
+
+    files = tiny_files()
+    files["data/test/params.yaml"] = "a: 1\n"
+    files["grove.toml"] = (
+        files["grove.toml"]
+        .replace('editable = ["config.toml"]', 'editable = ["config.toml", "params.yaml"]')
+        .replace(
+            "{ values = [0, 1, 2, 3, 4, 5] }",
+            '{ values = [0, 1, 2, 3, 4, 5] }\n"params.yaml:a" = { values = [1, 2] }',
+        )
+    )
+    root = make_repo(tmp_path / "r", files)
+    (root / "params.yaml").symlink_to("data/test/params.yaml")
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    subprocess.run(["git", "commit", "-qm", "link"], cwd=root, check=True)
+    with pytest.raises(SpecError) as err:
+        check_spec(parse_spec(files["grove.toml"]), gitops.Repo(root))
+    assert "params.yaml is a link to data/test/params.yaml, which is sealed" in str(err.value)
