@@ -1,10 +1,11 @@
 """Evaluation environments: a study's `[environment] setup`, built once per clone and inputs.
 
-The setup runs in the sandbox on a worktree of the commit being evaluated, with the folder it
-builds mounted writable at `$GROVE_ENV` (and the network only if `environment.network` allows
-it). The folder is keyed by the setup command and the content of the `inputs` files at that
-commit, so every worktree of the study shares it until a dependency file changes. Evaluations
-then see it read-only, its `bin/` first on PATH. The setup's output is kept beside it as a log.
+The setup runs in the sandbox with the folder it builds mounted writable at `$GROVE_ENV` (and
+the network only if `environment.network` allows it), on a worktree of the study's base commit
+while the `inputs` files (requirements, lock files) are as at base, else of the commit that
+changed them. The folder is keyed by the setup command, the inputs' content and that commit, so
+every worktree of the study shares one build until a dependency file changes. Evaluations then
+see it read-only, its `bin/` first on PATH. The setup's output is kept beside it as a log.
 """
 
 from __future__ import annotations
@@ -27,12 +28,30 @@ class SetupFailed(RuntimeError):
     """The study's environment setup did not succeed; the message says why and where its log is."""
 
 
-def key_of(spec: Spec, repo: Repo, commit: str) -> str:
-    """Return the cache key of an environment: its setup command and its input files' content."""
-    h = hashlib.sha256(spec.environment.setup.encode() + b"\0")
+def _inputs(spec: Spec, repo: Repo, commit: str) -> str:
+    """Return a digest of the environment's input files (their content, links followed) at a commit."""
+    h = hashlib.sha256()
     for path in globs.select(spec.environment.inputs, repo.files_at(commit)):
-        h.update(path.encode() + b"\0" + repo.read_at(commit, path).encode() + b"\0")
-    return h.hexdigest()[:16]
+        try:
+            body = repo.read_followed(commit, path)
+        except ValueError:
+            body = "(a link outside the repository)"
+        h.update(path.encode() + b"\0" + body.encode() + b"\0")
+    return h.hexdigest()
+
+
+def key_of(spec: Spec, repo: Repo, commit: str, base: str) -> tuple[str, str]:
+    """Return an environment's cache key and the commit to build it on.
+
+    While `commit` has the same input files as the study's base, the build runs on the base (the
+    researcher's own code, whatever a node changed elsewhere); a node that changes them gets a
+    build of its own commit. The build commit is part of the key: another repository, or a
+    validation of another base, never shares a build.
+    """
+    digest = _inputs(spec, repo, commit)
+    build = base if base and commit != base and _inputs(spec, repo, base) == digest else commit
+    key = hashlib.sha256(f"{spec.environment.setup}\0{digest}\0{build}".encode()).hexdigest()[:16]
+    return key, build
 
 
 def ensure(
@@ -41,14 +60,14 @@ def ensure(
     """Return `iso` with the study's environment for `commit` mounted, building it first if needed."""
     if not spec.environment.setup:
         return iso
-    key = key_of(spec, repo, commit)
+    key, build = key_of(spec, repo, commit, study.base_commit)
     root = (settings.data_dir / "envs" / study.name / key).resolve()
     ready, env = root / "ready", root / "env"
     root.mkdir(parents=True, exist_ok=True)
     with (root / "lock").open("w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         if not ready.exists():
-            _build(settings, study, spec, repo, commit, iso, key, root)
+            _build(settings, study, spec, repo, build, iso, key, root)
             ready.touch()
     return replace(iso, env_dir=str(env), env_writable=False)
 
