@@ -413,9 +413,12 @@ def test_draft_explains_its_choices_and_refuses_what_it_cannot_read(
     draft = got.json()
     assert draft["model"] is None and 'name = "wine"' in draft["spec"]
     assert any(n.startswith("sealed: data/test/**") for n in draft["notes"])
-    valid = client.post(
-        f"{API}/studies/validate", json={"spec": draft["spec"], "repository": str(repo)}, headers=op
-    )
+    # Its setup would download, which this server does not allow: said, naming the setting.
+    url = f"{API}/studies/validate"
+    refused = client.post(url, json={"spec": draft["spec"], "repository": str(repo)}, headers=op)
+    assert refused.status_code == 422 and "GROVE_SANDBOX_NETWORK" in refused.text
+    offline = draft["spec"].replace("network = true", "network = false")
+    valid = client.post(url, json={"spec": offline, "repository": str(repo)}, headers=op)
     assert valid.status_code == 200 and valid.json()["message"].startswith("valid: study 'wine'")
     for repository, said in (
         ("https://example.invalid/repo.git", "a draft reads a repository on this server's disk"),
