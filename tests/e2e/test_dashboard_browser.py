@@ -428,6 +428,7 @@ def test_goal_in_words_to_a_drafted_spec_validated_and_created(
         else:
             expect(spec).not_to_have_value(re.compile("train.seed"))
             assert len(fake_model.requests) == asked
+        page.get_by_text("Why Grove chose each line of this draft").scroll_into_view_if_needed()
         shot(page, f"08-draft-{name}")
         # The person edits the draft before anything is created: fewer experiments
         # (and no downloads: this server gives no network)

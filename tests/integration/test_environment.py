@@ -10,7 +10,7 @@ from pathlib import Path
 from sqlmodel import select
 
 from backend.cli.runner import run_study
-from backend.core import db
+from backend.core import db, gitops
 from backend.core.config import Settings
 from backend.core.models import Node, Study
 from backend.services.studies import create_study
@@ -104,4 +104,6 @@ def test_environments_keyed_by_an_edited_file_build_side_by_side(settings: Setti
         nodes = list(s.exec(select(Node).where(Node.study_id == st.id, Node.parent_id != None)))  # noqa: E711
     assert len(nodes) >= 4 and all(n.status != "failed" for n in nodes), [(n.id, n.failure) for n in nodes]
     built = {p.read_text() for p in (settings.data_dir / "envs" / "envkeys").glob("*/env/built-from.toml")}
-    assert len(built) >= 5  # the baseline's and one per experiment's config, each built once
+    clone = gitops.Repo(Path(st.repo_path))
+    used = {clone.read_at(c, "config.toml") for c in [st.base_commit, *(n.commit for n in nodes if n.commit)]}
+    assert len(used) >= 3 and built == used  # every config evaluated had its own build
