@@ -31,6 +31,8 @@ from tests.conftest import free_port, git, make_repo, spawn_up, tiny_files, wait
 from tests.fake_llm import FakeLLM
 
 ARTIFACTS = Path(os.environ.get("GROVE_TEST_ARTIFACTS", PROJECT_ROOT / "test-artifacts"))
+# The stack runs the digits study on the same 2 cores the browser uses: a page may take seconds.
+expect.set_options(timeout=30_000)
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
