@@ -148,14 +148,6 @@ def _range(name: str, v: float | int) -> dict[str, Any] | None:
     return {"low": float(f"{v / 10:.4g}"), "high": float(f"{v * 10:.4g}"), "log": True}
 
 
-def _config_format(path: str, text: str) -> str | None:
-    try:
-        fmt = configfiles.file_format(path, text)
-    except configfiles.ConfigFormatError:
-        return None
-    return fmt
-
-
 def draft(files: dict[str, str], name: str, goal: str = "", base: str = "") -> Choices:
     """Return a draft of a study's spec for a repository's text files (path -> content)."""
     c = Choices(name=slug(name), goal=goal.strip() or "TODO: say in one sentence what should improve")
@@ -210,10 +202,8 @@ def draft(files: dict[str, str], name: str, goal: str = "", base: str = "") -> C
         suffix = PurePosixPath(path).suffix.lower()
         if suffix not in configfiles.FORMATS and suffix:
             continue
-        fmt = _config_format(path, text)
-        if fmt is None:
-            continue
         try:
+            fmt = configfiles.file_format(path, text)
             doc = configfiles.load(path, text, fmt)
         except configfiles.ConfigFormatError:
             continue

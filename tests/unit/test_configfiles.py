@@ -57,16 +57,16 @@ def test_formats_come_from_the_override_the_name_or_the_content() -> None:
     assert configfiles.set_keys("c.json", json_text, {"a.b": 2}) == '{\n\t"a": {\n\t\t"b": 2\n\t}\n}\n'
 
 
+def with_search_file(spec: str, file: str, knob: str) -> str:
+    """Return the tiny spec with `file` editable, its key `a` searched, and the knob's dimension `knob`."""
+    spec = spec.replace('editable = ["config.toml"]', f'editable = ["config.toml", "{file}"]')
+    return spec.replace("{ values = [0, 1, 2, 3, 4, 5] }", f'{knob}\n"{file}:a" = {{ values = [1, 2] }}')
+
+
 def test_spec_check_names_an_unreadable_format_and_warns_on_out_of_range(tmp_path: Path) -> None:
     files = tiny_files()
     files["MLproject"] = "just words, no mapping\n"
-    files["grove.toml"] = (
-        files["grove.toml"]
-        .replace('editable = ["config.toml"]', 'editable = ["config.toml", "MLproject"]')
-        .replace(
-            "{ values = [0, 1, 2, 3, 4, 5] }", '{ low = 1, high = 5 }\n"MLproject:a" = { values = [1, 2] }'
-        )
-    )
+    files["grove.toml"] = with_search_file(files["grove.toml"], "MLproject", "{ low = 1, high = 5 }")
     spec = parse_spec(files["grove.toml"])
     repo = gitops.Repo(make_repo(tmp_path / "r", files))
     issues = check_against_tree(spec, repo.files_at("HEAD"), lambda f: repo.read_followed("HEAD", f))
@@ -133,13 +133,8 @@ def test_a_search_file_linked_to_a_sealed_file_is_refused_at_validation(tmp_path
 
     files = tiny_files()
     files["data/test/params.yaml"] = "a: 1\n"
-    files["grove.toml"] = (
-        files["grove.toml"]
-        .replace('editable = ["config.toml"]', 'editable = ["config.toml", "params.yaml"]')
-        .replace(
-            "{ values = [0, 1, 2, 3, 4, 5] }",
-            '{ values = [0, 1, 2, 3, 4, 5] }\n"params.yaml:a" = { values = [1, 2] }',
-        )
+    files["grove.toml"] = with_search_file(
+        files["grove.toml"], "params.yaml", "{ values = [0, 1, 2, 3, 4, 5] }"
     )
     root = make_repo(tmp_path / "r", files)
     (root / "params.yaml").symlink_to("data/test/params.yaml")
