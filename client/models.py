@@ -52,6 +52,7 @@ class Study(TypedDict):
 
 class NodeSummary(TypedDict):
     id: int
+    number: int
     parent_id: int | None
     depth: int
     status: str
@@ -64,6 +65,11 @@ class NodeSummary(TypedDict):
     heldout_gain: float | None
     attempts: int
     fate: str
+
+
+class NodeRef(TypedDict):
+    id: int
+    number: int
 
 
 class Tree(TypedDict):
@@ -101,7 +107,8 @@ class NodeDetail(NodeSummary):
     cost: dict[str, Any]
     receipts: list[dict[str, Any]]
     insights: list[dict[str, Any]]
-    children: list[int]
+    children: list[NodeRef]
+    parent_number: int | None
     history: list[Event]
 
 
@@ -109,6 +116,7 @@ class Approval(TypedDict):
     id: int
     study_id: int
     node_id: int
+    node_number: int
     status: str
     decided_by: str
     reason: str

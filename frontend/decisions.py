@@ -20,7 +20,7 @@ def decide(api: Grove, a: dict[str, Any], approve: bool, reason: str = "") -> No
             else api.reject(a["study_id"], a["node_id"], reason)
         )
     except (ApiError, Unreachable) as exc:
-        ui.remember(key, "error", f"n{a['node_id']}: {exc}")
+        ui.remember(key, "error", f"n{a['node_number']}: {exc}")
     else:
         verb = "approval" if approve else "rejection"
         then = (
@@ -31,7 +31,7 @@ def decide(api: Grove, a: dict[str, Any], approve: bool, reason: str = "") -> No
         ui.remember(
             "decisions",
             "success",
-            f"n{a['node_id']}: {verb} recorded by {out['decided_by']} (status {out['status']}) — {then}.",
+            f"n{a['node_number']}: {verb} recorded by {out['decided_by']} (status {out['status']}) — {then}.",
         )
     st.rerun()
 
@@ -40,9 +40,12 @@ def card(api: Grove, a: dict[str, Any], study_name: str) -> None:
     """Show what the approver needs to decide on one node, and the two buttons."""
     n = api.node(a["study_id"], a["node_id"])
     with st.container(border=True):
-        st.subheader(f"n{a['node_id']} · {a['title']}")
+        st.subheader(f"n{a['node_number']} · {a['title']}")
         ui.page_link(
-            "node", f"{study_name} / n{a['node_id']} — open the node", study=a["study_id"], node=a["node_id"]
+            "node",
+            f"{study_name} / n{a['node_number']} — open the node",
+            study=a["study_id"],
+            node=a["node_id"],
         )
         h = n["hypothesis"]
         if h.get("hypothesis") or h.get("mechanism"):
@@ -84,7 +87,7 @@ def card(api: Grove, a: dict[str, Any], study_name: str) -> None:
             placeholder="reason for rejecting",
         )
         with right.popover("Reject"):
-            st.write(f"Reject n{a['node_id']}? It will not be merged, and its findings are withdrawn.")
+            st.write(f"Reject n{a['node_number']}? It will not be merged, and its findings are withdrawn.")
             if st.button("Yes, reject", key=f"reject-{a['node_id']}", type="primary"):
                 decide(api, a, False, reason)
         ui.recall(f"decision:{a['node_id']}")

@@ -49,7 +49,7 @@ def _score(n: dict[str, Any]) -> str:
 
 def _tooltip(n: dict[str, Any]) -> str:
     """Return what hovering a node says: its change, fate and scores."""
-    parts = [f"n{n['id']} · {n.get('title') or ''}", str(n.get("fate") or n["status"])]
+    parts = [f"n{n['number']} · {n.get('title') or ''}", str(n.get("fate") or n["status"])]
     if n.get("gain") is not None:
         lcb = n.get("gain_lcb")
         parts.append(f"dev gain {n['gain']:+.4g}" + (f" (LCB {lcb:+.4g})" if lcb is not None else ""))
@@ -132,7 +132,7 @@ def to_dot(
         shown += 1
         status = n["status"]
         below = kids.get(nid, [])
-        label = f"n{nid} · {status}\\n{_esc(_short(n.get('title') or ''))}"
+        label = f"n{n['number']} · {status}\\n{_esc(_short(n.get('title') or ''))}"
         if _score(n):
             label += f"\\n{_score(n)}"
         if collapse and status == "pruned" and below:
@@ -166,7 +166,7 @@ def to_dot(
                     hidden += 1
             text = ", ".join(f"{c} {s}" for s, c in sorted(counts.items()))
             lines.append(
-                f'  g{nid} [label="{text}\\n(under n{nid})", fillcolor="#f1f1f1", style="rounded,filled,dashed"];'
+                f'  g{nid} [label="{text}\\n(under n{n["number"]})", fillcolor="#f1f1f1", style="rounded,filled,dashed"];'
             )
             lines.append(f"  n{nid} -> g{nid} [style=dashed];")
         stack.extend(reversed(below))

@@ -247,7 +247,7 @@ def integrate(
             istate.concern("plateau: change approach, explore new directions")
     for pr in pruning.exhausted(tree, config.prune_window, min_gain):
         storage.prune(sid, pr.node_id, pr.reason, pr.lesson)
-        istate.concern(f"pruned n{pr.node_id}: {pr.reason}")
+        istate.concern(f"pruned n{tree.nodes[pr.node_id].number}: {pr.reason}")
     istate.next_plan = next_plan(records_list, level)
     recent = [r.evidence for r in records_list if r.evidence.id in node_ids]
     storage.save_state(sid, policy.update_state(istate.to_dict(), recent), int(level))
@@ -392,6 +392,7 @@ def _tree_node(r: NodeRecord) -> TreeNode:
         insight=r.evidence.insight,
         order=r.completed_order,
         origin=r.evidence.origin,
+        number=r.evidence.number,
     )
 
 
@@ -436,10 +437,10 @@ def integrate_one(
         istate.reject(ev.id, ev.failure or a.reason)
         if a.decision == Decision.RESTART:
             istate.concern(
-                f"restart: n{ev.id} abandoned ({ev.failure[:120]}); exploration re-opens from the root, "
-                f"away from n{ev.id}'s branch"
+                f"restart: n{ev.number} abandoned ({ev.failure[:120]}); exploration re-opens from the root, "
+                f"away from n{ev.number}'s branch"
             )
-        _refine_outcome(ev, "failed: " + (ev.failure[:120] or "no result"), istate)
+        _refine_outcome(ev, "failed: " + (ev.failure[:120] or "no result"), istate, records)
         status = ev.status if ev.status != NodeStatus.EVALUATED else NodeStatus.FAILED
         summary = policy.summarise(_with(ev, status=status), spec.objective.metric, None)
         verification: dict[str, Any] = {"decision": str(a.decision), "reason": a.reason}
@@ -467,8 +468,8 @@ def integrate_one(
     if a.decision == Decision.REFINE and judged.call == "restart":
         a = Assessment(Decision.RESTART, f"verifier: {judged.why or 'unrecoverable'}", a.open_constraints)
         istate.concern(
-            f"restart: n{ev.id} abandoned by the verifier ({judged.why[:160]}); exploration re-opens "
-            f"from the root, away from n{ev.id}'s branch"
+            f"restart: n{ev.number} abandoned by the verifier ({judged.why[:160]}); exploration re-opens "
+            f"from the root, away from n{ev.number}'s branch"
         )
     for r in results:
         istate.set_constraint(r.name, str(r.verdict), r.detail, ev.id)
@@ -498,17 +499,20 @@ def integrate_one(
             Decision.RESTART: "abandoned",
         }.get(a.decision, "gain lost: " + a.reason)
         verification["refine_outcome"] = outcome
-        _refine_outcome(ev, outcome, istate)
+        _refine_outcome(ev, outcome, istate, records)
     updated = _with(ev, status=status, gain=g.mean, gain_lcb=g.lcb, constraints=cons)
     summary = policy.summarise(updated, spec.objective.metric, records.get(ev.parent_id or -1, rec).evidence)
     return Integration(ev.id, str(status), g.mean, g.lcb, cons, verification, summary)
 
 
-def _refine_outcome(ev: NodeEvidence, outcome: str, istate: ImprovementState) -> None:
+def _refine_outcome(
+    ev: NodeEvidence, outcome: str, istate: ImprovementState, records: dict[int, NodeRecord]
+) -> None:
     """Record what a refine child did to its source's open constraints in the improvement state."""
     if ev.origin != "refine" or ev.origin_ref is None:
         return
-    text = f"refine of n{ev.origin_ref} by n{ev.id}: {outcome}"
+    source = records.get(ev.origin_ref)
+    text = f"refine of n{source.evidence.number if source else '?'} by n{ev.number}: {outcome}"
     if outcome.startswith("resolved"):
         istate.add_finding(text, [ev.origin_ref, ev.id])
     else:
@@ -558,7 +562,7 @@ def next_plan(records: list[NodeRecord], level: plateau.PlateauLevel) -> list[st
         r for r in records if r.verification.get("decision") == "refine" and r.evidence.id not in refined
     ]
     for r in refine[-3:]:
-        plan.append(f"refine n{r.evidence.id}: {r.verification.get('refine_goal', '')}")
+        plan.append(f"refine n{r.evidence.number}: {r.verification.get('refine_goal', '')}")
     if level >= plateau.PlateauLevel.CHANGE:
         plan.append("change approach: explore directions far from the current best")
     elif level >= plateau.PlateauLevel.WARN:
@@ -614,7 +618,7 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         nodes=nodes,
         improvement_state=dict(istate),
         pruned_lessons=[
-            f"n{n.id} {n.title}: {n.insight or n.summary}" for n in nodes if n.status == NodeStatus.PRUNED
+            f"n{n.number} {n.title}: {n.insight or n.summary}" for n in nodes if n.status == NodeStatus.PRUNED
         ],
         validated_findings=[f["text"] for f in istate.get("verified_findings", [])],
         refine=refine,

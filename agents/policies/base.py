@@ -34,6 +34,7 @@ class NodeEvidence:
     failure: str = ""
     report: str = ""  # the executor's own account of what it did (llm policy)
     origin_ref: int | None = None  # the node a refine or restart child answers
+    number: int = 0  # the node's place in its study (n1 is the root): what texts call it
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class ImplementInput:
     formats: dict[str, str] = field(default_factory=dict)  # `[files.formats]`
     runtime: Any = None  # agents.executor.tools.Runtime, provided by the host
     trajectory: dict[str, Any] = field(default_factory=dict)  # filled by executors that keep one
+    number: int = 0  # the node's number in its study (what texts call it)
 
 
 @dataclass(frozen=True)

@@ -134,10 +134,12 @@ class SearchPolicy:
             a = self._refine(ctx, space, rules, node, assignment, req, seen)
             if a is not None:
                 seen.add(space.key_of(a))
-                out.append((node, a, f"refine n{node.id}: {req.goal}", "refine", node.id))
+                out.append((node, a, f"refine n{node.number}: {req.goal}", "refine", node.id))
         for nid in ctx.revisit[:1]:
             if nid in assignment and len(out) < ctx.k and by_id.get(ctx.trunk_node_id) is not None:
-                why = f"test n{nid}'s change again on the current trunk"
+                why = (
+                    f"test n{by_id[nid].number if nid in by_id else '?'}'s change again on the current trunk"
+                )
                 out.append((by_id[ctx.trunk_node_id], assignment[nid], why, "revisit", nid))
         root = next(n for n in ctx.nodes if n.parent_id is None)
         leaps = list(ctx.restart) + ([-1] if ctx.plateau_level >= 2 else [])
@@ -148,7 +150,8 @@ class SearchPolicy:
             a = self._far(space, rng, avoid, seen)
             if a is not None:
                 seen.add(space.key_of(a))
-                why = f"restart away from n{failed}'s branch" if failed >= 0 else "leap: progress has stalled"
+                gone = by_id[failed].number if failed in by_id else "?"
+                why = f"restart away from n{gone}'s branch" if failed >= 0 else "leap: progress has stalled"
                 out.append(
                     (root, a, why, "restart" if failed >= 0 else "policy", failed if failed >= 0 else None)
                 )
@@ -174,7 +177,7 @@ class SearchPolicy:
                         n.id,
                     ),
                 )
-                out.append((parent, a, f"{self.sampler} suggestion near n{parent.id}", "policy", None))
+                out.append((parent, a, f"{self.sampler} suggestion near n{parent.number}", "policy", None))
         return [self._proposal(ctx, space, trunk, p, a, why, origin, ref) for p, a, why, origin, ref in out]
 
     @staticmethod
@@ -361,23 +364,25 @@ class SearchPolicy:
     def summarise(self, node: NodeEvidence, ctx_metric: str, parent: NodeEvidence | None) -> str:
         """Return a structured statistical summary of one node's evidence."""
         if node.status == "failed" or node.dev_mean is None:
-            return f"n{node.id} {node.title}: failed ({node.failure or 'no result'})"
+            return f"n{node.number} {node.title}: failed ({node.failure or 'no result'})"
         cons = "; ".join(f"{c['name']} {c['verdict']}" for c in node.constraints)
         gain = "" if node.gain is None else f": {node.gain:+.4g} dev {ctx_metric} vs trunk"
         lcb = "" if node.gain_lcb is None else f" (LCB {node.gain_lcb:+.4g}, n={node.dev_n})"
-        return f"n{node.id} {node.title}{gain}{lcb}" + (f"; {cons}" if cons else "")
+        return f"n{node.number} {node.title}{gain}{lcb}" + (f"; {cons}" if cons else "")
 
     def synthesize(self, ancestor: NodeEvidence, children: list[NodeEvidence], metric: str) -> str:
         """Return an ancestor insight: per-child effects, best first, citing node ids."""
         done = [c for c in children if c.gain is not None]
         failed = [c for c in children if c.gain is None]
         done.sort(key=lambda c: -(c.gain or 0.0))
-        lines = [f"{len(children)} children of n{ancestor.id}; {len(done)} measured, {len(failed)} failed."]
+        lines = [
+            f"{len(children)} children of n{ancestor.number}; {len(done)} measured, {len(failed)} failed."
+        ]
         for c in done[:6]:
-            lines.append(f"- n{c.id} {c.title}: {c.gain:+.4g} dev {metric}, n={c.dev_n}")
+            lines.append(f"- n{c.number} {c.title}: {c.gain:+.4g} dev {metric}, n={c.dev_n}")
         wins = [c for c in done if (c.gain_lcb or 0) > 0]
         if wins:
-            lines.append(f"Works: {', '.join(f'n{c.id}' for c in wins[:4])}.")
+            lines.append(f"Works: {', '.join(f'n{c.number}' for c in wins[:4])}.")
         elif done:
             lines.append("No child improved significantly on trunk here.")
         return "\n".join(lines)

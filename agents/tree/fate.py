@@ -16,7 +16,7 @@ class Facts(NamedTuple):
     min_gain: float = 0.0
     decision: str = ""  # AREX's call at integration: accept, refine, restart, reject
     open_constraints: tuple[str, ...] = ()
-    refined_as: tuple[int, ...] = ()  # refine children that took up its open constraints
+    refined_as: tuple[int, ...] = ()  # numbers of the refine children that took up its open constraints
     gated: bool = False
     gate_reason: str = ""
     failure: str = ""

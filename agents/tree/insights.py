@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agents.tree.model import Tree, TreeNode
 
@@ -35,8 +35,5 @@ def backpropagate(tree: Tree, leaf_id: int, synthesize: Synthesizer) -> list[Ins
             continue
         updates.append(InsightUpdate(ancestor.id, text, tuple(k.id for k in kids)))
         old = current[ancestor.id]
-        current[ancestor.id] = TreeNode(
-            old.id, old.parent_id, old.depth, old.status, old.prior, old.gain, old.gain_lcb,
-            old.summary, text, old.order,
-        )  # fmt: skip
+        current[ancestor.id] = replace(old, insight=text)
     return updates

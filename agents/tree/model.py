@@ -21,6 +21,7 @@ class TreeNode:
     insight: str = ""
     order: int = 0  # completion order; 0 while not completed
     origin: str = "policy"  # "refine" children are served before new ideas
+    number: int = 0  # the node's place in its study: what texts call it (`n{number}`)
 
 
 @dataclass

@@ -41,7 +41,7 @@ def exhausted(tree: Tree, window: int = 3, min_gain: float = 0.0) -> list[Prune]
         last = done[-window:]
         if any(improved(c.gain_lcb, min_gain) for c in last):
             continue
-        ids = ", ".join(f"n{c.id}" for c in last)
+        ids = ", ".join(f"n{c.number}" for c in last)
         out.append(
             Prune(
                 node.id,

@@ -77,7 +77,8 @@ class StudyPublic(BaseModel):
 
 
 class NodeSummary(BaseModel):
-    id: int
+    id: int  # the node's key in paths (`/studies/{study_id}/nodes/{id}`), unique across studies
+    number: int  # its place in its study, 1 for the root: what every page and text calls it (`n{number}`)
     parent_id: int | None
     depth: int
     status: str
@@ -90,6 +91,11 @@ class NodeSummary(BaseModel):
     heldout_gain: float | None
     attempts: int
     fate: str  # what became of the node, in one line (agents/tree/fate.py)
+
+
+class NodeRef(BaseModel):
+    id: int
+    number: int
 
 
 class Tree(BaseModel):
@@ -118,7 +124,8 @@ class ReceiptPublic(BaseModel):
 class InsightPublic(BaseModel):
     version: int
     text: str
-    cites: list[int]
+    cites: list[int]  # the ids of the nodes it cites
+    cited: list[int] = []  # their numbers, in the same order
     created_at: datetime
 
 
@@ -142,7 +149,8 @@ class NodeDetail(NodeSummary):
     cost: dict[str, Any]
     receipts: list[ReceiptPublic]
     insights: list[InsightPublic]
-    children: list[int]
+    children: list[NodeRef]
+    parent_number: int | None
     history: list[EventPublic]
 
 
@@ -167,6 +175,7 @@ class ApprovalPublic(BaseModel):
     id: int
     study_id: int
     node_id: int
+    node_number: int
     status: str
     decided_by: str
     reason: str
@@ -211,6 +220,7 @@ class Me(BaseModel):
 class ProgressPoint(BaseModel):
     experiment: int = Field(description="1-based count of evaluated nodes so far")
     node_id: int
+    node_number: int = Field(description="the node's number in its study (n1 is the root)")
     status: str = Field(description="the node's status now")
     dev: float | None = Field(description="the node's mean dev score")
     trunk_dev: float | None = Field(description="trunk's mean dev score after this experiment")
@@ -225,6 +235,7 @@ class Progress(BaseModel):
 
 class SearchPoint(BaseModel):
     node_id: int
+    node_number: int
     status: str
     dev: float
     values: dict[str, Any]  # every [search] key's value in this node's configuration

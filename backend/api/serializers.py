@@ -82,6 +82,7 @@ def node_summary(n: Node, fate: str) -> schemas.NodeSummary:
     """Return the tree view of a node."""
     return schemas.NodeSummary(
         id=n.id or 0,
+        number=n.number,
         parent_id=n.parent_id,
         depth=n.depth,
         status=n.status,
@@ -113,6 +114,7 @@ def approval_public(s: Session, a: Approval) -> schemas.ApprovalPublic:
         id=a.id or 0,
         study_id=a.study_id,
         node_id=a.node_id,
+        node_number=node.number,
         status=a.status,
         decided_by=a.decided_by,
         reason=a.reason,
@@ -169,6 +171,7 @@ def progress(s: Session, st: Study) -> schemas.Progress:
             schemas.ProgressPoint(
                 experiment=len(points) + 1,
                 node_id=n.id or 0,
+                node_number=n.number,
                 status=n.status,
                 dev=n.dev_mean,
                 trunk_dev=trunk_dev,
@@ -208,7 +211,9 @@ def search_space(s: Session, st: Study) -> schemas.SearchSpace:
         return config[node_id]
 
     points = [
-        schemas.SearchPoint(node_id=n.id or 0, status=n.status, dev=n.dev_mean, values=of(n.id or 0))
+        schemas.SearchPoint(
+            node_id=n.id or 0, node_number=n.number, status=n.status, dev=n.dev_mean, values=of(n.id or 0)
+        )
         for n in sorted(nodes.values(), key=lambda n: n.id or 0)
         if n.dev_mean is not None and n.id is not None
     ]

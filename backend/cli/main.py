@@ -198,7 +198,7 @@ def _terminal_approver(study_id: int, node_id: int) -> dict[str, Any]:
         node = s.get(Node, node_id)
         assert node is not None
     console.print(
-        f"\n[bold]Gate passed:[/] n{node_id} {node.title}\n"
+        f"\n[bold]Gate passed:[/] n{node.number} {node.title}\n"
         f"  dev gain {node.gain:+.4f} (LCB {node.gain_lcb:+.4f}, n={node.dev_n}); {node.gate_reason}"
     )
     if not sys.stdin.isatty():
@@ -581,7 +581,7 @@ def submit_cmd(
             if approve_all:
                 for card in client.approvals(study["id"]):
                     client.approve(study["id"], card["node_id"])
-                    console.print(f"  approved n{card['node_id']} {card['title']}")
+                    console.print(f"  approved n{card['node_number']} {card['title']}")
             study = client.study(study["id"])
             line = f"  {study['status']}: {study['nodes']} nodes, {study['experiments_used']} experiments, best dev {study['best_dev']}"
             if line != last:

@@ -61,6 +61,7 @@ def run_experiment(site: Site, job_id: int, token: str) -> str:
         policy = make_policy(spec, ledger=StoreLedger(store, node.id))
         inp = ImplementInput(
             node_id=node.id or 0,
+            number=node.number,
             title=node.title,
             hypothesis=dict(node.hypothesis),
             edits=dict(node.edits),
@@ -85,7 +86,7 @@ def run_experiment(site: Site, job_id: int, token: str) -> str:
         title = (
             node.origin != "human" and diff_title(spec, repo, node.base_commit, path, dict(node.edits))
         ) or node.title
-        commit = repo.commit_all(path, f"Grove n{node.id}: {title}\n\n{account}")
+        commit = repo.commit_all(path, f"Grove n{node.number}: {title}\n\n{account}")
         if title != node.title:
             store.relabel(node.title, title)
         if commit is None:

@@ -111,7 +111,7 @@ class SealedRunner:
         try:
             workspace.prepare(self.repo, path, gate_branch, st.trunk_commit, sealed=None, reason=label)
             merged = self.repo.merge_into(
-                path, node.commit or node.branch, f"Grove: merge n{node_id} ({node.title})"
+                path, node.commit or node.branch, f"Grove: merge n{node.number} ({node.title})"
             )
         except MergeConflict:
             reason = "failed: merge conflict with trunk"

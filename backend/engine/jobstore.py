@@ -198,7 +198,7 @@ class DbStore:
                     break
                 text = latest_insight(s, parent)
                 if text:
-                    out.append(f"n{parent}: {text}")
+                    out.append(f"n{anc.number}: {text}")
                 parent = anc.parent_id
         return list(reversed(out))
 
@@ -222,7 +222,7 @@ class DbStore:
                 and o.verification.get("decision") == "accept"
             ]  # fmt: skip
             if better:
-                return f"n{better[0].id} is better on dev and already a candidate"
+                return f"n{better[0].number} is better on dev and already a candidate"
             # This job's own runs so far, and at most `more` of the node's and of trunk's for the next look.
             used = experiments_used(s, self.study_id, spec.evaluate.repeats, pending_runs=spent + 2 * more)
         if used > spec.budget.experiments:

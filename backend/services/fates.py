@@ -40,6 +40,7 @@ def _names(value: Any) -> tuple[str, ...]:
 
 
 def node_fate(row: Mapping[str, Any], refined_as: Sequence[int], trunk_commit: str, min_gain: float) -> str:
+    # refined_as: the numbers of the node's refine children
     """Return a node's fate from its columns (a node summary's fields and `fate_columns`)."""
     return fate(
         Facts(
@@ -65,11 +66,11 @@ def fate_of(s: Session, n: Node) -> str:
     st = s.get(Study, n.study_id)
     assert st is not None
     refined = s.exec(
-        select(Node.id).where(Node.origin_ref == n.id, Node.origin == "refine", Node.study_id == n.study_id)
+        select(Node.number)
+        .where(Node.origin_ref == n.id, Node.origin == "refine", Node.study_id == n.study_id)
+        .order_by(col(Node.id))
     ).all()
-    return node_fate(
-        _row(n), [i for i in refined if i is not None], st.trunk_commit, spec_of(st).plateau.min_gain
-    )
+    return node_fate(_row(n), list(refined), st.trunk_commit, spec_of(st).plateau.min_gain)
 
 
 def _row(n: Node) -> dict[str, Any]:
@@ -84,7 +85,7 @@ def study_fates(s: Session, st: Study) -> dict[int, str]:
     refined: dict[int, list[int]] = {}
     for n in nodes:
         if n.origin == "refine" and n.origin_ref is not None:
-            refined.setdefault(n.origin_ref, []).append(n.id or 0)
+            refined.setdefault(n.origin_ref, []).append(n.number)
     min_gain = spec_of(st).plateau.min_gain
     return {
         n.id or 0: node_fate(_row(n), refined.get(n.id or 0, []), st.trunk_commit, min_gain) for n in nodes
@@ -103,7 +104,7 @@ def bulk_fates(
     st: Study,
     rows: Sequence[Mapping[str, Any]],
     changed: Mapping[int, Any],
-    refined: Mapping[int, Sequence[int]],
+    refined: Mapping[int, Sequence[int]],  # node id -> the numbers of its refine children
 ) -> dict[int, str]:
     """Return the fate of each node in `rows` (node summaries; `changed`: each one's `updated_at`),
     reading the columns a fate needs only for nodes whose fate may have changed since last told."""

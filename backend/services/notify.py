@@ -23,8 +23,9 @@ def approval_payload(settings: Settings, study: Study, node: Node) -> dict[str, 
         "study_id": study.id,
         "study": study.name,
         "node_id": node.id,
+        "node_number": node.number,
         "title": node.title,
-        "text": f"Grove: {study.name} n{node.id} ({node.title}) passed the held-out gate and waits for your decision"
+        "text": f"Grove: {study.name} n{node.number} ({node.title}) passed the held-out gate and waits for your decision"
         + (f": {link}" if link else "."),
         "link": link,
     }

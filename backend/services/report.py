@@ -78,7 +78,7 @@ def render(s: Session, study_id: int) -> str:
         lines += ["| node | change | dev gain (LCB) | held-out gain |", "|---|---|---|---|"]
         for n in merged:
             lines.append(
-                f"| n{n.id} | {n.title} | {n.gain or 0:+.4f} ({n.gain_lcb or 0:+.4f}) | {n.heldout_gain or 0:+.4f} |"
+                f"| n{n.number} | {n.title} | {n.gain or 0:+.4f} ({n.gain_lcb or 0:+.4f}) | {n.heldout_gain or 0:+.4f} |"
             )
     else:
         lines.append("No change cleared the held-out gate.")
@@ -98,27 +98,29 @@ def render(s: Session, study_id: int) -> str:
         key=lambda n: -(n.gain_lcb if n.gain_lcb is not None else -1e9),
     )
     fate = {k: _cell(v) for k, v in fates.study_fates(s, st).items()}
+    number = {n.id: n.number for n in nodes}
     for n in ranked[:10]:
         lines.append(
-            f"| n{n.id} | n{n.parent_id} | {n.title} | {n.dev_mean:.4f} | "
+            f"| n{n.number} | n{number.get(n.parent_id, '?')} | {n.title} | {n.dev_mean:.4f} | "
             f"{n.gain:+.4f} ({n.gain_lcb:+.4f}) | {fate[n.id or 0]} |"
         )
     turned = [n for n in nodes if n.status == "rejected" and n.status_by and n.status_by != "auto"]
     if turned:
         lines += [
             "",
-            "Turned down by a human: " + "; ".join(f"n{n.id} ({fate[n.id or 0]})" for n in turned) + ".",
+            "Turned down by a human: " + "; ".join(f"n{n.number} ({fate[n.id or 0]})" for n in turned) + ".",
         ]
     gated = [n for n in nodes if n.gated]
     if gated:
         lines += ["", "## Gate decisions", "", "| node | outcome | held-out gain |", "|---|---|---|"]
         for n in gated:
             hg = "n/a" if n.heldout_gain is None else f"{n.heldout_gain:+.4f}"
-            lines.append(f"| n{n.id} | {n.gate_reason} | {hg} |")
+            lines.append(f"| n{n.number} | {n.gate_reason} | {hg} |")
     state = st.improvement_state or {}
     lines += ["", "## Improvement state", ""]
     for f in state.get("verified_findings", []):
-        lines.append(f"- finding ({', '.join(f'n{i}' for i in f['node_ids'])}): {f['text']}")
+        cited = ", ".join(f"n{number.get(i, '?')}" for i in f["node_ids"])
+        lines.append(f"- finding ({cited}): {f['text']}")
     for c in state.get("open_constraints", []):
         lines.append(f"- open constraint {c['name']}: {c['status']} — {c['detail']}")
     for c in state.get("concerns", []):

@@ -245,6 +245,7 @@ def _record(
         failure=node.failure,
         report=reports.get(job, "") if job is not None else "",
         origin_ref=node.origin_ref,
+        number=node.number,
     )
     return NodeRecord(
         evidence=evidence,
@@ -394,7 +395,7 @@ class SqlStorage:
                     return job.id
             node.attempts += 1
             node.base_commit = st.trunk_commit
-            node.branch = f"grove/{st.name}/n{node_id}"
+            node.branch = f"grove/{st.name}/n{node.number}"
             if node.status == NodeStatus.FAILED:
                 node.completed_order = 0
                 node.dev_values, node.dev_mean, node.dev_std, node.dev_n = [], None, None, 0

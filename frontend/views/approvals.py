@@ -40,7 +40,7 @@ def page() -> None:
         st.dataframe(
             [
                 {
-                    "node": f"n{a['node_id']}",
+                    "node": f"n{a['node_number']}",
                     "study": names.get(a["study_id"]),
                     "title": a["title"],
                     "status": a["status"],

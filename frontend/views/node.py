@@ -13,7 +13,7 @@ from frontend import decisions, ui
 
 def header(n: dict[str, Any], sid: int) -> None:
     title = n["title"] if len(n["title"]) <= 60 else n["title"][:59] + "…"
-    st.title(f"n{n['id']} · {title}")
+    st.title(f"n{n['number']} · {title}")
     if title != n["title"]:
         st.markdown(f"**{n['title']}**")
     st.text(f"Fate: {n['fate']}")  # plain text: its words come from failures and reviewers
@@ -25,13 +25,13 @@ def header(n: dict[str, Any], sid: int) -> None:
         ui.page_link("study", "← study", study=sid)
     if n["parent_id"] is not None:
         with links[1]:
-            ui.page_link("node", f"parent n{n['parent_id']}", study=sid, node=n["parent_id"])
+            ui.page_link("node", f"parent n{n['parent_number']}", study=sid, node=n["parent_id"])
     if n["children"]:
         st.write("children:")
         cols = st.columns(min(6, len(n["children"])))
         for i, c in enumerate(n["children"]):
             with cols[i % len(cols)]:
-                ui.page_link("node", f"n{c}", study=sid, node=c)
+                ui.page_link("node", f"n{c['number']}", study=sid, node=c["id"])
 
 
 def evidence(n: dict[str, Any]) -> None:
@@ -152,7 +152,7 @@ def page() -> None:
     if n["status"] == "awaiting_approval":
         for a in api.approvals(sid):
             if a["node_id"] == nid:
-                st.warning(f"**n{nid} waits for your decision**: it passed the held-out gate.")
+                st.warning(f"**n{n['number']} waits for your decision**: it passed the held-out gate.")
                 decisions.card(api, a, api.study(sid)["name"])
     evidence(n)
     live_output(api, n, sid)
@@ -172,7 +172,7 @@ def page() -> None:
     with tabs[4]:
         if n["insights"]:
             for i in reversed(n["insights"]):
-                cites = ", ".join(f"n{c}" for c in i["cites"])
+                cites = ", ".join(f"n{c}" for c in i["cited"])
                 st.markdown(
                     f"**v{i['version']}** ({i['created_at'][:19]}, cites {cites or '—'}): {i['text']}"
                 )

@@ -85,7 +85,7 @@ def awaiting(api: Grove, s: dict[str, Any]) -> None:
             else "The study keeps exploring on the current trunk meanwhile."
         )
         st.warning(
-            f"**Waiting for your decision on n{a['node_id']}** ({a['title']}): it passed the held-out gate. {then}"
+            f"**Waiting for your decision on n{a['node_number']}** ({a['title']}): it passed the held-out gate. {then}"
         )
         decisions.card(api, a, s["name"])
 
@@ -159,7 +159,7 @@ def plots(sid: int, progress: dict[str, Any]) -> None:
             {
                 "experiment": p["experiment"],
                 "dev": p["dev"],
-                "node": f"n{p['node_id']}",
+                "node": f"n{p['node_number']}",
                 "status": p["status"],
                 "url": node_url(sid, p["node_id"]),
             }
@@ -199,7 +199,7 @@ def search_space(api: Grove, sid: int) -> None:
             {
                 "value": p["values"].get(key),
                 "dev": p["dev"],
-                "node": f"n{p['node_id']}",
+                "node": f"n{p['node_number']}",
                 "status": p["status"],
                 "url": node_url(sid, p["node_id"]),
             }
@@ -222,7 +222,12 @@ def search_space(api: Grove, sid: int) -> None:
             st.vega_lite_chart(rows, spec, width="stretch", key=f"space-{i}")
 
 
-def improvement_state(state: dict[str, Any]) -> None:
+def improvement_state(state: dict[str, Any], number: dict[int, int]) -> None:
+    """Show the improvement state; `number` maps the node ids it cites to their numbers."""
+
+    def tag(node_id: int) -> str:
+        return f"n{number.get(node_id, '?')}"
+
     if not state:
         st.caption("No improvement state yet.")
         return
@@ -230,7 +235,7 @@ def improvement_state(state: dict[str, Any]) -> None:
         (
             "Verified findings",
             [
-                f"{f['text']} (n{', n'.join(map(str, f['node_ids']))})"
+                f"{f['text']} ({', '.join(map(tag, f['node_ids']))})"
                 for f in state.get("verified_findings", [])
             ],
         ),
@@ -240,7 +245,7 @@ def improvement_state(state: dict[str, Any]) -> None:
         ),
         (
             "Rejected candidates",
-            [f"n{r['node_id']}: {r['reason']}" for r in state.get("rejected_candidates", [])],
+            [f"{tag(r['node_id'])}: {r['reason']}" for r in state.get("rejected_candidates", [])],
         ),
         ("Concerns", list(state.get("concerns", []))),
         ("Next plan", list(state.get("next_plan", []))),
@@ -251,7 +256,7 @@ def improvement_state(state: dict[str, Any]) -> None:
         col.markdown("\n".join(f"- {i}" for i in items[-8:]) if items else "_none_")
 
 
-def events(api: Grove, sid: int) -> None:
+def events(api: Grove, sid: int, number: dict[int, int]) -> None:
     recent = list(reversed(api.events(sid, tail=30)))
     st.dataframe(
         [
@@ -259,7 +264,7 @@ def events(api: Grove, sid: int) -> None:
                 "id": e["id"],
                 "time": e["time"][11:19],
                 "type": e["type"],
-                "node": f"n{e['node_id']}" if e["node_id"] else "",
+                "node": f"n{number.get(e['node_id'], '?')}" if e["node_id"] else "",
                 "payload": json.dumps(e["payload"], ensure_ascii=False)[:160],
             }
             for e in recent
@@ -288,7 +293,7 @@ def node_picker(s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
     """Pick a node to open (type to filter)."""
     # A keyed selectbox keeps its pick while refreshes add nodes, as long as the picked option's
     # label is unchanged: so these labels leave out the status, which changes as a study runs.
-    labels = {n["id"]: f"n{n['id']} · {n['title'][:60]}" for n in nodes}
+    labels = {n["id"]: f"n{n['number']} · {n['title'][:60]}" for n in nodes}
     ids = list(labels)
     picked = st.session_state.get("picked_node")
     chosen = st.selectbox(
@@ -301,7 +306,7 @@ def node_picker(s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
     )
     st.session_state["picked_node"] = chosen
     if chosen is not None:
-        ui.page_link("node", f"Open n{chosen} →", study=s["id"], node=chosen)
+        ui.page_link("node", f"Open {labels[chosen].split(' · ')[0]} →", study=s["id"], node=chosen)
 
 
 def steer(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
@@ -334,7 +339,7 @@ def steer(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
                 if parent is None:
                     st.error("parent: choose a node")
                 else:
-                    act(lambda: f"added n{api.add_hypothesis(s['id'], parent, body)['id']}", "hyp")
+                    act(lambda: f"added n{api.add_hypothesis(s['id'], parent, body)['number']}", "hyp")
         ui.recall("hyp", keep=False)  # under the form it answers, which stays open
     with st.expander("Prune a node", expanded="msg:prune" in st.session_state):
         prunable = [i for i in labels if i != root_id(nodes)]
@@ -372,7 +377,7 @@ def leaderboard(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> N
     st.table(
         [
             {
-                "node": f"n{n['id']}",
+                "node": f"n{n['number']}",
                 "change": n["title"][:70],
                 "dev mean": ui.fmt(n["dev_mean"]),
                 "dev gain (LCB)": f"{ui.fmt(n['gain'], True)} ({ui.fmt(n['gain_lcb'], True)})",
@@ -392,7 +397,7 @@ def compare(api: Grove, s: dict[str, Any], measured: list[dict[str, Any]]) -> No
     if len(measured) < 2:
         return
     st.markdown("**Compare two**")
-    labels = {n["id"]: f"n{n['id']} · {n['title'][:50]}" for n in measured}
+    labels = {n["id"]: f"n{n['number']} · {n['title'][:50]}" for n in measured}
     ids = list(labels)
     cols = st.columns(2)
     picks = [
@@ -402,7 +407,7 @@ def compare(api: Grove, s: dict[str, Any], measured: list[dict[str, Any]]) -> No
     for col_, nid in zip(cols, picks, strict=True):
         n = api.node(s["id"], nid)
         with col_:
-            st.markdown(f"**n{nid}** · {n['title']}")
+            st.markdown(f"**n{n['number']}** · {n['title']}")
             st.text(f"fate: {n['fate']}")
             st.markdown(
                 f"dev {ui.mean_std(n['dev_values'])}  \n"
@@ -416,7 +421,7 @@ def compare(api: Grove, s: dict[str, Any], measured: list[dict[str, Any]]) -> No
 
 def node_labels(nodes: Iterable[dict[str, Any]]) -> dict[int, str]:
     """Return a selectbox label for each node id."""
-    return {n["id"]: f"n{n['id']} · {n['status']} · {n['title'][:60]}" for n in nodes}
+    return {n["id"]: f"n{n['number']} · {n['status']} · {n['title'][:60]}" for n in nodes}
 
 
 def root_id(nodes: list[dict[str, Any]]) -> int | None:
@@ -457,9 +462,10 @@ def page() -> None:
             budget(fresh)
         plots(sid, progress)
         st.subheader("Improvement state")
-        improvement_state(fresh["improvement_state"])
+        number = {n["id"]: n["number"] for n in t["nodes"]}
+        improvement_state(fresh["improvement_state"], number)
         st.subheader("Recent events")
-        events(api, sid)
+        events(api, sid, number)
 
     live()
     # Outside the refreshing part, so an open list is never redrawn under the pointer.

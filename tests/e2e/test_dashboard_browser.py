@@ -151,20 +151,20 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
         every=1.0,
     )
     pending = httpx.get(f"{stack['api']}/approvals", headers=headers).json()["data"][0]
-    node_id = pending["node_id"]
+    node_id, number = pending["node_id"], pending["node_number"]
 
     # A node of the drawn tree is a link to its page.
-    page.locator("svg text", has_text=re.compile(rf"^n{node_id} · awaiting_approval$")).click()
-    expect(page.get_by_role("heading", level=1, name=re.compile(rf"^n{node_id} · "))).to_be_visible()
+    page.locator("svg text", has_text=re.compile(rf"^n{number} · awaiting_approval$")).click()
+    expect(page.get_by_role("heading", level=1, name=re.compile(rf"^n{number} · "))).to_be_visible()
     # The node waits for a decision: its page says so, with the decision card right there.
-    expect(page.get_by_text(f"n{node_id} waits for your decision")).to_be_visible()
+    expect(page.get_by_text(f"n{number} waits for your decision")).to_be_visible()
     expect(page.get_by_text("Fate: passed the held-out gate; waiting for a human decision")).to_be_visible()
     page.get_by_role("tab", name="Diff").click()
     expect(page.get_by_text("config.toml").first).to_be_visible()
     shot(page, "03-node")
 
     page.get_by_role("link", name=re.compile(r"^Approvals · 1 waiting")).click()
-    card_title = page.get_by_role("heading", level=3, name=re.compile(rf"^n{node_id} · "))
+    card_title = page.get_by_role("heading", level=3, name=re.compile(rf"^n{number} · "))
     expect(card_title).to_be_visible()
     expect(page.get_by_text("held-out gain vs margin").first).to_be_visible()
     shot(page, "04-approvals")
@@ -183,10 +183,10 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
 
     wait_for(explored_while_waiting, timeout=300, every=1.0)
     page.goto(f"{stack['dashboard']}/study?study={sid}")
-    expect(page.get_by_text(f"Waiting for your decision on n{node_id}")).to_be_visible()
+    expect(page.get_by_text(f"Waiting for your decision on n{number}")).to_be_visible()
     shot(page, "05-study-waiting")
     page.get_by_role("button", name="Approve").first.click()
-    expect(page.get_by_text(re.compile(rf"n{node_id}: approval recorded by grove-up"))).to_be_visible()
+    expect(page.get_by_text(re.compile(rf"n{number}: approval recorded by grove-up"))).to_be_visible()
 
     wait_for(
         lambda: (
@@ -198,15 +198,15 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
         timeout=120,
     )
     page.goto(f"{stack['dashboard']}/study?study={pending['study_id']}")
-    merged = page.locator("svg text", has_text=re.compile(rf"^n{node_id} · merged$"))
+    merged = page.locator("svg text", has_text=re.compile(rf"^n{number} · merged$"))
     expect(merged).to_be_visible(timeout=30_000)
     shot(page, "06-study-merged")
     # The node picker opens it too (type to filter the list), and its page says what became of it.
     page.get_by_role("combobox", name="Open a node").click()
-    page.keyboard.type(f"n{node_id} · ")
-    page.get_by_role("option", name=re.compile(rf"^n{node_id} · ")).click()
-    page.get_by_role("link", name=f"Open n{node_id} →").click()
-    expect(page.get_by_role("heading", level=1, name=re.compile(rf"^n{node_id} · "))).to_be_visible()
+    page.keyboard.type(f"n{number} · ")
+    page.get_by_role("option", name=re.compile(rf"^n{number} · ")).click()
+    page.get_by_role("link", name=f"Open n{number} →").click()
+    expect(page.get_by_role("heading", level=1, name=re.compile(rf"^n{number} · "))).to_be_visible()
     expect(page.get_by_text("Fate: merged by grove-up")).to_be_visible()
 
 
@@ -304,7 +304,9 @@ def test_reject_on_the_node_page_then_rank_and_compare(
         got = httpx.get(f"{stack['api']}/approvals", params={"study_id": sid}, headers=headers)
         return list(got.json()["data"])
 
-    node_id = wait_for(pending, timeout=240, every=1.0)[0]["node_id"]  # type: ignore[index]
+    card = wait_for(pending, timeout=240, every=1.0)[0]  # type: ignore[index]
+    node_id, number = card["node_id"], card["node_number"]
+    assert number != node_id  # the stack's first study came first: pages say the study's own number
 
     def cited() -> bool:
         state = httpx.get(f"{stack['api']}/studies/{sid}", headers=headers).json()["improvement_state"]
@@ -315,12 +317,12 @@ def test_reject_on_the_node_page_then_rank_and_compare(
     page.set_default_timeout(30_000)
     try:
         page.goto(f"{stack['dashboard']}/node?study={sid}&node={node_id}")
-        expect(page.get_by_text(f"n{node_id} waits for your decision")).to_be_visible()
+        expect(page.get_by_text(f"n{number} waits for your decision")).to_be_visible()
         page.get_by_placeholder("reason for rejecting").fill("too close to the margin")
         page.get_by_placeholder("reason for rejecting").press("Enter")
         page.get_by_role("button", name="Reject").click()
         page.get_by_role("button", name="Yes, reject").click()
-        expect(page.get_by_text(re.compile(rf"n{node_id}: rejection recorded by grove-up"))).to_be_visible()
+        expect(page.get_by_text(re.compile(rf"n{number}: rejection recorded by grove-up"))).to_be_visible()
 
         def rejected() -> bool:
             got = httpx.get(f"{stack['api']}/studies/{sid}/nodes/{node_id}", headers=headers).json()
@@ -329,15 +331,15 @@ def test_reject_on_the_node_page_then_rank_and_compare(
         wait_for(rejected, timeout=120, every=1.0)
         page.reload()
         expect(page.get_by_text("Fate: rejected by grove-up: too close to the margin")).to_be_visible()
-        expect(page.get_by_text(f"n{node_id} waits for your decision")).to_have_count(0)
+        expect(page.get_by_text(f"n{number} waits for your decision")).to_have_count(0)
 
         # The study page no longer counts it among verified findings, and names it as rejected.
         page.goto(f"{stack['dashboard']}/study?study={sid}")
         expect(page.get_by_text("Rejected candidates")).to_be_visible()
-        expect(page.get_by_text(re.compile(rf"^n{node_id}: .*too close to the margin"))).to_be_visible()
+        expect(page.get_by_text(re.compile(rf"^n{number}: .*too close to the margin"))).to_be_visible()
         state = httpx.get(f"{stack['api']}/studies/{sid}", headers=headers).json()["improvement_state"]
         assert all(node_id not in f["node_ids"] for f in state["verified_findings"])
-        findings = page.locator("li", has_text=re.compile(rf"\(n{node_id}(,|\))"))
+        findings = page.locator("li", has_text=re.compile(rf"\(n{number}(,|\))"))
         expect(findings).to_have_count(0)
 
         # Stopped, the tree holds still; the leaderboard sorts by what is chosen, compare shows both diffs.
@@ -356,7 +358,7 @@ def test_reject_on_the_node_page_then_rank_and_compare(
         expect(board).to_be_visible()
         a, b = measured[0], measured[1]
         for n in (a, b):  # the two picked by default, each under its own heading
-            expect(page.get_by_text(f"n{n['id']} · {n['title']}", exact=True).first).to_be_visible()
+            expect(page.get_by_text(f"n{n['number']} · {n['title']}", exact=True).first).to_be_visible()
         diffs = page.locator("[data-testid='stCode']", has_text="diff --git")
         expect(diffs).to_have_count(2)
         for n in (a, b):
@@ -370,11 +372,11 @@ def test_reject_on_the_node_page_then_rank_and_compare(
             page.get_by_role("option", name=label, exact=True).click()
             order = sorted(measured, key=lambda n: (n[key] is None, -(n[key] or 0.0), n["id"]))
             expect(board.locator("tbody tr")).to_have_text(
-                [re.compile(rf"^\s*n{n['id']}(?!\d)") for n in order]
+                [re.compile(rf"^\s*n{n['number']}(?!\d)") for n in order]
             )
         shot(page, "07-leaderboard-compare")
         # A point of the dev-score chart opens its node's page.
-        target = measured[-1]["id"]
+        target = measured[-1]["number"]
         point = page.locator(f"[data-testid='stVegaLiteChart'] path[aria-label*='node: n{target};']").first
         point.scroll_into_view_if_needed()
         point.click()

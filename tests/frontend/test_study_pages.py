@@ -8,6 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
+from backend.core import db
+from backend.services.studies import create_study
 from tests.conftest import make_repo, tiny_files, wait_for
 from tests.frontend.conftest import Api, app_test, texts
 
@@ -31,7 +33,13 @@ class Study:
 
 @pytest.fixture(scope="module")
 def study(api: Api, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Study]:
-    """A tiny study in approve mode, run by the real workers until a node awaits approval."""
+    """A tiny study in approve mode, run by the real workers until a node awaits approval.
+
+    Another study is made first, so this one's node ids and node numbers differ (n1 is its root).
+    """
+    earlier = make_repo(tmp_path_factory.mktemp("pages") / "e", tiny_files(name="earlier"))
+    with db.session(api.settings.db_url) as s:
+        create_study(s, api.settings, (earlier / "grove.toml").read_text(), str(earlier))
     repo = make_repo(
         tmp_path_factory.mktemp("pages") / "r", tiny_files(name="pages", mode="approve", experiments=4)
     )
@@ -42,6 +50,8 @@ def study(api: Api, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Study]
     )
     assert resp.status_code == 201, resp.text
     st = Study(api, resp.json()["id"])
+    root = st.get("/tree")["nodes"][0]
+    assert root["number"] == 1 and root["id"] > 1
 
     def settled() -> bool:
         # The study explores while its approval waits; once its budget is spent it waits for the
@@ -72,9 +82,9 @@ def test_study_page_shows_tree_scores_budget_state_and_events(api: Api, study: S
         if n["id"] in before:
             assert f"n{n['id']} [" in dot
         if before.get(n["id"]) == n["status"]:  # unchanged while the page was drawn
-            assert f"n{n['id']} · {n['status']}" in dot
+            assert f"n{n['number']} · {n['status']}" in dot
     root = tree["nodes"][0]["id"]
-    assert f'n{root} [label="n{root} · merged' in dot and "penwidth=2.5" in dot
+    assert f'n{root} [label="n1 · merged' in dot and "penwidth=2.5" in dot
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["baseline dev"] == f"{study.get()['baseline_dev']:.4f}"
     assert metrics["pending approvals"] == "1"
@@ -100,14 +110,14 @@ def test_the_leaderboard_sorts_filters_and_compares_two_nodes(api: Api, study: S
     ]
     board = at.table[0].value
     by_lcb = sorted(measured, key=lambda n: (n["gain_lcb"] is None, -(n["gain_lcb"] or 0.0), n["id"]))
-    assert list(board["node"]) == [f"n{n['id']}" for n in by_lcb]
+    assert list(board["node"]) == [f"n{n['number']}" for n in by_lcb]
     assert list(board["fate"]) == [n["fate"] for n in by_lcb]
     at.selectbox(key="lb_sort").set_value("dev mean").run()
     by_dev = sorted(measured, key=lambda n: (-n["dev_mean"], n["id"]))
-    assert list(at.table[0].value["node"]) == [f"n{n['id']}" for n in by_dev]
+    assert list(at.table[0].value["node"]) == [f"n{n['number']}" for n in by_dev]
     only = measured[0]["status"]
     at.multiselect(key="lb_status").set_value([only]).run()
-    assert set(at.table[0].value["node"]) == {f"n{n['id']}" for n in measured if n["status"] == only}
+    assert set(at.table[0].value["node"]) == {f"n{n['number']}" for n in measured if n["status"] == only}
     # Compare: both nodes' diffs, side by side.
     a, b = measured[0]["id"], measured[1]["id"]
     at.selectbox(key="cmp_0").set_value(a).run()
@@ -133,11 +143,13 @@ def test_the_search_space_gives_each_measured_node_its_whole_configuration(study
 
 
 def test_node_page_shows_evidence_diff_receipts_and_verdicts(api: Api, study: Study) -> None:
-    node_id = study.pending()[0]["node_id"]
+    card = study.pending()[0]
+    node_id, number = card["node_id"], card["node_number"]
     detail = study.node(node_id)
+    assert detail["number"] == number != node_id
     at = app_test(api.url, api.viewer, page="views/node.py", study=study.id, node=node_id)
     assert not at.exception, at.exception
-    assert at.title[0].value.startswith(f"n{node_id} · ")
+    assert at.title[0].value.startswith(f"n{number} · ")
     diff = next(c.value for c in at.code if c.language == "diff")
     assert "config.toml" in diff and "+x = " in diff
     frames = [d.value for d in at.dataframe]
@@ -146,7 +158,7 @@ def test_node_page_shows_evidence_diff_receipts_and_verdicts(api: Api, study: St
     verdicts = next(f for f in frames if "receipt" in f.columns).to_dict("records")
     assert verdicts[0]["constraint"] == "small" and verdicts[0]["verdict"] == "satisfied"
     # It waits for a decision: its page says so, with the card to decide right there.
-    assert any(w.value.startswith(f"**n{node_id} waits for your decision**") for w in at.warning)
+    assert any(w.value.startswith(f"**n{number} waits for your decision**") for w in at.warning)
     assert [b.label for b in at.button if b.label in ("Approve", "Yes, reject")] == ["Approve", "Yes, reject"]
     assert any(t.value == f"Fate: {detail['fate']}" for t in at.text)
     history = at.dataframe[-1].value.to_dict("records")
@@ -170,7 +182,8 @@ def test_steer_adds_a_hypothesis_and_prunes_it(api: Api, study: Study) -> None:
     at.text_area(key="hyp_edits").input('{"config.toml:knob.x": 2}')
     next(b for b in at.button if b.label == "Add hypothesis").click().run()
     added = next(s.value for s in at.success if s.value.startswith("added n"))
-    new_id = int(added.removeprefix("added n"))
+    number = int(added.removeprefix("added n"))
+    new_id = next(n["id"] for n in study.get("/tree")["nodes"] if n["number"] == number)
     assert study.node(new_id)["origin"] == "human"
 
     bad = app_test(api.url, api.approver, page="views/study.py", study=study.id)
@@ -183,18 +196,18 @@ def test_steer_adds_a_hypothesis_and_prunes_it(api: Api, study: Study) -> None:
     assert any("edits.config.toml:knob.nope" in e.value for e in form.error)
 
     pruning = app_test(api.url, api.approver, page="views/study.py", study=study.id)
-    assert any(o.startswith(f"n{new_id} · ") for o in pruning.selectbox(key="prune_node").options)
+    assert any(o.startswith(f"n{number} · ") for o in pruning.selectbox(key="prune_node").options)
     pruning.selectbox(key="prune_node").set_value(new_id)
     pruning.text_input(key="prune_reason").input("not needed")
     pruning.button(key="prune").click().run()
-    assert any(s.value == f"pruned n{new_id}" for s in pruning.success), texts(pruning)
+    assert any(s.value == f"pruned n{number}" for s in pruning.success), texts(pruning)
     assert study.node(new_id)["status"] == "pruned"
 
 
 def test_approvals_need_the_approver_role_and_merge_the_node(api: Api, study: Study) -> None:
-    node_id = study.pending()[0]["node_id"]
+    node_id, number = study.pending()[0]["node_id"], study.pending()[0]["node_number"]
     viewer = app_test(api.url, api.viewer, page="views/approvals.py")
-    assert f"n{node_id} · " in texts(viewer)
+    assert f"n{number} · " in texts(viewer)
     viewer.button(key=f"approve-{node_id}").click().run()
     assert any("approver" in e.value for e in viewer.error), texts(viewer)
     assert study.node(node_id)["status"] == "awaiting_approval"
@@ -204,7 +217,7 @@ def test_approvals_need_the_approver_role_and_merge_the_node(api: Api, study: St
     gain = study.node(node_id)["heldout_gain"]
     assert f"| {gain:+.4f} (margin 0.5) |" in card
     at.button(key=f"approve-{node_id}").click().run()
-    assert any(f"n{node_id}: approval recorded by dashboard-test" in s.value for s in at.success), texts(at)
+    assert any(f"n{number}: approval recorded by dashboard-test" in s.value for s in at.success), texts(at)
     wait_for(lambda: study.node(node_id)["status"] == "merged", timeout=60)
     page = app_test(api.url, api.viewer, page="views/study.py", study=study.id)
-    assert f'n{node_id} [label="n{node_id} · merged' in dot_of(page)
+    assert f'n{node_id} [label="n{number} · merged' in dot_of(page)

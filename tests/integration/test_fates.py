@@ -32,7 +32,9 @@ def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Setting
 
 def test_every_fate_reads_the_same_in_the_tree_and_on_the_node(settings: Settings, tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "r", tiny_files(name="fates"))
-    with db.session(settings.db_url) as s:
+    earlier = make_repo(tmp_path / "e", tiny_files(name="earlier"))
+    with db.session(settings.db_url) as s:  # another study first: node ids and numbers differ
+        create_study(s, settings, tiny_files(name="earlier")["grove.toml"], str(earlier))
         study = create_study(s, settings, tiny_files(name="fates")["grove.toml"], str(repo))
     sid, root = study.id or 0, study.trunk_node_id
     refine = {"decision": "refine", "open_constraints": ["size"], "reason": "size open"}
@@ -61,7 +63,8 @@ def test_every_fate_reads_the_same_in_the_tree_and_on_the_node(settings: Setting
         )
         s.add(child)
         s.flush()
-        child_id = child.id
+        child_number = child.number
+        assert child_number != child.id
     token = create_token(settings, ["viewer"], "v")
     headers = {"Authorization": f"Bearer {token}"}
     with TestClient(create_app(settings)) as client:
@@ -70,7 +73,7 @@ def test_every_fate_reads_the_same_in_the_tree_and_on_the_node(settings: Setting
             for n in client.get(f"/api/v1/studies/{sid}/tree", headers=headers).json()["nodes"]
         }
         for line, nid in ids.items():
-            want = line.format(child=child_id)
+            want = line.format(child=child_number)
             assert tree[nid] == want
             assert client.get(f"/api/v1/studies/{sid}/nodes/{nid}", headers=headers).json()["fate"] == want
         assert tree[root] == "the baseline: trunk at the study's start"

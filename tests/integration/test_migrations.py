@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic import command
@@ -47,6 +48,27 @@ def test_upgrade_from_empty_matches_the_models_and_round_trips(backend: str, tmp
             drop_postgres_database(name)
 
 
+def insert_old_study(conn: Any, **given: Any) -> None:
+    """Insert a study row as the schema of 0004 has it (every column that has no default)."""
+    from sqlalchemy import text
+
+    cols = ["name", "goal", "spec_toml", "source", "repo_path", "status", "base_commit", "trunk_branch",
+            "trunk_commit", "seed", "base_values", "baseline_dev", "trunk_dev", "baseline_heldout",
+            "trunk_heldout", "test_queries", "improvement_state", "plateau_level", "stop_reason",
+            "report_path", "created_at"]  # fmt: skip
+    values = {c: "" for c in cols} | {"seed": 0, "test_queries": 0, "plateau_level": 0,
+                                       "created_at": "2026-11-01 00:00:00"}  # fmt: skip
+    for c in ("base_values", "improvement_state"):
+        values[c] = "{}"
+    for c in ("baseline_dev", "trunk_dev", "baseline_heldout", "trunk_heldout"):
+        values[c] = "[]"
+    values |= given
+    cols += [c for c in given if c not in cols]
+    conn.execute(
+        text(f"INSERT INTO study ({', '.join(cols)}) VALUES ({', '.join(':' + c for c in cols)})"), values
+    )
+
+
 def test_stored_review_specs_read_approve_after_upgrade(tmp_path: Path) -> None:
     """Gate mode 'review' only ever behaved as 'approve'; 0005 says so in stored specs."""
     from sqlalchemy import text
@@ -63,23 +85,57 @@ def test_stored_review_specs_read_approve_after_upgrade(tmp_path: Path) -> None:
         with engine.begin() as conn:
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "0004")
-            cols = ["name", "goal", "spec_toml", "source", "repo_path", "status", "base_commit", "trunk_branch",
-                    "trunk_commit", "seed", "base_values", "baseline_dev", "trunk_dev", "baseline_heldout",
-                    "trunk_heldout", "test_queries", "improvement_state", "plateau_level", "stop_reason",
-                    "report_path", "created_at"]  # fmt: skip
-            values = {c: "" for c in cols} | {"name": "old", "spec_toml": spec, "seed": 0, "test_queries": 0,
-                                               "plateau_level": 0, "created_at": "2026-11-01 00:00:00"}  # fmt: skip
-            for c in ("base_values", "improvement_state"):
-                values[c] = "{}"
-            for c in ("baseline_dev", "trunk_dev", "baseline_heldout", "trunk_heldout"):
-                values[c] = "[]"
-            conn.execute(
-                text(f"INSERT INTO study ({', '.join(cols)}) VALUES ({', '.join(':' + c for c in cols)})"),
-                values,
-            )
+            insert_old_study(conn, name="old", spec_toml=spec)
             command.upgrade(cfg, "head")
             stored = conn.execute(text("SELECT spec_toml FROM study WHERE name = 'old'")).scalar_one()
         assert parse_spec(stored).gate.mode == "approve"
         assert stored.replace('mode = "approve"', 'mode = "review"') == spec  # nothing else changed
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_existing_nodes_are_numbered_within_their_study_and_new_ones_follow(
+    backend: str, tmp_path: Path
+) -> None:
+    from sqlalchemy import text
+    from sqlmodel import Session, select
+
+    from backend.core.models import Node
+
+    name = f"grove_num_{os.getpid()}"
+    url = postgres_database(name) if backend == "postgres" else f"sqlite:///{tmp_path / 'm.db'}"
+    engine = create_engine(url)
+    cfg = alembic_config(url)
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "0009")
+            for sid in (1, 2):
+                insert_old_study(conn, id=sid, name=f"s{sid}")
+            # The two studies' nodes interleave, as they do when both run at once.
+            for sid in (1, 2, 1, 2, 2, 1):  # ids 1 to 6
+                conn.execute(
+                    text(
+                        "INSERT INTO node (study_id, depth, round_no, title, hypothesis, origin, status, prior, "
+                        'edits, base_commit, branch, "commit", diff_stats, dev_values, dev_n, constraints, '
+                        "verification, summary, attempts, reflection, failure, gate_commit, gated, "
+                        "heldout_values, gate_reason, completed_order, cost, created_at, updated_at) VALUES "
+                        "(:sid, 0, 0, '', '{}', 'policy', 'proposed', 0, '{}', '', '', '', '{}', '[]', 0, "
+                        "'[]', '{}', '', 0, '', '', '', false, '[]', '', 0, '{}', '2026-11-01 00:00:00', "
+                        "'2026-11-01 00:00:00')"
+                    ),
+                    {"sid": sid},
+                )
+            command.upgrade(cfg, "head")
+        with Session(engine) as s:
+            numbers = {n.id: (n.study_id, n.number) for n in s.exec(select(Node))}
+            assert numbers == {1: (1, 1), 2: (2, 1), 3: (1, 2), 4: (2, 2), 5: (2, 3), 6: (1, 3)}
+            added = Node(study_id=2, title="next")
+            s.add(added)
+            s.commit()
+            assert added.number == 4
+    finally:
+        engine.dispose()
+        if backend == "postgres":
+            drop_postgres_database(name)

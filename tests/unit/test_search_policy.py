@@ -38,7 +38,7 @@ def ev(
         id=i, parent_id=parent, depth=0 if parent is None else 1, status=status, title=f"n{i}",
         edits=edits, origin="policy", dev_mean=mean, dev_std=0.0, dev_n=3,
         gain=None if mean is None else mean - 0.5, gain_lcb=None, dev_metrics={}, constraints=[],
-        summary="", insight="",
+        summary="", insight="", number=i,
     )  # fmt: skip
 
 
@@ -345,6 +345,27 @@ def test_the_llm_ideators_first_root_child_answers_a_restart_request() -> None:
         (2, "policy", None), (1, "restart", 3), (1, "policy", None),
     ]  # fmt: skip
     assert '"restart_from_root_away_from": [\n  3\n ]' in model.seen[0]
+
+
+def test_the_llm_ideator_sees_and_answers_node_numbers_not_database_ids() -> None:
+    from agents.policies.llm.policy import LlmPolicy
+
+    child = {"mechanism": "m", "hypothesis": "h", "observable": "o", "risks": "r", "expected_gain": 0.1}
+    model = ScriptedIdeator([
+        {"parent_id": 2, "title": "tune the second idea further", **child},
+        {"parent_id": 102, "title": "a parent the model was never shown", **child},
+    ])  # fmt: skip
+    # Study 2's nodes: ids 101-103 in the database, n1-n3 on every page.
+    nodes = [
+        replace(ev(100 + i, None if i == 1 else 101, {}, 0.5), number=i, parent_id=None if i == 1 else 101)
+        for i in (1, 2, 3)
+    ]
+    ctx = replace(ctx_of(nodes), trunk_node_id=101, restart=[103])
+    props = LlmPolicy(model).ideate(ctx)  # type: ignore[arg-type]
+    assert [(p.parent_id, p.title) for p in props] == [(102, "tune the second idea further")]
+    shown = json.loads(model.seen[0])
+    assert [(n["id"], n["parent_id"]) for n in shown["nodes"]] == [(1, None), (2, 1), (3, 1)]
+    assert shown["trunk_node_id"] == 1 and shown["restart_from_root_away_from"] == [3]
 
 
 def ctx_of(nodes: list[NodeEvidence]) -> IdeationInput:

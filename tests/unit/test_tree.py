@@ -148,7 +148,10 @@ def test_pruning_keeps_the_lesson_and_spares_improving_directions() -> None:
         [
             TreeNode(1, None, 0, S.MERGED),
             TreeNode(2, 1, 1, S.EVALUATED, gain_lcb=-0.1, insight="wide layers overfit"),
-            *[TreeNode(10 + i, 2, 2, S.EVALUATED, gain_lcb=-0.01, order=i + 1) for i in range(3)],
+            *[
+                TreeNode(10 + i, 2, 2, S.EVALUATED, gain_lcb=-0.01, order=i + 1, number=4 + i)
+                for i in range(3)
+            ],
             TreeNode(3, 1, 1, S.EVALUATED, gain_lcb=0.2),
             TreeNode(20, 3, 2, S.EVALUATED, gain_lcb=0.1, order=4),
             *[TreeNode(21 + i, 3, 2, S.EVALUATED, gain_lcb=-0.1, order=5 + i) for i in range(2)],
@@ -156,7 +159,8 @@ def test_pruning_keeps_the_lesson_and_spares_improving_directions() -> None:
     )
     out = pruning.exhausted(tree, window=3)
     assert [p.node_id for p in out] == [2]
-    assert out[0].lesson == "wide layers overfit" and "n10, n11, n12" in out[0].reason
+    # Texts name nodes by their number in the study, not their database id.
+    assert out[0].lesson == "wide layers overfit" and "n4, n5, n6" in out[0].reason
 
 
 def test_gate_eligibility_rules() -> None:

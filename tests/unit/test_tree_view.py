@@ -10,6 +10,7 @@ from frontend.tree_view import merged_path, to_dot
 def node(i: int, parent: int | None, status: str, gain: float | None = None) -> dict[str, Any]:
     return {
         "id": i,
+        "number": i,
         "parent_id": parent,
         "status": status,
         "title": f"idea {i}",
@@ -60,6 +61,7 @@ def test_titles_are_escaped_for_dot() -> None:
     nodes = [
         {
             "id": 1,
+            "number": 1,
             "parent_id": None,
             "status": "merged",
             "title": 'say "hi" \\ bye',
@@ -90,13 +92,15 @@ def test_a_thousand_node_tree_keeps_trunk_active_and_best_nodes_in_view() -> Non
 
 
 def test_hovering_tells_the_fate_and_clicking_opens_the_node() -> None:
+    # Study 5's nodes: ids 41 and 42 in the database, n1 and n2 on the page.
     nodes = [
-        node(1, None, "merged"),
-        {**node(2, 1, "rejected", -0.1), "gain_lcb": -0.3, "fate": 'rejected by ada: "risky"'},
+        {**node(41, None, "merged"), "number": 1},
+        {**node(42, 41, "rejected", -0.1), "number": 2, "gain_lcb": -0.3, "fate": 'rejected by ada: "risky"'},
     ]
-    dot, _ = to_dot(nodes, trunk_node_id=1, link=lambda nid: f"node?study=5&node={nid}")
-    line = next(x for x in dot.splitlines() if x.strip().startswith("n2 ["))
-    assert 'tooltip="n2 · idea 2 — rejected by ada: \\"risky\\" — dev gain -0.1 (LCB -0.3)"' in line
-    assert 'URL="node?study=5&node=2", target="_top"' in line
+    dot, _ = to_dot(nodes, trunk_node_id=41, link=lambda nid: f"node?study=5&node={nid}")
+    line = next(x for x in dot.splitlines() if x.strip().startswith("n42 ["))
+    assert 'label="n2 · rejected' in line
+    assert 'tooltip="n2 · idea 42 — rejected by ada: \\"risky\\" — dev gain -0.1 (LCB -0.3)"' in line
+    assert 'URL="node?study=5&node=42", target="_top"' in line
     plain, _ = to_dot(nodes, trunk_node_id=1)
     assert "URL=" not in plain

@@ -91,22 +91,26 @@ class LlmPolicy:
     def ideate(self, ctx: IdeationInput) -> list[Proposal]:
         """Ask the ideator for `ctx.k` children; drop invalid parents and near-duplicates."""
         data = asdict(ctx)
+        # The model sees each node by its number in the study, as every page does; answers map back.
+        number = {n.id: n.number for n in ctx.nodes}
+        node_of = {n.number: n.id for n in ctx.nodes}
         evidence = {
             "goal": data["goal"],
             "objective": {"metric": data["metric"], "maximize": data["maximize"]},
             "constraints": data["constraints"],
-            "trunk_node_id": data["trunk_node_id"],
+            "trunk_node_id": number.get(ctx.trunk_node_id),
             "trunk_dev_mean": data["trunk_dev_mean"],
             "nodes": [
-                {k: n[k] for k in ("id", "parent_id", "depth", "status", "title", "dev_mean", "dev_n", "gain",
-                                   "gain_lcb", "constraints", "insight", "failure")}
+                {"id": number[n["id"]], "parent_id": number.get(n["parent_id"])}
+                | {k: n[k] for k in ("depth", "status", "title", "dev_mean", "dev_n", "gain",
+                                     "gain_lcb", "constraints", "insight", "failure")}
                 for n in data["nodes"]
             ],
             "improvement_state": data["improvement_state"],
             "validated_findings": data["validated_findings"],
             "pruned_lessons": data["pruned_lessons"],
-            "refine_requests": data["refine"],
-            "restart_from_root_away_from": data["restart"],
+            "refine_requests": [{**r, "node_id": number.get(r["node_id"])} for r in data["refine"]],
+            "restart_from_root_away_from": [number.get(i) for i in data["restart"]],
             "max_depth": data["max_depth"],
             "plateau_level": data["plateau_level"],
         }  # fmt: skip
@@ -131,6 +135,7 @@ class LlmPolicy:
         root = next((n.id for n in ctx.nodes if n.parent_id is None), None)
         restarts = list(ctx.restart)  # the first root child after each abandoned branch answers it
         for c in children[: ctx.k]:
+            c.parent_id = node_of.get(c.parent_id, -1)
             if c.parent_id not in valid or near_duplicate(c.title, titles):
                 continue
             titles.append(c.title)
@@ -167,7 +172,7 @@ class LlmPolicy:
             [
                 f"Goal of the study: {ctx.get('goal', '')}",
                 f"Objective: {ctx.get('direction', '')} `{ctx.get('metric', '')}` (development evaluation: evaluate_dev).",
-                f"Your hypothesis (node n{node.node_id}): {node.title}",
+                f"Your hypothesis (node n{node.number}): {node.title}",
                 *(f"{k.capitalize()}: {v}" for k, v in node.hypothesis.items() if v),
                 "Lessons from the ancestors, root first:",
                 *(f"- {x}" for x in ctx.get("insights", [])),
@@ -192,13 +197,13 @@ class LlmPolicy:
     def synthesize(self, ancestor: NodeEvidence, children: list[NodeEvidence], metric: str) -> str:
         """Ask the synthesiser for the ancestor's new insight; fall back to statistics on a model error."""
         kids = [
-            {"id": c.id, "status": c.status, "title": c.title, "gain": c.gain, "gain_lcb": c.gain_lcb,
+            {"id": c.number, "status": c.status, "title": c.title, "gain": c.gain, "gain_lcb": c.gain_lcb,
              "n": c.dev_n, "insight": c.insight or c.summary}
             for c in children
         ]  # fmt: skip
         messages = [
             {"role": "system", "content": prompt("insight")},
-            {"role": "user", "content": json.dumps({"node": {"id": ancestor.id, "title": ancestor.title},
+            {"role": "user", "content": json.dumps({"node": {"id": ancestor.number, "title": ancestor.title},
                                                     "metric": metric, "children": kids}, default=str)},
         ]  # fmt: skip
         try:
@@ -210,7 +215,7 @@ class LlmPolicy:
     def verify(self, node: NodeEvidence, soft: list[dict[str, Any]]) -> Judgement:
         """Ask the verifier for a 0-100 confidence per soft constraint and AREX's refine/restart call."""
         evidence = {
-            "node": {"id": node.id, "title": node.title, "report": node.report, "dev_metrics": node.dev_metrics,
+            "node": {"id": node.number, "title": node.title, "report": node.report, "dev_metrics": node.dev_metrics,
                      "gain": node.gain, "gain_lcb": node.gain_lcb, "constraints": node.constraints,
                      "failure": node.failure},
             "soft_constraints": [{"name": c["name"], "description": c["description"]} for c in soft],

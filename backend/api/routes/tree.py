@@ -50,7 +50,7 @@ def tree(study_id: StudyId, s: SessionDep, settings: SettingsDep, who: Reader) -
     refined: dict[int, list[int]] = {}
     for row in rows:
         if row[k + 1] is not None and row[fields.index("origin")] == "refine":
-            refined.setdefault(row[k + 1], []).append(row[0])
+            refined.setdefault(row[k + 1], []).append(row[fields.index("number")])
     fate = fates.bulk_fates(s, settings.db_url, st, nodes, changed, refined)
     for node in nodes:
         node["fate"] = fate[node["id"]]
@@ -75,7 +75,12 @@ def node_detail(study_id: StudyId, node_id: NodeId, s: SessionDep, who: Reader) 
     insights = s.exec(
         select(InsightVersion).where(InsightVersion.node_id == node_id).order_by(col(InsightVersion.version))
     ).all()
-    children = s.exec(select(Node.id).where(Node.parent_id == node_id).order_by(col(Node.id))).all()
+    children = s.exec(
+        select(Node.id, Node.number).where(Node.parent_id == node_id).order_by(col(Node.id))
+    ).all()
+    parent = s.get(Node, n.parent_id) if n.parent_id is not None else None
+    cited = {c for i in insights for c in i.cites}
+    number = dict(s.exec(select(Node.id, Node.number).where(col(Node.id).in_(cited))).all()) if cited else {}
     history = s.exec(select(Event).where(Event.node_id == node_id).order_by(col(Event.id))).all()
     return schemas.NodeDetail(
         **serializers.node_summary(n, fates.fate_of(s, n)).model_dump(),
@@ -97,8 +102,18 @@ def node_detail(study_id: StudyId, node_id: NodeId, s: SessionDep, who: Reader) 
         gate_reason=n.gate_reason,
         cost=n.cost,
         receipts=[schemas.ReceiptPublic.model_validate(r, from_attributes=True) for r in receipts],
-        insights=[schemas.InsightPublic.model_validate(i, from_attributes=True) for i in insights],
-        children=[c for c in children if c is not None],
+        insights=[
+            schemas.InsightPublic(
+                version=i.version,
+                text=i.text,
+                cites=i.cites,
+                cited=[number.get(c, 0) for c in i.cites],
+                created_at=i.created_at,
+            )
+            for i in insights
+        ],
+        children=[schemas.NodeRef(id=c or 0, number=k) for c, k in children],
+        parent_number=parent.number if parent else None,
         history=[serializers.event_public(e) for e in history],
     )
 
@@ -124,7 +139,7 @@ def add_hypothesis(
         raise HTTPException(
             422,
             {
-                "message": f"parent: n{node_id} is at policy.max_depth ({spec.policy.max_depth}); "
+                "message": f"parent: n{parent.number} is at policy.max_depth ({spec.policy.max_depth}); "
                 "add the hypothesis under a shallower node",
                 "errors": [],
             },
@@ -193,12 +208,12 @@ def prune(
     if n.parent_id is None:
         raise HTTPException(status.HTTP_409_CONFLICT, "the root cannot be pruned")
     if n.status in TERMINAL:
-        raise HTTPException(status.HTTP_409_CONFLICT, f"node {node_id} is {n.status}")
+        raise HTTPException(status.HTTP_409_CONFLICT, f"n{n.number} is {n.status}")
     reason = body.reason or "no reason given"
     prune_subtree(s, study_id, node_id, reason, n.summary or n.title, by=who.name)
     s.commit()
     enqueue_advance(celery, study_id)
-    return schemas.Message(message=f"pruned n{node_id}")
+    return schemas.Message(message=f"pruned n{n.number}")
 
 
 LIVE_TAIL = 20_000
