@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,32 @@ from backend.services.approvals import decide_approval
 Approver = Callable[[int, int], dict[str, Any]]
 
 
+class Question:
+    """The approver asked about one node on a thread of its own, so the study goes on meanwhile."""
+
+    def __init__(self, approver: Approver, study_id: int, node_id: int) -> None:
+        self.node_id = node_id
+        self.answered = threading.Event()
+        self._answer: dict[str, Any] = {}
+        self._error: BaseException | None = None
+        # A daemon: a study that ends while the question is open does not wait for its answer.
+        threading.Thread(target=self._ask, args=(approver, study_id), daemon=True, name="approver").start()
+
+    def _ask(self, approver: Approver, study_id: int) -> None:
+        try:
+            self._answer = approver(study_id, self.node_id)
+        except BaseException as exc:  # re-raised where the answer is read
+            self._error = exc
+        finally:
+            self.answered.set()
+
+    def answer(self) -> dict[str, Any]:
+        """Return the approver's answer (raise what the approver raised)."""
+        if self._error is not None:
+            raise self._error
+        return self._answer
+
+
 def run_study(
     settings: Settings,
     study_id: int,
@@ -25,34 +52,51 @@ def run_study(
     tick: Callable[[], None] | None = None,
     policy: Policy | None = None,
 ) -> str:
-    """Run (or resume) a study until it finishes; return its final status."""
+    """Run (or resume) a study until it finishes; return its final status.
+
+    A node awaiting approval is asked about while the study keeps exploring on the current trunk.
+    """
     pool = LocalPool(settings)
     driver = Driver(settings, study_id, pool, policy)
+    question: Question | None = None
+
+    def answered() -> bool:
+        return question is not None and question.answered.is_set()
+
     try:
         pool.reconcile(study_id)
         while True:
             waiting = driver.advance()
             if waiting.finished:
                 break
-            if waiting.approval_node is not None:
-                answer = approver(study_id, waiting.approval_node)
+            if question is not None and question.answered.is_set():
+                answer, node_id, question = question.answer(), question.node_id, None
                 with db.session(settings.db_url) as s:
-                    decided = decide_approval(
+                    decide_approval(
                         s,
-                        waiting.approval_node,
+                        node_id,
                         approved=bool(answer.get("approved")),
                         by=str(answer.get("by") or "terminal"),
                         reason=str(answer.get("reason") or ""),
                     )
-                if decided:
-                    continue
+                continue
+            if waiting.approval_node is not None and (
+                question is None or question.node_id != waiting.approval_node
+            ):
+                question = Question(approver, study_id, waiting.approval_node)
             if waiting.jobs:
                 pool.wait_any(
                     waiting.jobs,
                     tick=tick,
-                    interrupted=lambda: study_status(settings, study_id) == StudyStatus.STOPPING,
+                    interrupted=lambda: (
+                        answered() or study_status(settings, study_id) == StudyStatus.STOPPING
+                    ),
                 )
-            elif waiting.paused or waiting.approval_node is not None:
+            elif question is not None:
+                if tick:
+                    tick()
+                question.answered.wait(timeout=1.0)
+            elif waiting.paused:
                 if tick:
                     tick()
                 time.sleep(1.0)

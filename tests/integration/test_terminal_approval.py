@@ -15,8 +15,8 @@ from sqlmodel import select as sql_select
 
 from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
-from backend.core.models import Approval, Node
-from tests.conftest import make_repo, tiny_files
+from backend.core.models import Approval, Event, Node
+from tests.conftest import make_repo, tiny_files, wait_for
 
 
 class Terminal:
@@ -58,8 +58,23 @@ class Terminal:
         return code
 
 
+def explored_while_asking(settings: Settings) -> bool:
+    """Return whether a node queued after the first approval opened has been integrated by the study.
+
+    Its experiment marks it evaluated on its own; only the study's loop integrates it.
+    """
+    with db.session(settings.db_url) as s:
+        events = list(s.exec(sql_select(Event).order_by(col(Event.id))))
+    opened = next((e.id or 0 for e in events if e.type == "node.awaiting_approval"), None)
+    if opened is None:
+        return False
+    later = [e for e in events if (e.id or 0) > opened]
+    queued = {e.node_id for e in later if e.type == "node.queued"}
+    return bool(queued & {e.node_id for e in later if e.type == "node.integrated"})
+
+
 def test_approve_and_reject_at_the_terminal(settings: Settings, tmp_path: Path) -> None:
-    repo = make_repo(tmp_path / "r", tiny_files(mode="approve", experiments=6, margin=0.5))
+    repo = make_repo(tmp_path / "r", tiny_files(mode="approve", experiments=10, margin=0.5))
     env = {
         **os.environ,
         "GROVE_DATA_DIR": str(settings.data_dir),
@@ -68,6 +83,8 @@ def test_approve_and_reject_at_the_terminal(settings: Settings, tmp_path: Path) 
     }
     term = Terminal([sys.executable, "-m", "backend.cli.main", "run", str(repo)], env)
     term.expect("Merge into trunk?")
+    # Nobody answers yet, and the study goes on: a node queued after the question opened is evaluated.
+    wait_for(lambda: explored_while_asking(settings), timeout=120)
     term.send("n")
     term.expect("Reason")
     term.send("not convinced yet")
