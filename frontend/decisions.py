@@ -36,9 +36,18 @@ def decide(api: Grove, a: dict[str, Any], approve: bool, reason: str = "") -> No
     st.rerun()
 
 
+def evidence(api: Grove, a: dict[str, Any]) -> dict[str, Any]:
+    """Return the node an approval is about, read once per approval: it holds still while it waits."""
+    key = f"approval-node:{a['id']}"
+    if key not in st.session_state:
+        st.session_state[key] = api.node(a["study_id"], a["node_id"])
+    node: dict[str, Any] = st.session_state[key]
+    return node
+
+
 def card(api: Grove, a: dict[str, Any], study_name: str) -> None:
     """Show what the approver needs to decide on one node, and the two buttons."""
-    n = api.node(a["study_id"], a["node_id"])
+    n = evidence(api, a)
     with st.container(border=True):
         st.subheader(f"n{a['node_number']} · {a['title']}")
         ui.page_link(
