@@ -250,7 +250,8 @@ def integrate(
         istate.concern(f"pruned n{tree.nodes[pr.node_id].number}: {pr.reason}")
     istate.next_plan = next_plan(records_list, level)
     recent = [r.evidence for r in records_list if r.evidence.id in node_ids]
-    storage.save_state(sid, policy.update_state(istate.to_dict(), recent), int(level))
+    numbers = {r.evidence.id: r.evidence.number for r in records_list}
+    storage.save_state(sid, policy.update_state(istate.to_dict(), recent, numbers), int(level))
     study = storage.study(sid)
     # One approval open at a time: trunk cannot move under it, so its tested merge stays valid.
     cands = gate_candidates(study, storage.nodes(sid)) if state.get("awaiting") is None else []

@@ -393,6 +393,8 @@ class SearchPolicy:
         """Judge nothing: without a model soft constraints stay unknown and AREX's call is the rule's."""
         return Judgement()
 
-    def update_state(self, state: dict[str, Any], recent: list[NodeEvidence]) -> dict[str, Any]:
+    def update_state(
+        self, state: dict[str, Any], recent: list[NodeEvidence], numbers: dict[int, int] | None = None
+    ) -> dict[str, Any]:
         """Keep the rule-built improvement state as it is."""
         return state

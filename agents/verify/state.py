@@ -5,6 +5,7 @@ It holds only dev-side evidence and gate pass/fail outcomes: held-out numbers ne
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -82,3 +83,28 @@ class ImprovementState:
         """Record a validity concern once, keeping the most recent `keep`."""
         if text not in self.concerns:
             self.concerns = [*self.concerns, text][-keep:]
+
+
+def renumber(state: dict[str, Any], to: Callable[[int], int | None]) -> dict[str, Any]:
+    """Return a state (as `to_dict` gives it) with every node reference mapped by `to`; unmapped ones go."""
+
+    def ids(xs: Any) -> list[int]:
+        return [y for y in (to(x) for x in xs or [] if isinstance(x, int)) if y is not None]
+
+    out = dict(state)
+    out["verified_findings"] = [
+        {**f, "node_ids": ids(f.get("node_ids"))}
+        for f in state.get("verified_findings", [])
+        if isinstance(f, dict)
+    ]
+    out["open_constraints"] = [
+        {**c, "node_ids": ids(c.get("node_ids"))}
+        for c in state.get("open_constraints", [])
+        if isinstance(c, dict)
+    ]
+    out["rejected_candidates"] = [
+        {**r, "node_id": ids([r.get("node_id")])[0]}
+        for r in state.get("rejected_candidates", [])
+        if isinstance(r, dict) and ids([r.get("node_id")])
+    ]
+    return out

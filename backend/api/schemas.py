@@ -125,7 +125,7 @@ class InsightPublic(BaseModel):
     version: int
     text: str
     cites: list[int]  # the ids of the nodes it cites
-    cited: list[int] = []  # their numbers, in the same order
+    cited: list[int] = []  # the numbers of those still in the study
     created_at: datetime
 
 

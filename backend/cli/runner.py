@@ -80,9 +80,9 @@ def run_study(
                         reason=str(answer.get("reason") or ""),
                     )
                 continue
-            if waiting.approval_node is not None and (
-                question is None or question.node_id != waiting.approval_node
-            ):
+            # One question at a time: the terminal has one reader. A question whose node was decided
+            # elsewhere meanwhile is answered first; its answer then changes nothing.
+            if waiting.approval_node is not None and question is None:
                 question = Question(approver, study_id, waiting.approval_node)
             if waiting.jobs:
                 pool.wait_any(
@@ -100,6 +100,8 @@ def run_study(
                 if tick:
                     tick()
                 time.sleep(1.0)
+        if question is not None and question.answered.is_set():
+            question.answer()  # an approver that failed fails the run, even once the study ended
     finally:
         pool.shutdown()
     return study_status(settings, study_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, Connection, Index, Table, Text, UniqueConstraint, event, select, update
+from sqlalchemy import JSON, Column, Connection, Index, Table, Text, UniqueConstraint, event, update
 from sqlmodel import Field, SQLModel
 
 
@@ -33,7 +33,7 @@ class Study(SQLModel, table=True):
     trunk_branch: str = ""
     trunk_commit: str = ""
     trunk_node_id: int | None = None
-    nodes_numbered: int = 0  # the last `Node.number` handed out (`records.next_number`)
+    nodes_numbered: int = 0  # the last `Node.number` handed out (`_number_node` below)
     seed: int = 0
     base_values: dict[str, Any] = _json({})
     baseline_dev: list[float] = _json([])
@@ -56,7 +56,7 @@ class Node(SQLModel, table=True):
     # The coordinator asks for a study's nodes changed since its last look (`storage.RecordCache`).
     __table_args__ = (
         Index("ix_node_study_updated", "study_id", "updated_at"),
-        UniqueConstraint("study_id", "number", name="uq_node_study_number"),
+        Index("uq_node_study_number", "study_id", "number", unique=True),
     )
     id: int | None = Field(default=None, primary_key=True)
     study_id: int = Field(index=True, foreign_key="study.id")
@@ -257,12 +257,10 @@ class LearningEvent(SQLModel, table=True):
 @event.listens_for(Node, "before_insert")
 def _number_node(mapper: Any, connection: Connection, node: Node) -> None:
     """Give a new node the next number of its study (the update keeps the study row locked until commit)."""
-    if node.number:
-        return
     study: Table = Study.__table__  # type: ignore[attr-defined]
-    connection.execute(
-        update(study).where(study.c.id == node.study_id).values(nodes_numbered=study.c.nodes_numbered + 1)
-    )
     node.number = connection.execute(
-        select(study.c.nodes_numbered).where(study.c.id == node.study_id)
+        update(study)
+        .where(study.c.id == node.study_id)
+        .values(nodes_numbered=study.c.nodes_numbered + 1)
+        .returning(study.c.nodes_numbered)
     ).scalar_one()

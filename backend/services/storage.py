@@ -395,7 +395,7 @@ class SqlStorage:
                     return job.id
             node.attempts += 1
             node.base_commit = st.trunk_commit
-            node.branch = f"grove/{st.name}/n{node.number}"
+            node.branch = f"grove/{st.name}/n{node_id}"  # machine names (branches, folders) keep the id
             if node.status == NodeStatus.FAILED:
                 node.completed_order = 0
                 node.dev_values, node.dev_mean, node.dev_std, node.dev_n = [], None, None, 0

@@ -98,14 +98,20 @@ def test_stored_review_specs_read_approve_after_upgrade(tmp_path: Path) -> None:
 def test_existing_nodes_are_numbered_within_their_study_and_new_ones_follow(
     backend: str, tmp_path: Path
 ) -> None:
-    from sqlalchemy import text
+    from sqlalchemy import event, text
     from sqlmodel import Session, select
 
-    from backend.core.models import Node
+    from backend.core.models import Job, Node
 
     name = f"grove_num_{os.getpid()}"
     url = postgres_database(name) if backend == "postgres" else f"sqlite:///{tmp_path / 'm.db'}"
     engine = create_engine(url)
+    if backend == "sqlite":  # as Grove's own engine has it: a table rebuild under `node` would fail
+
+        @event.listens_for(engine, "connect")
+        def _fk(dbapi_conn: Any, _: Any) -> None:
+            dbapi_conn.execute("PRAGMA foreign_keys=ON")
+
     cfg = alembic_config(url)
     try:
         with engine.begin() as conn:
@@ -113,28 +119,34 @@ def test_existing_nodes_are_numbered_within_their_study_and_new_ones_follow(
             command.upgrade(cfg, "0009")
             for sid in (1, 2):
                 insert_old_study(conn, id=sid, name=f"s{sid}")
-            # The two studies' nodes interleave, as they do when both run at once.
-            for sid in (1, 2, 1, 2, 2, 1):  # ids 1 to 6
+            # The two studies' nodes interleave, as they do when both run at once; children point at
+            # their parents and a job at a node, so the migration must leave the table in place.
+            for sid, parent in ((1, None), (2, None), (1, 1), (2, 2), (2, 4), (1, 3)):  # ids 1 to 6
                 conn.execute(
                     text(
-                        "INSERT INTO node (study_id, depth, round_no, title, hypothesis, origin, status, prior, "
-                        'edits, base_commit, branch, "commit", diff_stats, dev_values, dev_n, constraints, '
+                        "INSERT INTO node (study_id, parent_id, depth, round_no, title, hypothesis, origin, status, "
+                        'prior, edits, base_commit, branch, "commit", diff_stats, dev_values, dev_n, constraints, '
                         "verification, summary, attempts, reflection, failure, gate_commit, gated, "
                         "heldout_values, gate_reason, completed_order, cost, created_at, updated_at) VALUES "
-                        "(:sid, 0, 0, '', '{}', 'policy', 'proposed', 0, '{}', '', '', '', '{}', '[]', 0, "
+                        "(:sid, :parent, 0, 0, '', '{}', 'policy', 'proposed', 0, '{}', '', '', '', '{}', '[]', 0, "
                         "'[]', '{}', '', 0, '', '', '', false, '[]', '', 0, '{}', '2026-11-01 00:00:00', "
                         "'2026-11-01 00:00:00')"
                     ),
-                    {"sid": sid},
+                    {"sid": sid, "parent": parent},
                 )
+            conn.execute(Job.__table__.insert().values(study_id=2, node_id=5, attempt=1, outcome={}))  # type: ignore[attr-defined]
             command.upgrade(cfg, "head")
         with Session(engine) as s:
             numbers = {n.id: (n.study_id, n.number) for n in s.exec(select(Node))}
             assert numbers == {1: (1, 1), 2: (2, 1), 3: (1, 2), 4: (2, 2), 5: (2, 3), 6: (1, 3)}
-            added = Node(study_id=2, title="next")
+            added = Node(study_id=2, parent_id=5, title="next")
             s.add(added)
             s.commit()
             assert added.number == 4
+        with engine.begin() as conn:  # and back, with the same rows in place
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "0009")
+            assert conn.execute(text("SELECT COUNT(*) FROM node")).scalar_one() == 7
     finally:
         engine.dispose()
         if backend == "postgres":

@@ -368,6 +368,48 @@ def test_the_llm_ideator_sees_and_answers_node_numbers_not_database_ids() -> Non
     assert shown["trunk_node_id"] == 1 and shown["restart_from_root_away_from"] == [3]
 
 
+class ScriptedState:
+    """A deterministic model double for the state updater: answers with a fixed state."""
+
+    name = "scripted"
+
+    def __init__(self, answer: dict[str, object]) -> None:
+        self.answer = answer
+        self.seen: list[str] = []
+
+    def complete(self, role: str, messages: list[dict[str, object]], tools: object = None) -> Turn:
+        self.seen.append(str(messages[-1]["content"]))
+        return Turn(json.dumps(self.answer), [], 10, 10, 0.0)
+
+
+def test_the_llm_state_updater_sees_node_numbers_and_its_answer_is_stored_by_id() -> None:
+    from agents.policies.llm.policy import LlmPolicy
+
+    numbers = {101: 1, 102: 2, 103: 3}  # study 2: ids in the database, numbers on every page
+    state = {
+        "verified_findings": [{"text": "x helps", "node_ids": [102]}],
+        "open_constraints": [{"name": "size", "status": "violated", "detail": "", "node_ids": [103]}],
+        "rejected_candidates": [{"node_id": 103, "reason": "too big"}],
+        "concerns": [],
+        "next_plan": [],
+    }
+    model = ScriptedState({
+        "verified_findings": [{"text": "x helps, y too", "node_ids": [2, 3, 9]}],  # n9 does not exist
+        "open_constraints": [],
+        "rejected_candidates": [{"node_id": 1, "reason": "baseline"}, {"node_id": 7, "reason": "unknown"}],
+        "concerns": ["c"],
+        "next_plan": ["p"],
+    })  # fmt: skip
+    recent = [replace(ev(103, 101, {}, 0.6), number=3)]
+    new = LlmPolicy(model).update_state(state, recent, numbers)  # type: ignore[arg-type]
+    shown = json.loads(model.seen[0])
+    assert shown["state"]["verified_findings"][0]["node_ids"] == [2]
+    assert shown["state"]["rejected_candidates"] == [{"node_id": 3, "reason": "too big"}]
+    assert [e["id"] for e in shown["new_evidence"]] == [3]
+    assert new["verified_findings"] == [{"text": "x helps, y too", "node_ids": [102, 103]}]
+    assert new["rejected_candidates"] == [{"node_id": 101, "reason": "baseline"}]
+
+
 def ctx_of(nodes: list[NodeEvidence]) -> IdeationInput:
     return replace(ctx(nodes), k=3)
 

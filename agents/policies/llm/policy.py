@@ -23,7 +23,7 @@ from agents.policies.base import (
 )
 from agents.policies.llm.model import BudgetExhausted, Model, ModelError
 from agents.policies.search import SearchPolicy
-from agents.verify.state import ImprovementState
+from agents.verify.state import ImprovementState, renumber
 
 
 def prompt(name: str) -> str:
@@ -106,7 +106,7 @@ class LlmPolicy:
                                      "gain_lcb", "constraints", "insight", "failure")}
                 for n in data["nodes"]
             ],
-            "improvement_state": data["improvement_state"],
+            "improvement_state": renumber(data["improvement_state"], number.get),
             "validated_findings": data["validated_findings"],
             "pruned_lessons": data["pruned_lessons"],
             "refine_requests": [{**r, "node_id": number.get(r["node_id"])} for r in data["refine"]],
@@ -231,19 +231,31 @@ class LlmPolicy:
         verdicts = {v.name: (v.confidence, v.reason) for v in answer.verdicts}
         return Judgement(verdicts, answer.call, answer.why)
 
-    def update_state(self, state: dict[str, Any], recent: list[NodeEvidence]) -> dict[str, Any]:
-        """Ask the state updater to rewrite the improvement state; keep the old one if it fails."""
+    def update_state(
+        self, state: dict[str, Any], recent: list[NodeEvidence], numbers: dict[int, int] | None = None
+    ) -> dict[str, Any]:
+        """Ask the state updater to rewrite the improvement state; keep the old one if it fails.
+
+        The model sees nodes by their numbers (`numbers`: id -> number); its answer is mapped back.
+        """
+        number = numbers if numbers is not None else {n.id: n.id for n in recent}
+        node_of = {v: k for k, v in number.items()}
         evidence = [
-            {"id": n.id, "title": n.title, "status": n.status, "gain": n.gain, "gain_lcb": n.gain_lcb,
+            {"id": number.get(n.id), "title": n.title, "status": n.status, "gain": n.gain, "gain_lcb": n.gain_lcb,
              "constraints": n.constraints, "failure": n.failure, "summary": n.summary}
             for n in recent
         ]  # fmt: skip
         messages = [
             {"role": "system", "content": prompt("state")},
-            {"role": "user", "content": json.dumps({"state": state, "new_evidence": evidence}, default=str)},
+            {
+                "role": "user",
+                "content": json.dumps(
+                    {"state": renumber(state, number.get), "new_evidence": evidence}, default=str
+                ),
+            },
         ]
         try:
             new = _json_object(self.model.complete("state", messages).content)
-            return ImprovementState.from_dict(new).to_dict()
+            return ImprovementState.from_dict(renumber(new, node_of.get)).to_dict()
         except (ModelError, BudgetExhausted, ValueError, TypeError, KeyError):
             return state

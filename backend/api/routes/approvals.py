@@ -48,13 +48,13 @@ def _decide(
     celery: Celery,
     by: str,
 ) -> schemas.ApprovalPublic:
-    get_node(s, study_id, node_id)
+    node = get_node(s, study_id, node_id)
     appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
     if appr is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"node {node_id} has no approval")
-    was = appr.status
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"n{node.number} has no approval")
     if not decide_approval(s, node_id, approved=approved, by=by, reason=reason):
-        raise HTTPException(status.HTTP_409_CONFLICT, f"node {node_id} was already {was}")
+        s.refresh(appr)  # what won: a decision or a withdrawal made meanwhile
+        raise HTTPException(status.HTTP_409_CONFLICT, f"n{node.number} was already {appr.status}")
     s.commit()
     enqueue_advance(celery, study_id)
     return serializers.approval_public(s, appr)

@@ -107,7 +107,7 @@ def node_detail(study_id: StudyId, node_id: NodeId, s: SessionDep, who: Reader) 
                 version=i.version,
                 text=i.text,
                 cites=i.cites,
-                cited=[number.get(c, 0) for c in i.cites],
+                cited=[number[c] for c in i.cites if c in number],
                 created_at=i.created_at,
             )
             for i in insights

@@ -17,22 +17,21 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("study") as batch:
-        batch.add_column(sa.Column("nodes_numbered", sa.Integer(), nullable=False, server_default="0"))
-    with op.batch_alter_table("node") as batch:
-        batch.add_column(sa.Column("number", sa.Integer(), nullable=False, server_default="0"))
-    # Existing nodes are numbered in the order they were made, study by study.
+    # Plain ALTERs and an index: nothing here rebuilds a table, which SQLite could not do for `node`
+    # with foreign keys on (jobs, approvals and children point at it).
+    op.add_column("study", sa.Column("nodes_numbered", sa.Integer(), nullable=False, server_default="0"))
+    op.add_column("node", sa.Column("number", sa.Integer(), nullable=False, server_default="0"))
+    # Existing nodes are numbered in the order they were made, study by study. Texts written before
+    # this revision (summaries, insights, the improvement state) keep the ids they were written with.
     op.execute(
-        "UPDATE node SET number = (SELECT COUNT(*) FROM node AS o WHERE o.study_id = node.study_id AND o.id <= node.id)"
+        "UPDATE node SET number = r.n FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY study_id ORDER BY id) AS n "
+        "FROM node) AS r WHERE node.id = r.id"
     )
     op.execute("UPDATE study SET nodes_numbered = (SELECT COUNT(*) FROM node WHERE node.study_id = study.id)")
-    with op.batch_alter_table("node") as batch:
-        batch.create_unique_constraint("uq_node_study_number", ["study_id", "number"])
+    op.create_index("uq_node_study_number", "node", ["study_id", "number"], unique=True)
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("node") as batch:
-        batch.drop_constraint("uq_node_study_number", type_="unique")
-        batch.drop_column("number")
-    with op.batch_alter_table("study") as batch:
-        batch.drop_column("nodes_numbered")
+    op.drop_index("uq_node_study_number", table_name="node")
+    op.execute("ALTER TABLE node DROP COLUMN number")
+    op.execute("ALTER TABLE study DROP COLUMN nodes_numbered")
