@@ -10,6 +10,7 @@ import pydantic_core
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi import Path as PathParam
 from fastapi.responses import PlainTextResponse, Response
+from sqlalchemy import String, type_coerce
 from sqlmodel import Session, col, select
 
 from agents.policies import configfiles
@@ -40,11 +41,13 @@ def tree(study_id: StudyId, s: SessionDep, settings: SettingsDep, who: Reader) -
     """Return every node of the study's tree."""
     st = get_study(s, study_id)
     fields = [f for f in schemas.NodeSummary.model_fields if f != "fate"]
-    columns = [*(getattr(Node, f) for f in fields), Node.updated_at, Node.origin_ref]
-    rows = s.exec(select(*columns).where(Node.study_id == study_id).order_by(col(Node.id))).all()
+    # `updated_at` is only a memo key for fates: read as the driver gives it, not made timezone-aware.
+    columns = [*(getattr(Node, f) for f in fields), type_coerce(Node.updated_at, String), Node.origin_ref]
+    query = select(*columns).where(col(Node.study_id) == study_id).order_by(col(Node.id))
+    rows = s.connection().execute(query).all()
     k = len(fields)
-    # Rows come straight from typed columns, in the response model's fields: they are written as
-    # JSON directly, not built into 5,000 models and validated again (a third of the time).
+    # Rows come straight from typed columns through Core (no ORM loading), in the response model's
+    # fields: they are written as JSON directly, not built into 5,000 models and validated again.
     nodes = [dict(zip(fields, row[:k], strict=True)) for row in rows]
     changed = {row[0]: row[k] for row in rows}
     refined: dict[int, list[int]] = {}
