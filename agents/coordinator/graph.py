@@ -349,34 +349,30 @@ def _active_jobs(state: CoordinatorState) -> list[int]:
     return list(state.get("pending", []))
 
 
-# Storage hands back the same record object while a node is unchanged: its tree node is kept too.
-_TREE_NODES: dict[int, tuple[NodeRecord, TreeNode]] = {}
-
-
-_LAST_TREE: dict[int, tuple[list[NodeRecord], Tree]] = {}  # by the root record: one per study
-MEMO_LIMIT = 200_000  # entries kept across all studies this process coordinates
+# Storage hands back the same record object while a node is unchanged, and the same list while
+# nothing changed: each study's last view is kept with its records (by object identity), and a new
+# view re-makes only the tree nodes of records it has not seen.
+_LAST_TREE: dict[int, tuple[list[NodeRecord], dict[int, NodeRecord], Tree]] = {}  # by the root record
 
 
 def tree_of(records: list[NodeRecord]) -> Tree:
     """Build the pure tree view from node records (the same records give the same view back)."""
     key = id(records[0]) if records else 0
-    if key in _LAST_TREE:
-        seen, tree = _LAST_TREE[key]
-        if len(seen) == len(records) and all(a is b for a, b in zip(seen, records, strict=True)):
-            return tree
-    out = []
-    for r in records:
-        hit = _TREE_NODES.get(id(r))
-        if hit is None or hit[0] is not r:
-            hit = (r, _tree_node(r))
-            _TREE_NODES[id(r)] = hit
-        out.append(hit[1])
-    if len(_TREE_NODES) > MEMO_LIMIT:
-        _TREE_NODES.clear()
-    tree = Tree.of(out)
+    last = _LAST_TREE.get(key)
+    if last is not None and last[0] is records:
+        return last[2]
+    by_object = {id(r): r for r in records}
+    tree: Tree | None = None
+    if last is not None:
+        fresh = [by_object[k] for k in by_object.keys() - last[1].keys()]
+        replaced = {last[1][k].evidence.id for k in last[1].keys() - by_object.keys()}
+        if replaced <= {r.evidence.id for r in fresh}:  # no node left the tree: update the last view
+            tree = last[2].updated(map(_tree_node, fresh))
+    if tree is None:
+        tree = Tree.of(map(_tree_node, records))
     if len(_LAST_TREE) > 64:
         _LAST_TREE.clear()
-    _LAST_TREE[key] = (list(records), tree)
+    _LAST_TREE[key] = (records, by_object, tree)
     return tree
 
 

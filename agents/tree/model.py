@@ -27,24 +27,35 @@ class TreeNode:
 @dataclass
 class Tree:
     nodes: dict[int, TreeNode] = field(default_factory=dict)
-    _kids: dict[int | None, list[TreeNode]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
-    _indexed: int = field(default=-1, init=False, repr=False, compare=False)
+    # parent -> children's ids in order; built on first use, shared by `updated` trees (never edited)
+    _kids: dict[int | None, list[int]] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, nodes: Iterable[TreeNode]) -> Tree:
         """Build a tree from its nodes."""
         return cls({n.id: n for n in nodes})
 
+    def updated(self, changed: Iterable[TreeNode]) -> Tree:
+        """Return this tree with some nodes replaced or added (the rest, and its index, are shared)."""
+        nodes = dict(self.nodes)
+        kids = self._kids
+        for n in changed:
+            old = nodes.get(n.id)
+            nodes[n.id] = n
+            if kids is not None and (old is None or old.parent_id != n.parent_id):
+                kids = None  # the shape changed: index again on first use
+        tree = Tree(nodes)
+        tree._kids = kids
+        return tree
+
     def children(self, node_id: int) -> list[TreeNode]:
         """Return a node's children ordered by id."""
-        if self._indexed != len(self.nodes):  # built once; the view is not edited after it is made
-            self._kids = {}
-            for n in sorted(self.nodes.values(), key=lambda n: n.id):
-                self._kids.setdefault(n.parent_id, []).append(n)
-            self._indexed = len(self.nodes)
-        return list(self._kids.get(node_id, []))
+        if self._kids is None:
+            kids: dict[int | None, list[int]] = {}
+            for nid in sorted(self.nodes):
+                kids.setdefault(self.nodes[nid].parent_id, []).append(nid)
+            self._kids = kids
+        return [self.nodes[i] for i in self._kids.get(node_id, ())]
 
     def ancestors(self, node_id: int) -> list[TreeNode]:
         """Return the ancestors of a node, nearest first."""

@@ -100,9 +100,13 @@ class RecordCache:
         ] = {}  # node -> rid -> (job, metrics)
         self.reports: dict[int, str] = {}  # job -> report
         self.records: dict[int, NodeRecord] = {}
+        self.listed: list[NodeRecord] | None = None  # the last list handed out
 
     def refresh(self, s: Session, study_id: int) -> list[NodeRecord]:
-        """Return every node's record, re-reading only what changed since the last call."""
+        """Return every node's record, re-reading only what changed since the last call.
+
+        The list is shared between calls while nothing changes: callers must not modify it.
+        """
         started = now()
         if self.since is None or time.monotonic() - self.loaded_at > self.FULL_EVERY:
             self._reset()
@@ -175,12 +179,28 @@ class RecordCache:
         ):
             self.reports[jid] = report
             touched.add(nid)
-        for nid in touched:
+        changed = False
+        for nid in sorted(touched):  # new nodes have the highest ids: `records` stays in id order
             node = self.nodes.get(nid)
             if node is not None:
-                self.records[nid] = self._build(node)
+                record = self._build(node)
+                # A row read again within the margin but unchanged keeps its record object, and a
+                # refresh that changed nothing hands out the same list: the tree views, assignments
+                # and fates memoised on them are reused, so a step costs what changed, not the tree.
+                if self.records.get(nid) != record:
+                    out_of_order = (
+                        nid not in self.records and bool(self.records) and nid < next(reversed(self.records))
+                    )
+                    self.records[nid] = record
+                    # Node inserts of one study serialise on its row (`models._number_node`), so
+                    # this holds only for rows written around the ORM: keep the id order anyway.
+                    if out_of_order:
+                        self.records = dict(sorted(self.records.items()))
+                    changed = True
         self.since = started
-        return [self.records[k] for k in sorted(self.records)]
+        if changed or self.listed is None:
+            self.listed = list(self.records.values())
+        return self.listed
 
     def _build(self, node: Node) -> NodeRecord:
         assert node.id is not None

@@ -483,3 +483,32 @@ def test_a_decision_recorded_before_a_stop_is_applied() -> None:
         mem.events.index("merged by ada") < len(mem.events) - 1
         and mem.events[-1] == "finished: stopped by user"
     )
+
+
+def test_the_tree_view_of_changed_records_reads_as_one_built_afresh() -> None:
+    from dataclasses import replace
+
+    from agents.coordinator.graph import tree_of
+    from agents.tree.model import Tree
+
+    def rec(i: int, parent: int | None, status: str) -> NodeRecord:
+        ev = NodeEvidence(i, parent, 0 if parent is None else 1, status, f"n{i}", {}, "policy", None, None, 0,
+                          None, None, {}, [], "", "", number=i)  # fmt: skip
+        return NodeRecord(ev, 0, 0.0, "c0", [], [], 0, 0)
+
+    first = [rec(1, None, "merged"), rec(2, 1, "running"), rec(3, 1, "proposed")]
+    view = tree_of(first)
+    assert tree_of(first) is view  # the same records: the same view
+    view.children(1)
+    # A step later: n2 finished (a new record object), n4 was proposed under it, n3 is unchanged.
+    second = [first[0], replace(first[1], evidence=replace(first[1].evidence, status="evaluated")), first[2]]
+    second.append(rec(4, 2, "proposed"))
+    again = tree_of(second)
+    fresh = Tree.of(again.nodes.values())
+    assert again.nodes == tree_of([rec(1, None, "merged"), rec(2, 1, "evaluated"), rec(3, 1, "proposed"),
+                                   rec(4, 2, "proposed")]).nodes  # fmt: skip
+    assert all(again.children(i) == fresh.children(i) for i in (1, 2, 3, 4))
+    assert again.nodes[2].status == "evaluated" and view.nodes[2].status == "running"
+    # A node that left (a study's rows replaced) is gone from the view, not kept from the last one.
+    third = [second[0], second[1], second[3]]
+    assert sorted(tree_of(third).nodes) == [1, 2, 4]

@@ -203,3 +203,19 @@ def test_refine_children_are_served_before_new_ideas() -> None:
     assert scores[5] < scores[3] and scores[5] < scores[4]  # lower score, served first all the same
     assert selection.select(tree, 1, cfg) == [5]
     assert selection.select(tree, 2, cfg) == [5, 3]
+
+
+def test_an_updated_tree_reads_as_one_built_afresh() -> None:
+    base = Tree.of([node(1, None, S.MERGED), node(2, 1, S.RUNNING), node(3, 1, S.PROPOSED)])
+    base.children(1)  # index it, so the update shares the index
+    changed = [node(2, 1, S.EVALUATED), node(4, 2, S.PROPOSED)]
+    after = base.updated(changed)
+    fresh = Tree.of(
+        [node(1, None, S.MERGED), node(2, 1, S.EVALUATED), node(3, 1, S.PROPOSED), node(4, 2, S.PROPOSED)]
+    )
+    for nid in (1, 2, 3, 4):
+        assert after.children(nid) == fresh.children(nid)
+    assert after.nodes == fresh.nodes
+    assert [n.status for n in base.children(1)] == [S.RUNNING, S.PROPOSED]  # the old view is unchanged
+    same_shape = base.updated([node(3, 1, S.QUEUED)])
+    assert [n.status for n in same_shape.children(1)] == [S.RUNNING, S.QUEUED]
