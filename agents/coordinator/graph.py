@@ -352,12 +352,12 @@ def _active_jobs(state: CoordinatorState) -> list[int]:
 # Storage hands back the same record object while a node is unchanged, and the same list while
 # nothing changed: each study's last view is kept with its records (by object identity), and a new
 # view re-makes only the tree nodes of records it has not seen.
-_LAST_TREE: dict[int, tuple[list[NodeRecord], dict[int, NodeRecord], Tree]] = {}  # by the root record
+_LAST_TREE: dict[int, tuple[list[NodeRecord], dict[int, NodeRecord], Tree]] = {}  # by the root's node id
 
 
 def tree_of(records: list[NodeRecord]) -> Tree:
     """Build the pure tree view from node records (the same records give the same view back)."""
-    key = id(records[0]) if records else 0
+    key = records[0].evidence.id if records else 0  # the root: one entry per study
     last = _LAST_TREE.get(key)
     if last is not None and last[0] is records:
         return last[2]

@@ -100,7 +100,7 @@ class RecordCache:
         ] = {}  # node -> rid -> (job, metrics)
         self.reports: dict[int, str] = {}  # job -> report
         self.records: dict[int, NodeRecord] = {}
-        self.listed: list[NodeRecord] | None = None  # the last list handed out
+        self.listed: list[NodeRecord] | None = None  # the last list handed out; None once records change
 
     def refresh(self, s: Session, study_id: int) -> list[NodeRecord]:
         """Return every node's record, re-reading only what changed since the last call.
@@ -179,7 +179,6 @@ class RecordCache:
         ):
             self.reports[jid] = report
             touched.add(nid)
-        changed = False
         for nid in sorted(touched):  # new nodes have the highest ids: `records` stays in id order
             node = self.nodes.get(nid)
             if node is not None:
@@ -196,9 +195,9 @@ class RecordCache:
                     # this holds only for rows written around the ORM: keep the id order anyway.
                     if out_of_order:
                         self.records = dict(sorted(self.records.items()))
-                    changed = True
+                    self.listed = None
         self.since = started
-        if changed or self.listed is None:
+        if self.listed is None:
             self.listed = list(self.records.values())
         return self.listed
 
