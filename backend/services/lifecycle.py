@@ -12,6 +12,7 @@ import shutil
 import sqlite3
 from typing import Any
 
+from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from agents.tree.status import StudyStatus, check_study_transition
@@ -59,10 +60,22 @@ def change(s: Session, study_id: int, new: StudyStatus, event: str | None = None
 
 
 def start(s: Session, study_id: int) -> bool:
-    """Mark a created study running once its baseline is being measured; return whether it changed."""
-    if load(s, study_id).status != StudyStatus.CREATED:
+    """Mark a created study running once its baseline is being measured; return whether it changed.
+
+    One conditional update: a pause or stop that came in since the study was read wins over it.
+    """
+    st = load(s, study_id)
+    if st.status != StudyStatus.CREATED:
         return False
-    change(s, study_id, StudyStatus.RUNNING, "started")
+    won = s.execute(
+        update(Study)
+        .where(col(Study.id) == study_id, col(Study.status) == StudyStatus.CREATED)
+        .values(status=str(StudyStatus.RUNNING), started_at=now())
+    )
+    s.expire(st)
+    if not won.rowcount:  # type: ignore[attr-defined]
+        return False
+    add_event(s, study_id, "study.started", None)
     return True
 
 
