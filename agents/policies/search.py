@@ -61,6 +61,11 @@ def _assignments(space: Space, ctx: IdeationInput) -> tuple[dict[int, Assignment
     return assignment, seen
 
 
+def _tag(by_id: dict[int, NodeEvidence], node_id: int) -> str:
+    """Return how texts name a node: `n` and its number in the study."""
+    return f"n{by_id[node_id].number}" if node_id in by_id else "n?"
+
+
 def sampler_seed(seed: int, round_no: int) -> int:
     """Return the sampler seed of one ideation round."""
     return (seed * 7919 + round_no) % 2**32
@@ -137,9 +142,7 @@ class SearchPolicy:
                 out.append((node, a, f"refine n{node.number}: {req.goal}", "refine", node.id))
         for nid in ctx.revisit[:1]:
             if nid in assignment and len(out) < ctx.k and by_id.get(ctx.trunk_node_id) is not None:
-                why = (
-                    f"test n{by_id[nid].number if nid in by_id else '?'}'s change again on the current trunk"
-                )
+                why = f"test {_tag(by_id, nid)}'s change again on the current trunk"
                 out.append((by_id[ctx.trunk_node_id], assignment[nid], why, "revisit", nid))
         root = next(n for n in ctx.nodes if n.parent_id is None)
         leaps = list(ctx.restart) + ([-1] if ctx.plateau_level >= 2 else [])
@@ -150,8 +153,11 @@ class SearchPolicy:
             a = self._far(space, rng, avoid, seen)
             if a is not None:
                 seen.add(space.key_of(a))
-                gone = by_id[failed].number if failed in by_id else "?"
-                why = f"restart away from n{gone}'s branch" if failed >= 0 else "leap: progress has stalled"
+                why = (
+                    f"restart away from {_tag(by_id, failed)}'s branch"
+                    if failed >= 0
+                    else "leap: progress has stalled"
+                )
                 out.append(
                     (root, a, why, "restart" if failed >= 0 else "policy", failed if failed >= 0 else None)
                 )

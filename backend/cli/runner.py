@@ -69,7 +69,7 @@ def run_study(
             waiting = driver.advance()
             if waiting.finished:
                 break
-            if question is not None and question.answered.is_set():
+            if question is not None and answered():
                 answer, node_id, question = question.answer(), question.node_id, None
                 with db.session(settings.db_url) as s:
                     decide_approval(
@@ -100,7 +100,7 @@ def run_study(
                 if tick:
                     tick()
                 time.sleep(1.0)
-        if question is not None and question.answered.is_set():
+        if question is not None and answered():
             question.answer()  # an approver that failed fails the run, even once the study ended
     finally:
         pool.shutdown()
