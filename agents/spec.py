@@ -135,7 +135,8 @@ class Budget(_Section):
     experiments: int = Field(default=30, ge=1, le=100_000)
     parallel: int = Field(default=2, ge=1, le=64)
     hours: float = Field(default=2.0, gt=0, le=24 * 366)
-    usd: float = Field(default=5.0, ge=0, le=1_000_000)
+    usd: float = Field(default=5.0, ge=0, le=1_000_000)  # LLM spend; 0: no USD limit
+    tokens: int | None = Field(default=None, ge=1000, le=10**12)  # LLM tokens in and out, every call
 
 
 class Gate(_Section):
@@ -171,6 +172,35 @@ class PolicySection(_Section):
     # The search policy's Optuna sampler; auto: GP where torch and scipy are installed, else TPE.
     sampler: Literal["auto", "gp", "tpe", "random"] = "auto"
     max_depth: int = Field(default=6, ge=1, le=1000)
+    # How the executor acts: native tool calls, the text action format, or "auto" (litellm's word
+    # on the model; native for a model it does not know, falling back to text if the server refuses).
+    tool_mode: Literal["auto", "native", "text"] = "auto"
+    system_role: bool = True  # false for models whose template has no system role
+    extra: dict[str, Any] = {}  # provider options passed through, e.g. {num_ctx = 16384} for Ollama
+    max_input_tokens: int | None = Field(default=None, ge=1000, le=100_000_000)  # None: the model's own
+    max_output_tokens: int = Field(default=4096, ge=16, le=1_000_000)
+    keep_turns: int = Field(default=4, ge=1, le=1000)  # turns kept whole when the context must shrink
+
+    @field_validator("extra")
+    @classmethod
+    def _provider_options(cls, v: dict[str, Any]) -> dict[str, Any]:
+        bad = [
+            k for k in v if not re.fullmatch(r"[a-z][a-z0-9_]*", k) or any(w in k for w in RESERVED_OPTIONS)
+        ]
+        if bad:
+            raise ValueError(
+                f"{', '.join(sorted(bad))}: not a provider option Grove passes through (endpoints, keys, "
+                "headers, the model, messages, tools, limits and retries are Grove's own settings)"
+            )
+        return v
+
+
+# Words in a provider option's name that would let a spec redirect calls, read keys or undo limits.
+RESERVED_OPTIONS = (
+    "api", "key", "base", "url", "header", "auth", "token", "secret", "credential", "aws", "vertex",
+    "azure", "client", "callback", "litellm", "mock", "proxy", "organization", "model", "message",
+    "tool", "stream", "retr", "timeout", "metadata", "cost", "region", "project",
+)  # fmt: skip
 
 
 class Plateau(_Section):

@@ -1,8 +1,17 @@
 """An OpenAI-compatible chat server on loopback that answers from a script (the one allowed fake).
 
-Each request is routed by the `ROLE: <name>` line of its system prompt to that role's queue of
-scripted answers: `{"content": ...}`, `{"tool": name, "args": {...}}`, `{"tool": name, "raw": "..."}`
-(malformed arguments) or `{"status": 429}`. An empty queue gets a harmless default.
+Each request is routed by the `ROLE: <name>` line of its system prompt (or, for a model without a
+system role, of its first message) to that role's queue of scripted answers:
+
+- `{"content": ...}`: a plain answer (also how a model in the text action format acts);
+- `{"tool": name, "args": {...}}`, or `{"tool": name, "raw": "..."}` for arguments as written;
+- `"finish_reason": "length"` on either: the answer was cut off by the output limit;
+- `{"status": 502, "retry_after": "0"}`: an error status, with a `Retry-After` header if given;
+- `{"context_error": True}`: the 400 a server sends for a prompt longer than its context;
+- `{"wait": threading.Event()}` before any of these: the answer waits until the event is set.
+
+An empty queue gets a harmless default. `refuse_tool_choice` and `refuse_tools` make the server
+answer 400 to any request carrying `tool_choice` or `tools`, as servers without tool support do.
 """
 
 from __future__ import annotations
@@ -22,8 +31,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 class FakeLLM:
-    def __init__(self, script: dict[str, list[dict[str, Any]]]) -> None:
+    def __init__(
+        self,
+        script: dict[str, list[dict[str, Any]]],
+        refuse_tool_choice: bool = False,
+        refuse_tools: bool = False,
+    ) -> None:
         self.script = {k: list(v) for k, v in script.items()}
+        self.refuse_tool_choice, self.refuse_tools = refuse_tool_choice, refuse_tools
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         fake = self
@@ -35,8 +50,11 @@ class FakeLLM:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 status, payload = fake.answer(body, self.headers.get("Authorization", ""))
+                headers = payload.pop("_headers", {})
                 data = json.dumps(payload).encode()
                 self.send_response(status)
+                for key, value in headers.items():
+                    self.send_header(key, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -55,18 +73,35 @@ class FakeLLM:
         self.server.server_close()
 
     def role_of(self, body: dict[str, Any]) -> str:
+        first = body["messages"][0] if body["messages"] else {}
         system = next((m.get("content") or "" for m in body["messages"] if m["role"] == "system"), "")
-        match = re.search(r"ROLE: (\w+)", system)
+        match = re.search(r"ROLE: (\w+)", system or str(first.get("content") or ""))
         return match.group(1) if match else "unknown"
 
     def answer(self, body: dict[str, Any], authorization: str = "") -> tuple[int, dict[str, Any]]:
         with self.lock:
             role = self.role_of(body)
             self.requests.append({"role": role, "body": body, "authorization": authorization})
+            if self.refuse_tool_choice and "tool_choice" in body:
+                return 400, {"error": {"message": '"auto" tool choice requires --enable-auto-tool-choice and '
+                                                  "--tool-call-parser to be set", "type": "BadRequestError"}}  # fmt: skip
+            if self.refuse_tools and "tools" in body:
+                return 400, {
+                    "error": {"message": "this model does not support tools", "type": "BadRequestError"}
+                }
             queue = self.script.get(role, [])
             step = queue.pop(0) if queue else DEFAULTS.get(role, {"content": ""})
+        if "wait" in step:
+            step["wait"].wait(timeout=120)
+        if step.get("context_error"):
+            return 400, {"error": {"message": "This model's maximum context length is 4096 tokens. However, "
+                                              "your messages resulted in 9000 tokens.", "type": "invalid_request_error",
+                                   "code": "context_length_exceeded"}}  # fmt: skip
         if "status" in step:
-            return int(step["status"]), {"error": {"message": "scripted failure", "type": "rate_limit_error"}}
+            error = {"error": {"message": "scripted failure", "type": "server_error"}}
+            if "retry_after" in step:
+                error["_headers"] = {"Retry-After": str(step["retry_after"])}
+            return int(step["status"]), error
         message: dict[str, Any] = {"role": "assistant", "content": step.get("content")}
         if "tool" in step:
             args = step.get("raw", json.dumps(step.get("args", {})))
@@ -84,7 +119,12 @@ class FakeLLM:
             "created": int(time.time()),
             "model": body["model"],
             "choices": [
-                {"index": 0, "message": message, "finish_reason": "tool_calls" if "tool" in step else "stop"}
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": step.get("finish_reason")
+                    or ("tool_calls" if "tool" in step else "stop"),
+                }
             ],
             "usage": {
                 "prompt_tokens": prompt_tokens,

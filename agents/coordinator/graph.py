@@ -81,7 +81,7 @@ def observe(
         interrupt({"kind": "paused", "study_id": sid})
         return Command(goto="observe")
     budget = study.spec.budget
-    if study.spec.policy_kind == "llm" and study.usd_spent >= budget.usd:
+    if study.spec.policy_kind == "llm" and 0 < budget.usd <= study.usd_spent:
         storage.event(sid, "budget.exhausted", None, {"usd": study.usd_spent, "budget": budget.usd})
         storage.pause(sid, f"LLM budget spent: ${study.usd_spent:.4g} of ${budget.usd:.4g}")
         return Command(goto="observe")
@@ -104,7 +104,9 @@ def observe(
     return Command(update={"awaiting": awaiting}, goto="wait")
 
 
-def ideate(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Command[Literal["select"]]:
+def ideate(
+    state: CoordinatorState, runtime: Runtime[CoordinatorContext]
+) -> Command[Literal["select", "observe"]]:
     """Ask the policy for proposals when too few nodes wait, then go to select."""
     storage, config = runtime.context.storage, runtime.context.config
     sid = state["study_id"]
@@ -122,7 +124,7 @@ def ideate(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Com
         except BudgetExhausted as exc:
             storage.event(sid, "budget.exhausted", None, {"reason": str(exc)})
             storage.pause(sid, str(exc))
-            return Command(update={"round_no": round_no + 1}, goto="select")
+            return Command(update={"round_no": round_no + 1}, goto="observe")  # the pause comes first
         except ModelError as exc:
             storage.event(sid, "llm.error", None, {"role": "ideator", "error": str(exc)[:1000]})
             storage.add_proposals(sid, round_no, [])

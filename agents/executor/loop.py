@@ -1,21 +1,32 @@
 """The executor's ReAct loop (Thought → Action → Observation) over a model and a toolbox.
 
+A model acts through native tool calls, or through the text action format (`TEXT_FORMAT`): one
+fenced `action` block holding a JSON object per answer, for servers and models without tool calling.
+
 Exceptions::
 
     ExecutorError
-     ├── LimitReached      turn, token or wall-clock limit hit before finish()
-     └── (ModelError, BudgetExhausted come from the model seam)
+     └── LimitReached      turn, token, time, context or format-error limit hit before finish()
+    (ModelError, BudgetExhausted come from the model seam)
+
+At any limit, if the last `evaluate_dev` passed and nothing changed since, the run ends as if the
+model had finished: the change is kept and evaluated rather than thrown away.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.executor.tools import TOOLS, Submitted, Toolbox
-from agents.policies.llm.model import Model
+from agents.executor.tools import SCHEMAS, TOOLS, Submitted, Toolbox
+from agents.policies.llm.model import ContextTooLong, Model, ToolsUnsupported, Turn
+
+FORMAT_ERRORS = 3  # malformed answers in a row that end an attempt
+SHORT = 300  # characters an old observation keeps when the conversation must shrink
+CHANGES_FILES = frozenset({"write", "edit", "run"})
 
 
 class ExecutorError(RuntimeError):
@@ -23,14 +34,15 @@ class ExecutorError(RuntimeError):
 
 
 class LimitReached(ExecutorError):
-    """A turn, token or time limit was reached."""
+    """A turn, token, time, context or format-error limit was reached."""
 
 
 @dataclass(frozen=True)
 class Limits:
     turns: int = 30
-    tokens: int = 400_000
+    tokens: int = 400_000  # new tokens: each call's output and the part of its prompt not sent before
     seconds: float = 1800.0
+    keep_turns: int = 4  # turns whose observations stay whole when the conversation must shrink
 
 
 @dataclass
@@ -39,6 +51,55 @@ class Transcript:
     feedback: list[str] = field(default_factory=list)  # errors and evaluation results the executor saw
     tokens: int = 0
     turns: int = 0
+    dev_ok: bool = False  # the last evaluate_dev passed and no file-changing tool ran since
+    context: int = 0  # tokens of the last call's prompt and answer
+    stopped: str = ""  # the limit that ended the run, when it ended on a passing evaluate_dev
+
+
+def _tool_lines() -> str:
+    lines = []
+    for s in SCHEMAS:
+        props = s["parameters"].get("properties", {})
+        need = set(s["parameters"].get("required", []))
+        args = ", ".join(f"{k}{'' if k in need else '?'}: {v['type']}" for k, v in props.items())
+        lines.append(f"- {s['name']}({args}): {s['description']}")
+    return "\n".join(lines)
+
+
+TEXT_FORMAT = (
+    "Act by ending each answer with exactly one action block: a fence labelled `action` holding one\n"
+    'JSON object whose "tool" names the tool and whose other keys are its arguments, for example\n'
+    '```action\n{"tool": "edit", "path": "config.toml", "search": "x = 0", "replace": "x = 3"}\n```\n'
+    "Only the first block of an answer runs; its result comes back as the next message.\n"
+    "Tools (`?` marks an optional argument):\n" + _tool_lines()
+)
+
+_FENCE = re.compile(r"```[ \t]*(action|json|tool)?[ \t]*\n", re.I)
+
+
+class FormatError(ValueError):
+    """An answer holds no action this loop can run; the message says what to send instead."""
+
+
+def parse_action(text: str) -> tuple[str, dict[str, Any]]:
+    """Return the tool name and arguments of the first action block in `text`."""
+    for m in _FENCE.finditer(text):
+        try:
+            value, _ = json.JSONDecoder().raw_decode(text[m.end() :].lstrip())
+        except ValueError as exc:
+            if m.group(1):
+                raise FormatError(f"the action block is not valid JSON ({exc})") from None
+            continue
+        if not isinstance(value, dict) or not isinstance(value.get("tool"), str):
+            if m.group(1):
+                raise FormatError('the action block must be a JSON object with a "tool" key') from None
+            continue
+        raw = value.get("args")
+        args: dict[str, Any] = (
+            raw if isinstance(raw, dict) else {k: v for k, v in value.items() if k != "tool"}
+        )
+        return str(value["tool"]), args
+    raise FormatError("the answer holds no action block")
 
 
 def run(
@@ -51,39 +112,202 @@ def run(
 ) -> str:
     """Run until the model calls finish(report) and return the report; `tr` records the conversation."""
     tr = tr if tr is not None else Transcript()
-    tr.messages[:] = [{"role": "system", "content": system}, {"role": "user", "content": task}]
-    started = time.monotonic()
+    text_mode = getattr(model, "tool_mode", "native") == "text"
+    tr.messages[:] = [
+        {"role": "system", "content": system + ("\n\n" + TEXT_FORMAT if text_mode else "")},
+        {"role": "user", "content": task},
+    ]
+    started, errors, squeezed = time.monotonic(), 0, False
     while True:
         if tr.turns >= limits.turns:
-            raise LimitReached(f"turn limit ({limits.turns}) reached before finish()")
+            return _stop(tr, f"turn limit ({limits.turns}) reached before finish()")
         if tr.tokens >= limits.tokens:
-            raise LimitReached(f"token limit ({limits.tokens}) reached before finish()")
+            return _stop(tr, f"token limit ({limits.tokens}) reached before finish()")
         if time.monotonic() - started >= limits.seconds:
-            raise LimitReached(f"time limit ({limits.seconds:g} s) reached before finish()")
-        turn = model.complete("executor", tr.messages, TOOLS)
-        tr.turns += 1
-        tr.tokens += turn.tokens_in + turn.tokens_out
-        tr.messages.append(turn.message())
-        if not turn.tool_calls:
-            tr.messages.append(
-                {"role": "user", "content": "Act with a tool call; call finish(report) when done."}
-            )
+            return _stop(tr, f"time limit ({limits.seconds:g} s) reached before finish()")
+        over = fit(model, tr.messages, limits.keep_turns, None if text_mode else TOOLS)
+        if over:
+            return _stop(tr, over)
+        try:
+            turn = model.complete("executor", tr.messages, None if text_mode else TOOLS)
+        except ToolsUnsupported:
+            if text_mode:
+                raise
+            text_mode = True  # the server takes no tool definitions: go on in the text action format
+            setattr(model, "tool_mode", "text")  # noqa: B010 - not every Model has the attribute
+            tr.messages[:] = as_text(tr.messages)
             continue
-        for call in turn.tool_calls:
-            try:
-                args = json.loads(call.arguments or "{}")
-                if not isinstance(args, dict):
-                    raise ValueError("arguments must be a JSON object")
-            except ValueError as exc:
-                obs = (
-                    f"error: malformed arguments for {call.name}: {exc}. Send the arguments as a JSON object."
-                )
-            else:
-                try:
-                    obs = toolbox.call(call.name, args)
-                except Submitted as done:
-                    tr.messages.append({"role": "tool", "tool_call_id": call.id, "content": "finished"})
-                    return done.report
-            if obs.startswith(("error:", "refused:")) or call.name in ("evaluate_dev", "run"):
-                tr.feedback.append(f"{call.name}: {obs[:2000]}")
+        except ContextTooLong as exc:
+            if squeezed:
+                return _stop(tr, f"the conversation no longer fits the model's context ({exc})")
+            squeezed = True
+            shorten(tr.messages, keep_turns=1)
+            continue
+        tr.turns += 1
+        tr.tokens += turn.tokens_out + max(0, turn.tokens_in - tr.context)
+        tr.context = turn.tokens_in + turn.tokens_out
+        tr.messages.append(
+            turn.message() if not text_mode else {"role": "assistant", "content": turn.content}
+        )
+        try:
+            ran = (_text_turn if text_mode or not turn.tool_calls else _tool_turn)(toolbox, turn, tr)
+        except Submitted as done:
+            return done.report
+        except FormatError as exc:
+            ran = False
+            tr.messages.append({"role": "user", "content": _format_help(exc, turn.finish_reason, text_mode)})
+            tr.feedback.append(f"format: {exc}")
+        errors = 0 if ran else errors + 1
+        if errors >= FORMAT_ERRORS:
+            return _stop(tr, f"{FORMAT_ERRORS} answers in a row held no action that could run")
+        _stamp(tr, limits)
+
+
+def _tool_turn(toolbox: Toolbox, turn: Turn, tr: Transcript) -> bool:
+    """Run a turn's native tool calls; return whether any ran."""
+    ran = False
+    for call in turn.tool_calls:
+        if turn.finish_reason == "length":
+            obs = (
+                "error: your answer was cut off by the output limit, so this call's arguments are "
+                "incomplete and nothing ran; send less per call (edit a part instead of writing a whole file)"
+            )
+            tr.feedback.append(f"{call.name}: {obs}")
             tr.messages.append({"role": "tool", "tool_call_id": call.id, "content": obs})
+            continue
+        try:
+            args = json.loads(call.arguments or "{}")
+            if not isinstance(args, dict):
+                raise ValueError("arguments must be a JSON object")
+        except ValueError as exc:
+            obs = f"error: malformed arguments for {call.name}: {exc}. Send the arguments as a JSON object."
+        else:
+            ran = True
+            obs = _act(toolbox, call.name, args, tr, call.id)
+        tr.messages.append({"role": "tool", "tool_call_id": call.id, "content": obs})
+    return ran
+
+
+def _text_turn(toolbox: Toolbox, turn: Turn, tr: Transcript) -> bool:
+    """Run the first action block of a text answer (or raise FormatError)."""
+    name, args = parse_action(turn.content)
+    obs = _act(toolbox, name, args, tr, None)
+    tr.messages.append({"role": "user", "content": f"Observation ({name}):\n{obs}"})
+    return True
+
+
+def _act(toolbox: Toolbox, name: str, args: dict[str, Any], tr: Transcript, call_id: str | None) -> str:
+    try:
+        obs = toolbox.call(name, args)
+    except Submitted:
+        tr.messages.append(
+            {"role": "tool", "tool_call_id": call_id, "content": "finished"}
+            if call_id
+            else {"role": "user", "content": "Observation (finish): finished"}
+        )
+        raise
+    if name == "evaluate_dev":
+        tr.dev_ok = obs.startswith("dev evaluation ok")
+    elif name in CHANGES_FILES and not obs.startswith(("error:", "refused:")):
+        tr.dev_ok = False
+    if obs.startswith(("error:", "refused:")) or name in ("evaluate_dev", "run"):
+        tr.feedback.append(f"{name}: {obs[:2000]}")
+    return obs
+
+
+def _stamp(tr: Transcript, limits: Limits) -> None:
+    """Tell the model where it stands: turn k of N, on the turn's last observation."""
+    last = tr.messages[-1]
+    if last["role"] in ("tool", "user"):
+        last["content"] = f"{last['content']}\n[turn {tr.turns} of {limits.turns}]"
+
+
+def _format_help(exc: FormatError, finish_reason: str, text_mode: bool) -> str:
+    why = (
+        "your answer was cut off by the output limit before its action was complete"
+        if finish_reason == "length"
+        else str(exc)
+    )
+    how = (
+        'End your answer with one ```action block holding a JSON object with a "tool" key.'
+        if text_mode
+        else "Call one of the tools, or end your answer with one ```action block holding a JSON object "
+        'with a "tool" key.'
+    )
+    return f"error: {why}; nothing ran. {how} Call finish(report) when you are done."
+
+
+def _stop(tr: Transcript, reason: str) -> str:
+    """End at a limit: keep the change if its last dev evaluation passed, else raise LimitReached."""
+    if not tr.dev_ok:
+        raise LimitReached(reason)
+    tr.stopped = reason
+    return f"Stopped: {reason}. The last evaluate_dev passed on the files as they are, so they are kept."
+
+
+def shorten(messages: list[dict[str, Any]], keep_turns: int) -> None:
+    """Cut observations and long answers older than the last `keep_turns` turns, in place."""
+    starts = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if len(starts) <= keep_turns:
+        return
+    for m in messages[2 : starts[-keep_turns]]:
+        content = m.get("content")
+        if isinstance(content, str) and len(content) > SHORT + 100:
+            m["content"] = content[:SHORT] + f"\n[… {len(content) - SHORT} characters cut to save context]"
+        for call in m.get("tool_calls") or []:
+            fn = call["function"]
+            if len(fn["arguments"]) > SHORT + 100:
+                try:
+                    args = json.loads(fn["arguments"])
+                except ValueError:
+                    args = {}
+                if isinstance(args, dict):
+                    args = {
+                        k: (v[:SHORT] + "…" if isinstance(v, str) and len(v) > SHORT else v)
+                        for k, v in args.items()
+                    }
+                fn["arguments"] = json.dumps(args)
+
+
+def fit(
+    model: Model, messages: list[dict[str, Any]], keep_turns: int, tools: list[dict[str, Any]] | None = None
+) -> str:
+    """Shrink old turns until the prompt fits the model's input limit; return why it cannot."""
+    limit: int | None = getattr(model, "input_limit", None)
+    count = getattr(model, "count", None)
+    if limit is None or count is None:
+        return ""
+    for keep in (None, keep_turns, 1):
+        if keep is not None:
+            shorten(messages, keep)
+        need = int(count(messages, tools))
+        if need <= limit:
+            return ""
+    return f"context limit: the conversation needs {need} tokens even shortened, the input limit is {limit}"
+
+
+def as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return a tool-calling conversation rewritten in the text action format."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m["role"] == "system":
+            out.append({"role": "system", "content": f"{m['content']}\n\n{TEXT_FORMAT}"})
+        elif m["role"] == "assistant" and m.get("tool_calls"):
+            blocks = [
+                f"```action\n{json.dumps({'tool': c['function']['name'], **_args(c['function']['arguments'])})}\n```"
+                for c in m["tool_calls"]
+            ]
+            out.append({"role": "assistant", "content": "\n".join([m.get("content") or "", *blocks]).strip()})
+        elif m["role"] == "tool":
+            out.append({"role": "user", "content": f"Observation:\n{m['content']}"})
+        else:
+            out.append({"role": m["role"], "content": m.get("content") or ""})
+    return out
+
+
+def _args(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -6,7 +6,7 @@ writes outside `files.editable` are refused with an observation the model can ac
 
 from __future__ import annotations
 
-import re
+import json
 import stat
 import time
 from dataclasses import dataclass
@@ -71,6 +71,30 @@ SCHEMAS: list[dict[str, Any]] = [
 TOOLS = [{"type": "function", "function": s} for s in SCHEMAS]
 
 
+_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "number": (int, float)}
+
+
+def check_arguments(name: str, args: dict[str, Any]) -> str:
+    """Return what is wrong with a tool call's arguments against its schema, or ""."""
+    schema = next((s["parameters"] for s in SCHEMAS if s["name"] == name), None)
+    if schema is None:
+        return ""
+    props: dict[str, dict[str, str]] = schema.get("properties", {})
+    unknown = sorted(set(args) - set(props))
+    if unknown:
+        return f"unknown argument(s) {', '.join(unknown)}; {name} takes {', '.join(props) or 'none'}"
+    missing = [k for k in schema.get("required", []) if k not in args]
+    if missing:
+        return f"missing required argument(s) {', '.join(missing)}"
+    for key, value in args.items():
+        want = props[key]["type"]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, _TYPES[want])):
+            return (
+                f"`{key}` must be {'an' if want == 'integer' else 'a'} {want}, got {json.dumps(value)[:80]}"
+            )
+    return ""
+
+
 def resolve_inside(root: Path, rel: str) -> Path:
     """Resolve a model-given path inside `root`, or raise ToolRefused."""
     if not isinstance(rel, str) or not rel.strip():
@@ -98,15 +122,18 @@ class Toolbox:
         fn = getattr(self, f"t_{name}", None)
         if fn is None:
             return f"error: unknown tool {name!r}; tools are " + ", ".join(s["name"] for s in SCHEMAS)
+        problem = check_arguments(name, args)
+        if problem:
+            return f"error: bad arguments for {name}: {problem}"
         try:
             # File names need not be UTF-8: escape what would not survive the trip to the model.
             return str(fn(**args)).encode("utf-8", "backslashreplace").decode("utf-8")
-        except TypeError as exc:
-            return f"error: bad arguments for {name}: {exc}"
+        except (Submitted, KeyboardInterrupt):
+            raise
         except ToolRefused as exc:
             return f"refused: {exc}"
-        except (OSError, UnicodeDecodeError, re.error, RuntimeError) as exc:  # RuntimeError: a link loop
-            return f"error: {type(exc).__name__}: {exc}"
+        except Exception as exc:  # whatever a tool raises is the model's observation, never the node's end
+            return f"error: {name} failed: {type(exc).__name__}: {exc}"
 
     def _text(self, target: Path, rel: str) -> str:
         """Return a regular file's text, refusing FIFOs, devices and files too large to read."""

@@ -21,30 +21,34 @@ def make_policy(spec: Spec, ledger: object | None = None) -> Policy:
     from agents.policies.llm.model import LitellmModel, ModelConfig
     from agents.policies.llm.policy import LlmPolicy
 
-    model = os.environ.get("GROVE_MODEL") or spec.policy.model
+    model = model_of(spec)
     if not model:
         raise PolicyUnavailable(
             "policy.kind = 'llm' needs policy.model (or GROVE_MODEL), e.g. 'openai/gpt-4.1'"
         )
     if ledger is None:
         raise PolicyUnavailable("the llm policy needs a ledger to charge its calls to")
-    prices = None
-    if spec.policy.input_usd_per_mtok is not None or spec.policy.output_usd_per_mtok is not None:
-        prices = {
-            "input_cost_per_token": (spec.policy.input_usd_per_mtok or 0.0) / 1e6,
-            "output_cost_per_token": (spec.policy.output_usd_per_mtok or 0.0) / 1e6,
-        }
+    prices = prices_of(spec)
     api_base, api_key = endpoint(spec, model)
     config = ModelConfig(
         model=model,
         api_base=api_base,
         api_key=api_key,
         prices=prices,
-        retries=int(os.environ.get("GROVE_LLM_RETRIES", "3")),
+        retries=int(os.environ.get("GROVE_LLM_RETRIES", "5")),
         backoff=float(os.environ.get("GROVE_LLM_BACKOFF", "1.0")),
+        max_backoff=float(os.environ.get("GROVE_LLM_MAX_BACKOFF", "60")),
+        tool_mode=spec.policy.tool_mode,
+        system_role=spec.policy.system_role,
+        extra=dict(spec.policy.extra),
+        max_input_tokens=spec.policy.max_input_tokens,
+        max_output_tokens=spec.policy.max_output_tokens,
     )
     limits = Limits(
-        turns=spec.policy.max_turns, tokens=spec.policy.max_tokens, seconds=spec.policy.executor_minutes * 60
+        turns=spec.policy.max_turns,
+        tokens=spec.policy.max_tokens,
+        seconds=spec.policy.executor_minutes * 60,
+        keep_turns=spec.policy.keep_turns,
     )
     return LlmPolicy(LitellmModel(config, ledger), limits)  # type: ignore[arg-type]
 
@@ -81,3 +85,30 @@ def server_endpoint(model: str) -> tuple[str | None, str | None]:
 def _provider_key(model: str) -> str | None:
     provider = model.split("/", 1)[0].upper().replace("-", "_")
     return os.environ.get(f"{provider}_API_KEY")
+
+
+def prices_of(spec: Spec) -> dict[str, float] | None:
+    """Return the per-token prices the spec gives for its model, if it gives any."""
+    if spec.policy.input_usd_per_mtok is None and spec.policy.output_usd_per_mtok is None:
+        return None
+    return {
+        "input_cost_per_token": (spec.policy.input_usd_per_mtok or 0.0) / 1e6,
+        "output_cost_per_token": (spec.policy.output_usd_per_mtok or 0.0) / 1e6,
+    }
+
+
+def model_of(spec: Spec) -> str | None:
+    """Return the model the llm policy will call (the operator's GROVE_MODEL wins)."""
+    return os.environ.get("GROVE_MODEL") or spec.policy.model
+
+
+def unpriced(model: str) -> bool:
+    """Return whether litellm has no price (or only a zero price) for `model`."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    try:
+        info = litellm.get_model_info(model)
+    except Exception:  # litellm raises plain Exceptions for models it does not map
+        return True
+    return not (info.get("input_cost_per_token") or info.get("output_cost_per_token"))

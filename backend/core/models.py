@@ -210,6 +210,17 @@ class LlmCall(SQLModel, table=True):
     created_at: datetime = Field(default_factory=now)
 
 
+class LlmHold(SQLModel, table=True):
+    """A model call in flight: its worst-case cost, held against the budget until the call is charged."""
+
+    __tablename__ = "llm_hold"
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(index=True, foreign_key="study.id")
+    usd: float = 0.0
+    tokens: int = 0
+    created_at: datetime = Field(default_factory=now)
+
+
 class Trajectory(SQLModel, table=True):
     __table_args__ = (Index("ix_trajectory_study_created", "study_id", "created_at"),)
     id: int | None = Field(default=None, primary_key=True)

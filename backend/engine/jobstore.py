@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,7 +23,7 @@ from agents.tree.status import NodeStatus
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.gitops import Repo
-from backend.core.models import Job, LlmCall, Node, ReceiptRow, Study, Trajectory, now
+from backend.core.models import Job, LlmCall, LlmHold, Node, ReceiptRow, Study, Trajectory, now
 from backend.services.records import add_event, latest_insight, mark_unsandboxed, spec_of, transition
 from backend.services.storage import experiments_used
 
@@ -64,8 +65,9 @@ class JobStore(Protocol):
         self, passed: bool, reason: str, commit: str, values: list[float], gain: float | None
     ) -> None: ...
     def keep_trunk_heldout(self, trunk_commit: str, values: list[float]) -> None: ...
-    def llm_budget(self) -> tuple[float, float]: ...
-    def llm_record(self, call: dict[str, Any]) -> int: ...
+    def llm_reserve(self, usd: float, tokens: int) -> dict[str, Any]: ...
+    def llm_release(self, hold: int) -> None: ...
+    def llm_record(self, call: dict[str, Any], hold: int | None = None) -> int: ...
     def mark_unsandboxed(self) -> None: ...
     def publish(self, repo: Repo, ref: str, commit: str) -> None: ...
 
@@ -75,12 +77,13 @@ _COMMON = frozenset({"study", "node", "add_receipts", "mark_unsandboxed"})
 CALLS: dict[str, frozenset[str]] = {
     "experiment": _COMMON | {
         "event", "finish", "crash", "insights", "save_trajectory", "relabel", "not_worth_it",
-        "keep_trunk_dev", "llm_budget", "llm_record",
+        "keep_trunk_dev", "llm_reserve", "llm_release", "llm_record",
     },
     "baseline": _COMMON | {"finish_sealed", "baseline_dev", "baseline_heldout", "test_query"},
     "gate": _COMMON | {"finish_sealed", "gate_crashed", "test_query", "verdict", "keep_trunk_heldout"},
 }  # fmt: skip
 EVENTS = frozenset({"node.repeated"})  # the only events a job writes by name
+HOLD_LIFETIME = timedelta(hours=1)  # a hold older than this belongs to a call that died
 LLM_FIELDS = frozenset({"node_id", "role", "model", "base_id", "base_len", "messages", "response",
                         "tokens_in", "tokens_out", "usd"})  # fmt: skip
 
@@ -228,16 +231,6 @@ class DbStore:
         if used > spec.budget.experiments:
             return "the experiment budget would be overspent"
         return ""
-
-    def llm_budget(self) -> tuple[float, float]:
-        """Return the USD the study's LLM calls have cost and its budget."""
-        with db.session(self.settings.db_url) as s:
-            st = s.get(Study, self.study_id)
-            assert st is not None
-            used = s.exec(
-                select(func.coalesce(func.sum(LlmCall.usd), 0.0)).where(LlmCall.study_id == self.study_id)
-            ).one()
-            return float(used), spec_of(st).budget.usd
 
     # writes --------------------------------------------------------------------
 
@@ -428,13 +421,64 @@ class DbStore:
                     s.add(root)
                 s.add(study)
 
-    def llm_record(self, call: dict[str, Any]) -> int:
-        """Store one LLM call (its new messages only) and charge it to the node and the study."""
+    def llm_reserve(self, usd: float, tokens: int) -> dict[str, Any]:
+        """Hold a call's worst case against the study's budgets: `{"hold": id}`, or `{"refused": why}`.
+
+        Holds of one study are taken one at a time (the insert takes SQLite's write lock, the row
+        lock on the study PostgreSQL's), so calls in flight together can never overspend.
+        """
+        if not all(isinstance(v, int | float) and v >= 0 for v in (usd, tokens)):
+            raise Refused("a hold needs non-negative usd and tokens")
+        with db.session(self.settings.db_url) as s:
+            hold = LlmHold(study_id=self.study_id, usd=float(usd), tokens=int(tokens))
+            s.add(hold)
+            s.flush()
+            study = s.exec(select(Study).where(Study.id == self.study_id).with_for_update()).one()
+            budget = spec_of(study).budget
+            spent_usd, spent_tokens = s.exec(
+                select(
+                    func.coalesce(func.sum(LlmCall.usd), 0.0),
+                    func.coalesce(func.sum(LlmCall.tokens_in + LlmCall.tokens_out), 0),
+                ).where(LlmCall.study_id == self.study_id)
+            ).one()
+            held_usd, held_tokens = s.exec(
+                select(
+                    func.coalesce(func.sum(LlmHold.usd), 0.0), func.coalesce(func.sum(LlmHold.tokens), 0)
+                ).where(LlmHold.study_id == self.study_id, col(LlmHold.created_at) >= now() - HOLD_LIFETIME)
+            ).one()
+            why = ""
+            if budget.usd > 0 and float(spent_usd) + float(held_usd) > budget.usd:
+                why = (
+                    f"LLM budget spent: ${float(spent_usd):.4g} of ${budget.usd:.4g} charged, "
+                    f"${float(held_usd) - usd:.4g} held by calls in flight, and this call may cost ${usd:.4g}"
+                )
+            elif budget.tokens and int(spent_tokens) + int(held_tokens) > budget.tokens:
+                why = (
+                    f"LLM budget spent: {int(spent_tokens)} of {budget.tokens} tokens used, "
+                    f"{int(held_tokens) - tokens} held by calls in flight, and this call may take {tokens}"
+                )
+            if why:
+                s.delete(hold)
+                return {"refused": why}
+            return {"hold": hold.id}
+
+    def llm_release(self, hold: int) -> None:
+        """Drop the hold of a call that failed (nothing to charge)."""
+        with db.session(self.settings.db_url) as s:
+            row = s.get(LlmHold, hold)
+            if row is not None and row.study_id == self.study_id:
+                s.delete(row)
+
+    def llm_record(self, call: dict[str, Any], hold: int | None = None) -> int:
+        """Store one LLM call (its new messages only), charge it to the node and the study, drop its hold."""
         bad = set(call) - LLM_FIELDS
         costs = [call.get(k, 0) for k in ("tokens_in", "tokens_out", "usd", "base_len")]
         if bad or not all(isinstance(c, int | float) and c >= 0 for c in costs):
             raise Refused(f"an LLM call may not carry {sorted(bad)} or negative counts")
         with db.session(self.settings.db_url) as s:
+            held = s.get(LlmHold, hold) if hold is not None else None
+            if held is not None and held.study_id == self.study_id:
+                s.delete(held)
             node_id = call.get("node_id")
             if node_id is not None:
                 self._node(s, node_id)

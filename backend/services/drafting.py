@@ -34,7 +34,10 @@ class Drafted:
 class _Unbilled:
     """A drafting call belongs to no study yet: nothing to charge it to."""
 
-    def check(self) -> None:
+    def reserve(self, usd: float, tokens: int) -> int | None:
+        return None
+
+    def release(self, hold: int | None) -> None:
         return None
 
     def record(self, *args: object) -> None:

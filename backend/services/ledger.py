@@ -1,4 +1,4 @@
-"""The ledger of LLM calls: budget checked before each call, every call recorded with its prompt."""
+"""The ledger of LLM calls: a hold on the budget before each call, every call recorded with its prompt."""
 
 from __future__ import annotations
 
@@ -20,13 +20,21 @@ class StoreLedger:
         self.store, self.node_id = store, node_id
         self._last: dict[str, tuple[int, list[dict[str, Any]]]] = {}  # role -> its last call and prompt
 
-    def check(self) -> None:
-        """Refuse the call when the study's USD budget is spent."""
-        used, budget = self.store.llm_budget()
-        if used >= budget:
-            raise BudgetExhausted(f"LLM budget spent: ${used:.4g} of ${budget:.4g}")
+    def reserve(self, usd: float, tokens: int) -> int | None:
+        """Hold a call's worst case against the study's budgets, or raise BudgetExhausted."""
+        answer = self.store.llm_reserve(usd, tokens)
+        if answer.get("refused"):
+            raise BudgetExhausted(str(answer["refused"]))
+        return int(answer["hold"])
 
-    def record(self, role: str, model: str, messages: list[dict[str, Any]], turn: Turn) -> None:
+    def release(self, hold: int | None) -> None:
+        """Drop the hold of a call that failed."""
+        if hold is not None:
+            self.store.llm_release(hold)
+
+    def record(
+        self, role: str, model: str, messages: list[dict[str, Any]], turn: Turn, hold: int | None = None
+    ) -> None:
         """Store the call with its prompt and charge it to the node and the study.
 
         A conversation re-sends its history every turn; only the messages that the role's previous
@@ -39,7 +47,8 @@ class StoreLedger:
                 "node_id": self.node_id, "role": role, "model": model, "base_id": base_id if shared else None,
                 "base_len": shared, "messages": messages[shared:], "response": turn.message(),
                 "tokens_in": turn.tokens_in, "tokens_out": turn.tokens_out, "usd": turn.usd,
-            }
+            },
+            hold,
         )  # fmt: skip
         self._last[role] = (call_id, list(messages))
 

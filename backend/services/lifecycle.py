@@ -24,6 +24,7 @@ from backend.core.models import (
     Job,
     LearningJob,
     LlmCall,
+    LlmHold,
     Node,
     ReceiptRow,
     Study,
@@ -120,7 +121,7 @@ def finish(s: Session, study_id: int, reason: str) -> None:
 def discard(s: Session, settings: Settings, study_id: int, thread_id: str) -> None:
     """Delete a study with its rows, its coordinator checkpoints, Grove's clone and its worktrees."""
     study = load(s, study_id)
-    for model in (Approval, Event, InsightVersion, ReceiptRow, Trajectory, LlmCall, Job):
+    for model in (Approval, Event, InsightVersion, ReceiptRow, Trajectory, LlmCall, LlmHold, Job):
         for row in s.exec(select(model).where(col(model.study_id) == study_id)):
             s.delete(row)
     s.flush()

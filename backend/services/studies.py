@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from sqlmodel import Session, select
 
 from agents import globs
+from agents.policies import registry
 from agents.spec import Spec, SpecError, SpecIssue, check_against_tree, format_key, parse_spec
 from agents.tree.status import NodeStatus, StudyStatus
 from backend.core import gitops
@@ -277,8 +278,24 @@ def check_operator_limits(settings: Settings, spec: Spec, source: str = "grove.t
             "GROVE_SANDBOX_NETWORK=true); or install from files in the repository (pip install --no-index ...)"
         )
         issues.append(SpecIssue(key="environment.network", message=message))
+    issues += budget_issues(spec)
     if issues:
         raise SpecError(issues, source)
+
+
+def budget_issues(spec: Spec) -> list[SpecIssue]:
+    """Refuse a USD budget that cannot hold: an llm study whose model has no price."""
+    model = registry.model_of(spec)
+    if spec.policy_kind != "llm" or spec.budget.usd <= 0 or not model or registry.prices_of(spec):
+        return []
+    if not registry.unpriced(model):
+        return []
+    message = (
+        f"litellm has no price for {model!r}, so budget.usd = {spec.budget.usd:g} could never stop the "
+        "study: set policy.input_usd_per_mtok and policy.output_usd_per_mtok (USD per million tokens), "
+        "or set budget.usd = 0 and budget.tokens to cap a local model by tokens"
+    )
+    return [SpecIssue(key="policy.input_usd_per_mtok", message=message)]
 
 
 def register_study(

@@ -266,14 +266,17 @@ class ApiStore:
         """Keep trunk's longer held-out values."""
         self._call("keep_trunk_heldout", trunk_commit=trunk_commit, values=values)
 
-    def llm_budget(self) -> tuple[float, float]:
-        """Return the USD spent on LLM calls and the study's budget."""
-        used, budget = self._call("llm_budget")
-        return float(used), float(budget)
+    def llm_reserve(self, usd: float, tokens: int) -> dict[str, Any]:
+        """Hold a call's worst case against the study's budgets."""
+        return dict(self._call("llm_reserve", usd=usd, tokens=tokens))
 
-    def llm_record(self, call: dict[str, Any]) -> int:
-        """Store one LLM call and charge it."""
-        return int(self._call("llm_record", call=call))
+    def llm_release(self, hold: int) -> None:
+        """Drop a failed call's hold."""
+        self._call("llm_release", hold=hold)
+
+    def llm_record(self, call: dict[str, Any], hold: int | None = None) -> int:
+        """Store one LLM call, charge it and drop its hold."""
+        return int(self._call("llm_record", call=call, hold=hold))
 
     def mark_unsandboxed(self) -> None:
         """Record that the study's code ran without the sandbox."""

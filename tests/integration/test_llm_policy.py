@@ -38,14 +38,21 @@ threshold = 70
 
 
 def llm_repo(
-    tmp_path: Path, usd: float = 1.0, experiments: int = 2, fail_at: int | None = None, soft: bool = False
+    tmp_path: Path,
+    usd: float = 1.0,
+    experiments: int = 2,
+    fail_at: int | None = None,
+    soft: bool = False,
+    policy: str = "",
+    extra_files: dict[str, str] | None = None,
+    name: str = "llm-study",
 ) -> Path:
-    files = tiny_files(name="llm-study", experiments=experiments)
+    files = tiny_files(name=name, experiments=experiments) | (extra_files or {})
     spec = files["grove.toml"]
     if soft:
         spec = spec.replace("[search]", SOFT.lstrip() + "\n[search]")
     spec = spec[: spec.index("[search]")] + spec[spec.index("[budget]") :]
-    spec = spec.replace('[policy]\nkind = "search"\nseed = 0\nchildren = 2\n', LLM_POLICY)
+    spec = spec.replace('[policy]\nkind = "search"\nseed = 0\nchildren = 2\n', LLM_POLICY + policy)
     spec = spec.replace("parallel = 2", f"parallel = 1\nusd = {usd}")
     files["grove.toml"] = spec
     files["eval.py"] = files["eval.py"].replace(

@@ -1,28 +1,44 @@
-"""The model seam: one chat call with optional tools, through litellm, with a cost ledger.
+"""The model seam: one chat call with optional tools, through litellm, charged to a ledger.
 
 Exceptions::
 
     ModelError            a call failed after retries (timeout, rate limit, bad response)
-    BudgetExhausted       the study's USD budget is spent; no call was made
+     ├── ContextTooLong   the provider says the prompt does not fit its context window
+     └── ToolsUnsupported the server refused native tool calling (use the text action format)
+    BudgetExhausted       the study's budget cannot cover the call; no call was made
 """
 
 from __future__ import annotations
 
+import email.utils
 import json
 import os
+import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+# Statuses worth another try: timeouts, conflicts, rate limits and server-side failures.
+TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529})
+DEFAULT_INPUT_LIMIT = 32_000  # tokens, for a model litellm does not describe
 
 
 class ModelError(RuntimeError):
     """A model call failed after its retries."""
 
 
+class ContextTooLong(ModelError):
+    """The provider refused the prompt as longer than the model's context window."""
+
+
+class ToolsUnsupported(ModelError):
+    """The server refused a request because it carried native tool definitions."""
+
+
 class BudgetExhausted(RuntimeError):
-    """The study's LLM budget is spent."""
+    """The study's LLM budget cannot cover another call."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +56,7 @@ class Turn:
     tokens_out: int
     usd: float
     raw: dict[str, Any] = field(default_factory=dict)
+    finish_reason: str = "stop"  # "length": the answer was cut off by the output limit
 
     def message(self) -> dict[str, Any]:
         """Return the assistant message to append to the conversation."""
@@ -53,11 +70,15 @@ class Turn:
 
 
 class Ledger(Protocol):
-    """Where calls are charged: checks the budget before a call and records it after."""
+    """Where calls are charged: a call's worst case is held against the budget, then settled."""
 
-    def check(self) -> None: ...
+    def reserve(self, usd: float, tokens: int) -> int | None: ...
 
-    def record(self, role: str, model: str, messages: list[dict[str, Any]], turn: Turn) -> None: ...
+    def release(self, hold: int | None) -> None: ...
+
+    def record(
+        self, role: str, model: str, messages: list[dict[str, Any]], turn: Turn, hold: int | None = None
+    ) -> None: ...
 
 
 class Model(Protocol):
@@ -70,16 +91,25 @@ class Model(Protocol):
     ) -> Turn: ...
 
 
+ToolMode = Literal["auto", "native", "text"]
+
+
 @dataclass
 class ModelConfig:
     model: str
     api_base: str | None = None
     api_key: str | None = None
     timeout: float = 120.0
-    retries: int = 3
-    backoff: float = 1.0
+    retries: int = 5
+    backoff: float = 1.0  # seconds before the first retry; doubles each time, with jitter
+    max_backoff: float = 60.0  # no wait is longer, whatever `Retry-After` asks
     temperature: float | None = None
     prices: dict[str, float] | None = None  # input_cost_per_token, output_cost_per_token
+    tool_mode: ToolMode = "auto"  # native function calling, the text action format, or ask litellm
+    system_role: bool = True  # false: the system prompt is sent as the head of the first user message
+    extra: dict[str, Any] = field(default_factory=dict)  # provider options passed through (num_ctx, ...)
+    max_input_tokens: int | None = None  # None: litellm's figure for the model, else 32,000
+    max_output_tokens: int = 4096
 
 
 class LitellmModel:
@@ -102,42 +132,89 @@ class LitellmModel:
                 }
             )
         self._litellm = litellm
+        info = self._info()
+        self.tool_mode: Literal["native", "text"] = (
+            config.tool_mode
+            if config.tool_mode != "auto"
+            else "text"
+            if info and info.get("supports_function_calling") is False
+            else "native"
+        )
+        known = (info or {}).get("max_input_tokens")
+        self.input_limit = config.max_input_tokens or (int(known) if known else DEFAULT_INPUT_LIMIT)
+
+    def _info(self) -> dict[str, Any] | None:
+        try:
+            return dict(self._litellm.get_model_info(self.config.model))
+        except Exception:  # litellm raises plain Exceptions for models it does not map
+            return None
+
+    def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
+        """Return the tokens a prompt takes, by the model's tokenizer where litellm knows it."""
+        try:
+            return int(self._litellm.token_counter(model=self.config.model, messages=messages, tools=tools))  # type: ignore[arg-type]
+        except Exception:
+            return len(json.dumps([messages, tools], ensure_ascii=False)) // 3
+
+    def price(self, tokens_in: int, tokens_out: int) -> float:
+        """Return what a call of this size costs, or 0.0 for a model without a price."""
+        try:
+            a, b = self._litellm.cost_per_token(
+                model=self.config.model, prompt_tokens=tokens_in, completion_tokens=tokens_out
+            )
+            return float(a) + float(b)
+        except Exception:
+            return 0.0
 
     def complete(
         self, role: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> Turn:
-        """Make one call (retried with backoff on transient errors) and charge it."""
-        self.ledger.check()
+        """Make one call (retried on transient errors), holding its worst-case cost until it is charged."""
+        sent = messages if self.config.system_role else fold_system(messages)
+        tokens_in = self.count(sent, tools)
+        hold = self.ledger.reserve(
+            self.price(tokens_in, self.config.max_output_tokens), tokens_in + self.config.max_output_tokens
+        )
+        try:
+            resp = self._call(sent, tools)
+        except BaseException:
+            self.ledger.release(hold)
+            raise
+        turn = _turn(resp, self._cost(resp))
+        self.ledger.record(role, self.config.model, messages, turn, hold)
+        return turn
+
+    def _call(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any:
         kwargs: dict[str, Any] = {
+            **self.config.extra,
             "model": self.config.model,
             "messages": messages,
             "timeout": self.config.timeout,
+            "max_tokens": self.config.max_output_tokens,
+            "max_retries": 0,  # the provider client's own retries would hide statuses from ours
         }
         if tools:
-            kwargs["tools"] = tools
-            kwargs["tool_choice"] = "auto"
+            kwargs["tools"] = tools  # no tool_choice: "auto" is the default, and some servers refuse it
         if self.config.api_base:
             kwargs["api_base"] = self.config.api_base
         if self.config.api_key:
             kwargs["api_key"] = self.config.api_key
         if self.config.temperature is not None:
             kwargs["temperature"] = self.config.temperature
-        last: Exception | None = None
         for attempt in range(self.config.retries + 1):
             try:
-                resp = self._litellm.completion(**kwargs)
-                break
+                return self._litellm.completion(**kwargs)
             except Exception as exc:
-                last = exc
-                if attempt < self.config.retries and _transient(exc):
-                    time.sleep(self.config.backoff * 2**attempt)
+                text = f"{type(exc).__name__}: {str(exc)[:500]}"
+                if type(exc).__name__ == "ContextWindowExceededError":
+                    raise ContextTooLong(text) from exc
+                if tools and status_of(exc) == 400 and "tool" in str(exc).lower():
+                    raise ToolsUnsupported(text) from exc
+                if attempt < self.config.retries and transient(exc):
+                    time.sleep(wait_before_retry(exc, attempt, self.config.backoff, self.config.max_backoff))
                     continue
-                raise ModelError(f"{type(exc).__name__}: {str(exc)[:500]}") from exc
-        else:  # pragma: no cover - the loop always breaks or raises
-            raise ModelError(str(last))
-        turn = _turn(resp, self._cost(resp))
-        self.ledger.record(role, self.config.model, messages, turn)
-        return turn
+                raise ModelError(text) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _cost(self, resp: Any) -> float:
         try:
@@ -146,15 +223,59 @@ class LitellmModel:
             return 0.0
 
 
-def _transient(exc: Exception) -> bool:
-    name = type(exc).__name__
-    return name in {
-        "RateLimitError",
-        "Timeout",
-        "APIConnectionError",
-        "ServiceUnavailableError",
-        "InternalServerError",
-    }
+def fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return the conversation with its system prompt moved into the first user message."""
+    system = [m for m in messages if m.get("role") == "system"]
+    rest = [m for m in messages if m.get("role") != "system"]
+    if not system:
+        return messages
+    head = "\n\n".join(str(m.get("content") or "") for m in system)
+    if rest and rest[0].get("role") == "user":
+        return [{**rest[0], "content": f"{head}\n\n{rest[0].get('content') or ''}"}, *rest[1:]]
+    return [{"role": "user", "content": head}, *rest]
+
+
+def status_of(exc: BaseException) -> int | None:
+    """Return the HTTP status an exception carries, if any."""
+    status = getattr(exc, "status_code", None)
+    return int(status) if isinstance(status, int) else None
+
+
+def transient(exc: BaseException) -> bool:
+    """Return whether another try might succeed: timeouts, lost connections, 429 and 5xx answers."""
+    status = status_of(exc)
+    if status is not None:
+        return status in TRANSIENT_STATUS
+    return isinstance(exc, TimeoutError | ConnectionError) or type(exc).__name__ in {
+        "Timeout", "APIConnectionError", "APITimeoutError", "ServiceUnavailableError", "InternalServerError",
+    }  # fmt: skip
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Return the seconds a `Retry-After` header on the failed response asks for, if any."""
+    headers: Any = getattr(exc, "litellm_response_headers", None)
+    response = getattr(exc, "response", None)
+    if headers is None and response is not None:
+        headers = getattr(response, "headers", None)
+    value = headers.get("retry-after") if headers is not None and hasattr(headers, "get") else None
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(str(value))
+        except (TypeError, ValueError):
+            return None
+        return max(0.0, float(when.timestamp()) - time.time())
+
+
+def wait_before_retry(exc: BaseException, attempt: int, backoff: float, ceiling: float) -> float:
+    """Return how long to wait before try `attempt + 2`: the server's `Retry-After`, else jittered backoff."""
+    asked = retry_after(exc)
+    if asked is not None:
+        return min(asked, ceiling)
+    return min(backoff * float(2**attempt) * (0.5 + random.random()), ceiling)
 
 
 def _turn(resp: Any, usd: float) -> Turn:
@@ -171,4 +292,5 @@ def _turn(resp: Any, usd: float) -> Turn:
         tokens_out=int(getattr(usage, "completion_tokens", 0) or 0),
         usd=usd,
         raw=json.loads(resp.model_dump_json()) if hasattr(resp, "model_dump_json") else {},
+        finish_reason=str(getattr(choice, "finish_reason", None) or "stop"),
     )
