@@ -19,6 +19,7 @@ from backend.core.config import PROJECT_ROOT, Settings
 
 # The API accepts local repositories only under configured roots: the tests' own temporary folders.
 os.environ.setdefault("GROVE_REPO_ROOTS", f"{tempfile.gettempdir()},{PROJECT_ROOT}")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # tests never fetch litellm's price list
 
 TINY_EVAL = """\
 import json, os, sys, time, tomllib

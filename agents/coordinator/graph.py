@@ -222,6 +222,9 @@ def integrate(
         storage.record(sid, result)
         storage.event(sid, "node.integrated", node_id, {"status": result.status})
         records = {r.evidence.id: r for r in storage.nodes(sid)}
+        if rec.evidence.failure.startswith("BudgetExhausted:"):  # a call the budget could not cover
+            storage.event(sid, "budget.exhausted", node_id, {"reason": rec.evidence.failure})
+            storage.pause(sid, rec.evidence.failure.removeprefix("BudgetExhausted: "))
     metric = study.spec.objective.metric
     for node_id in sorted(node_ids):
         current = storage.nodes(sid)

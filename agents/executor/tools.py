@@ -20,6 +20,7 @@ from agents import globs
 MAX_READ = 20_000
 MAX_LIST = 400
 MAX_FILE = 5_000_000  # bytes: larger files are not read into Grove's process
+RUN_TIMEOUT = 300.0  # seconds: the longest one `run` command may take
 GREP_SECONDS = 5.0  # a pattern with catastrophic backtracking gets this long, in all
 
 
@@ -41,6 +42,9 @@ class Runtime(Protocol):
     def run(self, command: str, timeout: float) -> tuple[int | None, str]: ...
 
     def evaluate_dev(self) -> str: ...
+
+    # A runtime may also name `fatal`: exception types that end the run instead of becoming an
+    # observation (a worker's soft time limit).
 
 
 SCHEMAS: list[dict[str, Any]] = [
@@ -115,7 +119,7 @@ class Toolbox:
     root: Path
     editable: list[str]
     runtime: Runtime
-    run_timeout: float = 300.0
+    run_timeout: float = RUN_TIMEOUT
 
     def call(self, name: str, args: dict[str, Any]) -> str:
         """Run one tool and return its observation (refusals included)."""
@@ -128,7 +132,7 @@ class Toolbox:
         try:
             # File names need not be UTF-8: escape what would not survive the trip to the model.
             return str(fn(**args)).encode("utf-8", "backslashreplace").decode("utf-8")
-        except (Submitted, KeyboardInterrupt):
+        except (Submitted, *getattr(self.runtime, "fatal", ())):
             raise
         except ToolRefused as exc:
             return f"refused: {exc}"

@@ -20,6 +20,8 @@ class Settings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     # Longest an experiment may hold a worker; Redis redelivers unacked tasks after this.
     visibility_timeout: int = 12 * 3600
+    # Added to a job's own time (evaluations, the executor's minutes) for its Celery hard time limit.
+    task_margin_seconds: int = 300
     # Let GET endpoints answer without a token (mutations always need one).
     public_reads: bool = False
     # A job's lease in Redis; a job whose worker died is re-sent once its lease lapses.

@@ -18,6 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
+
 from agents.policies import configfiles
 from agents.policies.base import ImplementationError, ImplementInput
 from agents.policies.llm.model import BudgetExhausted, ModelError
@@ -134,6 +136,8 @@ def run_experiment(site: Site, job_id: int, token: str) -> str:
 
 class SandboxRuntime:
     """The executor's `run` and `evaluate_dev` tools, through the sandbox, inside one worktree."""
+
+    fatal = (SoftTimeLimitExceeded,)  # the worker's time limit ends the job, it is no observation
 
     def __init__(
         self, settings: Settings, study: Study, worktree: Path, label: str, repo: gitops.Repo, commit: str

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from celery import Celery
 
+from agents.executor.tools import RUN_TIMEOUT
+from agents.spec import Spec
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Job, Study
@@ -44,14 +46,23 @@ class CeleryDispatcher:
             token = job.token
             kind, study_id = job.kind, job.study_id
         queue = "gpu" if spec.resources.gpu else "cpu"
-        if kind == "experiment":
-            hard = int(spec.evaluate.timeout * spec.evaluate.repeats + 300)
-        else:  # baseline: dev and test runs; gate: up to 3x the test seeds on the merge and 2x more on trunk
-            hard = int(spec.evaluate.timeout * (spec.evaluate.repeats + 5 * spec.gate.test_repeats) + 300)
+        hard = job_seconds(spec, kind) + self.settings.task_margin_seconds
+        soft = hard - min(30, self.settings.task_margin_seconds // 2)
         self.app.send_task(
             f"{queue}.{'experiment' if kind == 'experiment' else 'sealed'}",
             args=[job_id, token, study_id],
             task_id=token,
             time_limit=min(hard, self.settings.visibility_timeout - 60),
-            soft_time_limit=min(hard - 30, self.settings.visibility_timeout - 90),
+            soft_time_limit=min(soft, self.settings.visibility_timeout - 90),
         )
+
+
+def job_seconds(spec: Spec, kind: str) -> int:
+    """Return the longest a job of `kind` may need by its spec, before the margin."""
+    if kind != "experiment":  # baseline: dev and test runs; gate: up to 3x the test seeds, 2x more on trunk
+        return int(spec.evaluate.timeout * (spec.evaluate.repeats + 5 * spec.gate.test_repeats))
+    seconds = spec.evaluate.timeout * spec.evaluate.repeats  # the dev runs after the change
+    if spec.policy_kind == "llm":
+        # The executor's minutes, and one tool call (a command or a dev evaluation) begun at their end.
+        seconds += spec.policy.executor_minutes * 60 + max(spec.evaluate.timeout, RUN_TIMEOUT)
+    return int(seconds)

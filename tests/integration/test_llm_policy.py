@@ -13,7 +13,7 @@ from sqlmodel import col, select
 
 from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
-from backend.core.models import Event, LlmCall, Node, ReceiptRow, Study, Trajectory
+from backend.core.models import LlmCall, Node, ReceiptRow, Study, Trajectory
 from backend.services.ledger import prompt_of
 from tests.conftest import git, make_repo, tiny_files
 from tests.fake_llm import FakeLLM
@@ -202,48 +202,6 @@ def test_scripted_executor_edits_evaluates_finishes_and_merges(settings: Setting
     assert "sk-test-secret-key" not in json.dumps([c.messages for c in calls])
     report = Path(st.report_path).read_text()
     assert f"LLM: {len(calls)} calls" in report
-
-
-def test_budget_spent_pauses_the_study(settings: Settings, tmp_path: Path) -> None:
-    repo = llm_repo(tmp_path, usd=0.000001)
-    with FakeLLM({"ideator": [IDEA]}) as llm:
-        env = {**os.environ, "GROVE_DATA_DIR": str(settings.data_dir), "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
-               "GROVE_LLM_API_BASE": llm.url}  # fmt: skip
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "backend.cli.main", "run", str(repo), "--auto-approve", "--quiet"],
-            cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            from tests.conftest import wait_for
-
-            wait_for(
-                lambda: (
-                    (settings.data_dir / "grove.db").exists()
-                    and rows(settings, Study)
-                    and rows(settings, Study)[0].status == "paused"
-                ),
-                timeout=120,
-            )
-            stop = subprocess.run(
-                [sys.executable, "-m", "backend.cli.main", "stop", "llm-study"],
-                cwd=PROJECT_ROOT,
-                env=env,
-                capture_output=True,
-                text=True,
-            )
-            assert stop.returncode == 0
-            proc.wait(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    types = [e.type for e in rows(settings, Event)]
-    assert "budget.exhausted" in types and "study.paused" in types
-    paused = next(e for e in rows(settings, Event) if e.type == "study.paused")
-    assert "LLM budget spent" in paused.payload["reason"]
-    calls = rows(settings, LlmCall)
-    assert len(calls) == 1  # only the call that crossed the budget was made
-    node = rows(settings, Node, Node.id == 2)[0]
-    assert node.status == "failed" and node.failure.startswith("BudgetExhausted: LLM budget spent")
 
 
 def test_failed_attempt_is_retried_with_a_reflection_only(settings: Settings, tmp_path: Path) -> None:

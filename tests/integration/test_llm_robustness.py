@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
-import litellm
+import pytest
 
 from agents.executor.tools import TOOLS
-from backend.core.config import Settings
-from backend.core.models import LlmCall, Node, Trajectory
+from backend.core.config import PROJECT_ROOT, Settings
+from backend.core.models import Event, LlmCall, Node, Study, Trajectory
+from tests.conftest import git, wait_for
 from tests.fake_llm import FakeLLM
 from tests.integration.test_llm_policy import IDEA, grove_run, llm_repo, prompt, rows, tool
 
@@ -100,6 +105,8 @@ def test_a_long_transcript_stays_under_the_input_limit_and_a_late_context_error_
     with FakeLLM(script) as llm:
         res = grove_run(settings, repo, llm.url)
     assert res.returncode == 0, res.stderr + res.stdout
+    import litellm  # after Grove's model seam, which keeps litellm from fetching its price list
+
     bodies = executor_requests(llm)
     sizes = [
         litellm.token_counter(model="openai/fake-model", messages=b["messages"], tools=TOOLS) for b in bodies
@@ -110,3 +117,178 @@ def test_a_long_transcript_stays_under_the_input_limit_and_a_late_context_error_
     assert node.status == "merged" and node.dev_n >= 1, node.failure  # evaluated, gated and merged
     traj = rows(settings, Trajectory, Trajectory.node_id == 2)[0]
     assert traj.report.startswith("Stopped: the conversation no longer fits the model's context")
+
+
+def _study_with_budget(settings: Settings, tmp_path: Path, usd: float, policy: str = "") -> int:
+    from backend.core import db
+    from backend.services.studies import create_study
+
+    repo = llm_repo(tmp_path, usd=usd, policy=policy)
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, (repo / "grove.toml").read_text(), str(repo))
+        assert study.id is not None
+        return study.id
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_calls_in_flight_together_cannot_overshoot_the_usd_budget(tmp_path: Path, backend: str) -> None:
+    from agents.policies.llm.model import BudgetExhausted, LitellmModel, ModelConfig
+    from backend.core.models import LlmHold
+    from backend.engine.jobstore import DbStore
+    from backend.services.ledger import StoreLedger
+    from tests.conftest import drop_postgres_database, postgres_database
+
+    name = f"grove_holds_{os.getpid()}"
+    url = postgres_database(name) if backend == "postgres" else None
+    settings = Settings(data_dir=tmp_path / "data", worktrees_dir=tmp_path / "wt", database_url=url)
+    settings.ensure_dirs()
+    try:
+        # Each call may cost up to ~$0.0021 (about 60 tokens in at $1/M, 1000 out at $2/M): one fits in
+        # $0.003, two do not, whatever they turn out to cost.
+        sid = _study_with_budget(settings, tmp_path, usd=0.003)
+        release = threading.Event()
+        script = {"executor": [{"wait": release, "content": "first"}, {"content": "third"}]}
+        prices = {"input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6}
+        messages = [{"role": "system", "content": "ROLE: executor"}, {"role": "user", "content": "go"}]
+        with FakeLLM(script) as llm:
+
+            def model() -> LitellmModel:
+                config = ModelConfig("openai/fake-model", api_base=llm.url, api_key="k", prices=prices,
+                                     max_output_tokens=1000)  # fmt: skip
+                return LitellmModel(config, StoreLedger(DbStore(settings, sid, None)))
+
+            outcome: dict[str, object] = {}
+
+            def first() -> None:
+                outcome["first"] = model().complete("executor", messages).content
+
+            a = threading.Thread(target=first)
+            a.start()
+            wait_for(lambda: len(llm.requests) == 1)  # the first call is in flight, its hold taken
+            with pytest.raises(BudgetExhausted, match=r"held by calls in flight"):
+                model().complete("executor", messages)
+            assert len(llm.requests) == 1  # the second call never reached the server
+            release.set()
+            a.join(timeout=60)
+            assert outcome["first"] == "first"
+            # Settled at its real cost (far below the hold), the budget has room for another call.
+            assert model().complete("executor", messages).content == "third"
+        calls = rows(settings, LlmCall)
+        assert len(calls) == 2 and sum(c.usd for c in calls) <= 0.003
+        assert rows(settings, LlmHold) == []  # every hold was settled or dropped
+    finally:
+        if url:
+            from backend.core.db import get_engine
+
+            get_engine(settings.db_url).dispose()
+            drop_postgres_database(name)
+
+
+def test_a_spent_budget_pauses_the_study_without_overshooting(settings: Settings, tmp_path: Path) -> None:
+    budget = 0.004
+    repo = llm_repo(tmp_path, usd=budget, policy="max_output_tokens = 100\n")
+    script = {"ideator": [IDEA], "executor": [tool("list") for _ in range(30)]}
+    with FakeLLM(script) as llm:
+        env = {**os.environ, "GROVE_DATA_DIR": str(settings.data_dir), "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
+               "GROVE_LLM_API_BASE": llm.url}  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "backend.cli.main", "run", str(repo), "--auto-approve", "--quiet"],
+            cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            wait_for(
+                lambda: (
+                    (settings.data_dir / "grove.db").exists()
+                    and (studies := rows(settings, Study))
+                    and studies[0].status == "paused"
+                ),
+                timeout=120,
+            )
+            stop = subprocess.run([sys.executable, "-m", "backend.cli.main", "stop", "llm-study"],
+                                  cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)  # fmt: skip
+            assert stop.returncode == 0, stop.stderr
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    events = rows(settings, Event)
+    assert "budget.exhausted" in [e.type for e in events]
+    paused = next(e for e in events if e.type == "study.paused")
+    assert "LLM budget spent" in paused.payload["reason"]
+    calls = rows(settings, LlmCall)
+    assert len(calls) >= 3 and sum(c.usd for c in calls) <= budget  # several calls, never past the budget
+    node = rows(settings, Node, Node.id == 2)[0]
+    assert node.status == "failed" and node.failure.startswith("BudgetExhausted: LLM budget spent")
+
+
+def test_an_unpriced_model_with_a_usd_budget_is_refused_naming_the_keys(
+    settings: Settings, tmp_path: Path
+) -> None:
+    repo = llm_repo(tmp_path)
+    spec = (repo / "grove.toml").read_text()
+    spec = spec.replace("input_usd_per_mtok = 1.0\noutput_usd_per_mtok = 2.0\n", "")
+    (repo / "grove.toml").write_text(spec)
+    git("commit", "-qam", "no prices", cwd=repo)
+    res = grove_run(settings, repo, "http://127.0.0.1:9/v1", timeout=60)
+    assert res.returncode != 0
+    out = res.stdout + res.stderr
+    assert (
+        "policy.input_usd_per_mtok" in out and "policy.output_usd_per_mtok" in out and "budget.tokens" in out
+    )
+    assert "'openai/fake-model'" in out
+    # budget.usd = 0 with a token budget is the way for a local model.
+    (repo / "grove.toml").write_text(spec.replace("usd = 1.0", "usd = 0\ntokens = 50000"))
+    git("commit", "-qam", "tokens", cwd=repo)
+    edit = tool("edit", path="config.toml", search="x = 0", replace="x = 3")
+    with FakeLLM({"ideator": [IDEA], "executor": [edit, tool("finish", report="x = 3")]}) as llm:
+        res = grove_run(settings, repo, llm.url)
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert rows(settings, Node, Node.id == 2)[0].status == "merged"
+
+
+def test_an_executor_longer_than_the_evaluations_but_within_its_minutes_completes_under_celery(
+    tmp_path: Path,
+) -> None:
+    from backend.core import db
+    from backend.services.studies import create_study
+    from backend.worker.celery_app import make_app
+    from tests.conftest import Service, free_port
+    from tests.integration.test_faults import RedisServer
+
+    server = RedisServer(free_port(), tmp_path)
+    server.start()
+    url = f"redis://127.0.0.1:{server.port}/0"
+    settings = Settings(data_dir=tmp_path / "data", worktrees_dir=tmp_path / "wt", redis_url=url)
+    settings.ensure_dirs()
+    # timeout × repeats + margin = 4 × 2 + 5 = 13 s; the executor alone runs a 15 s command.
+    repo = llm_repo(tmp_path, policy="executor_minutes = 1\n")
+    spec = (repo / "grove.toml").read_text().replace("timeout = 60", "timeout = 4")
+    script = {
+        "ideator": [IDEA],
+        "executor": [
+            tool("run", command="sleep 15", timeout=30),
+            tool("edit", path="config.toml", search="x = 0", replace="x = 3"),
+            tool("finish", report="Set x = 3 after a long think."),
+        ],
+    }
+    with FakeLLM(script) as llm:
+        env = {**os.environ, "GROVE_DATA_DIR": str(settings.data_dir), "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
+               "GROVE_REDIS_URL": url, "GROVE_TASK_MARGIN_SECONDS": "5", "GROVE_LLM_API_BASE": llm.url,
+               "GROVE_LLM_BACKOFF": "0.05"}  # fmt: skip
+        svc = Service(settings, env)
+        try:
+            svc.start_worker("coord", "coordinator", 2, beat=True)
+            svc.start_worker("cpu", "cpu", 2)
+            with db.session(settings.db_url) as s:
+                sid = create_study(s, settings, spec, str(repo)).id
+            make_app(settings).send_task("coordinator.advance", args=[sid])
+            wait_for(lambda: rows(settings, Study, Study.id == sid)[0].status == "finished", timeout=240)
+        finally:
+            svc.stop()
+            server.stop()
+    node = rows(settings, Node, Node.id == 2)[0]
+    assert node.status == "merged" and node.attempts == 1, node.failure  # not killed and tried again
+    traj = rows(settings, Trajectory, Trajectory.node_id == 2)[0]
+    assert traj.report == "Set x = 3 after a long think."
+    ran = next(m for m in traj.messages if m["role"] == "tool")
+    assert ran["content"].startswith("exit code 0")  # the 15 s command ran to its end
