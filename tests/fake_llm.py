@@ -10,7 +10,8 @@ system role, of its first message) to that role's queue of scripted answers:
 - `{"context_error": True}`: the 400 a server sends for a prompt longer than its context;
 - `{"wait": threading.Event()}` before any of these: the answer waits until the event is set.
 
-An empty queue gets a harmless default. `refuse_tool_choice` and `refuse_tools` make the server
+An empty queue repeats a `finish` it ended on (the confirmation finish asks for), or gets a
+harmless default. `refuse_tool_choice` and `refuse_tools` make the server
 answer 400 to any request carrying `tool_choice` or `tools`, as servers without tool support do.
 """
 
@@ -39,6 +40,7 @@ class FakeLLM:
     ) -> None:
         self.script = {k: list(v) for k, v in script.items()}
         self.refuse_tool_choice, self.refuse_tools = refuse_tool_choice, refuse_tools
+        self.last: dict[str, dict[str, Any]] = {}
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         fake = self
@@ -90,7 +92,14 @@ class FakeLLM:
                     "error": {"message": "this model does not support tools", "type": "BadRequestError"}
                 }
             queue = self.script.get(role, [])
-            step = queue.pop(0) if queue else DEFAULTS.get(role, {"content": ""})
+            last = self.last.get(role, {})
+            if queue:
+                step = queue.pop(0)
+            elif last.get("tool") == "finish" or '"tool": "finish"' in str(last.get("content")):
+                step = last  # a model that finished confirms when shown its change
+            else:
+                step = DEFAULTS.get(role, {"content": ""})
+            self.last[role] = step
         if "wait" in step:
             step["wait"].wait(timeout=120)
         if step.get("context_error"):

@@ -277,11 +277,12 @@ def fit(
     count = getattr(model, "count", None)
     if limit is None or count is None:
         return ""
+    room = limit - max(64, limit // 20)  # a provider's template and tokenizer add a little to our count
     for keep in (None, keep_turns, 1):
         if keep is not None:
             shorten(messages, keep)
         need = int(count(messages, tools))
-        if need <= limit:
+        if need <= room:
             return ""
     return f"context limit: the conversation needs {need} tokens even shortened, the input limit is {limit}"
 

@@ -43,7 +43,7 @@ class Runtime(Protocol):
 
     def evaluate_dev(self) -> str: ...
 
-    # A runtime may also name `fatal`: exception types that end the run instead of becoming an
+    # A runtime may also offer `diff() -> str` (finish shows it once and asks for confirmation) and name `fatal`: exception types that end the run instead of becoming an
     # observation (a worker's soft time limit).
 
 
@@ -120,6 +120,7 @@ class Toolbox:
     editable: list[str]
     runtime: Runtime
     run_timeout: float = RUN_TIMEOUT
+    _shown: bool = False  # finish() has shown the change once
 
     def call(self, name: str, args: dict[str, Any]) -> str:
         """Run one tool and return its observation (refusals included)."""
@@ -237,4 +238,17 @@ class Toolbox:
         return self.runtime.evaluate_dev()
 
     def t_finish(self, report: str = "") -> str:
-        raise Submitted(report)
+        diff = getattr(self.runtime, "diff", None)
+        if diff is None or self._shown:
+            raise Submitted(report)
+        self._shown = True
+        change = diff()
+        if not change.strip():
+            return (
+                "Your change is empty: nothing differs from where you started, and an empty change fails "
+                "the node. Make the change, or call finish(report) again to end anyway."
+            )
+        return (
+            f"Before you finish, check your change:\n{change[:MAX_READ]}\n"
+            "Call finish(report) again to confirm it, or keep working."
+        )

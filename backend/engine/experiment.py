@@ -20,12 +20,13 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 
+from agents import globs
 from agents.policies import configfiles
 from agents.policies.base import ImplementationError, ImplementInput
 from agents.policies.llm.model import BudgetExhausted, ModelError
 from agents.policies.registry import make_policy
 from agents.policies.space import fmt
-from agents.spec import Spec
+from agents.spec import Constraint, Spec
 from agents.tree.stats import summarize
 from agents.tree.status import NodeStatus
 from backend.core import gitops
@@ -48,9 +49,20 @@ def run_experiment(site: Site, job_id: int, token: str) -> str:
     path = workspace.worktree_path(settings, study, label)
     repo: gitops.Repo | None = None
 
+    inp: ImplementInput | None = None
+    policy: object = None
+
     def finish(status: str, extra_runs: int = 0, **fields: object) -> str:
         store.finish(status, extra_runs, fields)
         return status
+
+    def reflection(failure: str, tail: str = "") -> str:
+        """Return the node's reflections with this attempt's: the model's own words where it gave any."""
+        text = f"Attempt {job.attempt} failed: {failure}." + (f" {tail}" if tail else "")
+        reflect = getattr(policy, "reflect", None)
+        written = reflect(inp, f"{failure}\n{tail}") if reflect is not None and inp is not None else ""
+        text += f" Reflection: {written}" if written else ""
+        return (f"{node.reflection}\n{text}" if node.reflection else text)[-4000:]
 
     try:
         if settings.sandbox == "none":
@@ -76,6 +88,9 @@ def run_experiment(site: Site, job_id: int, token: str) -> str:
                 "metric": spec.objective.metric,
                 "direction": spec.objective.direction,
                 "insights": store.insights(),
+                "trunk_dev": summary_of(study.trunk_dev),
+                "constraints": [constraint_text(c) for c in spec.constraints],
+                "reflections": store.reflections() if spec.policy_kind == "llm" else [],
             },
             runtime=SandboxRuntime(settings, study, path, label, repo, node.base_commit),
         )
@@ -108,7 +123,7 @@ def run_experiment(site: Site, job_id: int, token: str) -> str:
             tail = bad[0].stderr_tail.strip().splitlines()[-3:]
             return finish(
                 NodeStatus.FAILED, runs.extra_runs, commit=commit, diff_stats=stats, failure=failure,
-                reflection=f"Attempt {job.attempt} failed: {failure}. " + " | ".join(tail),
+                reflection=reflection(failure, " | ".join(tail)),
             )  # fmt: skip
         values = [r.objective(spec.objective.metric) or 0.0 for r in receipts]
         summ = summarize(values)
@@ -123,9 +138,7 @@ def run_experiment(site: Site, job_id: int, token: str) -> str:
         environment.SetupFailed,
     ) as exc:  # fmt: skip
         failure = f"{type(exc).__name__}: {exc}"[:2000]
-        return finish(
-            NodeStatus.FAILED, failure=failure, reflection=f"Attempt {job.attempt} failed: {failure}"
-        )
+        return finish(NodeStatus.FAILED, failure=failure, reflection=reflection(failure))
     finally:
         try:
             if repo is not None:
@@ -170,6 +183,39 @@ class SandboxRuntime:
         text = res.stdout_tail + ("\n[stderr]\n" + res.stderr_tail if res.stderr_tail.strip() else "")
         return res.exit_code, text[-6000:]
 
+    def diff(self) -> str:
+        """Return the change so far as a diff of the editable files, naming any other changed file."""
+        git_ = gitops.git
+        git_("add", "-A", cwd=self.worktree)
+        names = [
+            n
+            for n in git_("diff", "--cached", "--name-only", "--no-renames", "-z", cwd=self.worktree).split(
+                "\0"
+            )
+            if n
+        ]
+        mine = [n for n in names if globs.match_any(self.spec.files.editable, n)]
+        text = (
+            git_(
+                "diff",
+                "--cached",
+                "--no-ext-diff",
+                "--no-textconv",
+                "--no-color",
+                "--",
+                *mine,
+                cwd=self.worktree,
+            )
+            if mine
+            else ""
+        )
+        others = sorted(set(names) - set(mine))
+        if others:
+            text += "\nAlso changed, outside files.editable (the change will be rejected): " + ", ".join(
+                others
+            )
+        return text
+
     def evaluate_dev(self) -> str:
         """Run the dev evaluation once (seed 0) and describe the result."""
         self.calls += 1
@@ -182,6 +228,25 @@ class SandboxRuntime:
         if r.ok:
             return f"dev evaluation ok: {json.dumps(r.metrics)}"
         return f"dev evaluation failed: {r.reason}\n{r.stderr_tail[-2000:]}"
+
+
+def summary_of(values: list[float]) -> str:
+    """Describe dev values as a mean with its spread and count, or "" when there are none."""
+    if not values:
+        return ""
+    summ = summarize(values)
+    return f"{summ.mean:.6g} ± {summ.std:.2g} (n = {summ.n})"
+
+
+def constraint_text(c: Constraint) -> str:
+    """Describe one of the spec's constraints for the executor."""
+    if c.judge == "llm":
+        return f"{c.name} (soft, judged by a reviewer from your report and diff): {c.description}"
+    bounds = " and ".join(
+        [*([f"`{c.metric}` >= {c.min:g}"] if c.min is not None else []),
+         *([f"`{c.metric}` <= {c.max:g}"] if c.max is not None else [])]
+    )  # fmt: skip
+    return f"{c.name} (hard, measured): {bounds}" + (f"; {c.description}" if c.description else "")
 
 
 def diff_title(spec: Spec, repo: gitops.Repo, base_commit: str, worktree: Path, edits: dict[str, Any]) -> str:

@@ -53,6 +53,7 @@ class JobStore(Protocol):
     def finish_sealed(self, status: str, outcome: dict[str, Any]) -> str: ...
     def gate_crashed(self, reason: str) -> None: ...
     def insights(self) -> list[str]: ...
+    def reflections(self) -> list[str]: ...
     def save_trajectory(self, trajectory: dict[str, Any]) -> None: ...
     def relabel(self, old: str, new: str) -> None: ...
     def add_receipts(self, node_id: int | None, receipts: list[dict[str, Any]]) -> None: ...
@@ -76,13 +77,14 @@ class JobStore(Protocol):
 _COMMON = frozenset({"study", "node", "add_receipts", "mark_unsandboxed"})
 CALLS: dict[str, frozenset[str]] = {
     "experiment": _COMMON | {
-        "event", "finish", "crash", "insights", "save_trajectory", "relabel", "not_worth_it",
+        "event", "finish", "crash", "insights", "reflections", "save_trajectory", "relabel", "not_worth_it",
         "keep_trunk_dev", "llm_reserve", "llm_release", "llm_record",
     },
     "baseline": _COMMON | {"finish_sealed", "baseline_dev", "baseline_heldout", "test_query"},
     "gate": _COMMON | {"finish_sealed", "gate_crashed", "test_query", "verdict", "keep_trunk_heldout"},
 }  # fmt: skip
 EVENTS = frozenset({"node.repeated"})  # the only events a job writes by name
+REFLECTIONS = 5  # related reflections an executor is given
 HOLD_LIFETIME = timedelta(hours=1)  # a hold older than this belongs to a call that died
 LLM_FIELDS = frozenset({"node_id", "role", "model", "base_id", "base_len", "messages", "response",
                         "tokens_in", "tokens_out", "usd"})  # fmt: skip
@@ -204,6 +206,23 @@ class DbStore:
                     out.append(f"n{anc.number}: {text}")
                 parent = anc.parent_id
         return list(reversed(out))
+
+    def reflections(self) -> list[str]:
+        """Return the reflections of failed attempts on related nodes (the parent and its children), newest first."""
+        with db.session(self.settings.db_url) as s:
+            node = self._node(s, self.node_id)
+            related = s.exec(
+                select(Node)
+                .where(
+                    Node.study_id == self.study_id,
+                    Node.id != node.id,
+                    Node.reflection != "",
+                    (Node.parent_id == node.parent_id) | (Node.id == node.parent_id),
+                )
+                .order_by(col(Node.updated_at).desc())
+                .limit(REFLECTIONS)
+            ).all()
+            return [f"n{n.number} ({n.title}): {n.reflection[-1500:]}" for n in related]
 
     def not_worth_it(self, mean: float, spent: int, more: int) -> str:
         """Return why more dev seeds are not worth running for the job's node now, or ''."""

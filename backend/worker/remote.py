@@ -206,6 +206,10 @@ class ApiStore:
         """Return the newest insight of each ancestor of the job's node."""
         return list(self._call("insights"))
 
+    def reflections(self) -> list[str]:
+        """Return the reflections of failed attempts on related nodes."""
+        return list(self._call("reflections"))
+
     def save_trajectory(self, trajectory: dict[str, Any]) -> None:
         """Keep the executor's transcript of this attempt."""
         self._call("save_trajectory", trajectory=trajectory)

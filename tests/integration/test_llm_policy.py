@@ -206,11 +206,14 @@ def test_scripted_executor_edits_evaluates_finishes_and_merges(settings: Setting
 
 def test_failed_attempt_is_retried_with_a_reflection_only(settings: Settings, tmp_path: Path) -> None:
     repo = llm_repo(tmp_path, experiments=2, fail_at=5)
+    written = "x = 5 crashes the evaluator outright; stay at or below 4 and try the centre, 3, first."
     script = {
         "ideator": [IDEA],
+        "reflect": [{"content": written}],
         "executor": [
             tool("edit", path="config.toml", search="x = 0", replace="x = 5"),
             tool("finish", report="Set x = 5."),
+            tool("finish", report="Set x = 5."),  # confirmed once shown the change
             tool("read", path="config.toml"),
             tool("edit", path="config.toml", search="x = 0", replace="x = 3"),
             tool("finish", report="Set x = 3 this time."),
@@ -222,10 +225,17 @@ def test_failed_attempt_is_retried_with_a_reflection_only(settings: Settings, tm
     node = rows(settings, Node, Node.id == 2)[0]
     assert node.attempts == 2 and node.status == "merged"
     executor = [c for c in rows(settings, LlmCall) if c.role == "executor"]
-    second = [c for c in executor if "A previous attempt failed" in json.dumps(prompt(settings, c)[:2])]
+    second = [
+        c for c in executor if "A previous attempt at this node failed" in json.dumps(prompt(settings, c)[:2])
+    ]
     assert second, "the retry did not carry a reflection"
     first_prompt = json.dumps(prompt(settings, second[0]))
     assert "boom: x=5 breaks the evaluator" in first_prompt  # the reflection names what went wrong
+    assert f"Reflection: {written}" in first_prompt  # in the model's own words
+    reflect = [c for c in rows(settings, LlmCall) if c.role == "reflect"]
+    assert len(reflect) == 1
+    asked = json.dumps(prompt(settings, reflect[0]))
+    assert "boom: x=5" in asked and "x = 5" in asked  # it saw the failure and the attempt's last actions
     assert "Set x = 5." not in first_prompt and '"replace": "x = 5"' not in first_prompt  # no old transcript
     trajectories = rows(settings, Trajectory, Trajectory.node_id == 2)
     assert sorted(t.attempt for t in trajectories) == [1, 2]

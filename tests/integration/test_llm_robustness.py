@@ -53,7 +53,9 @@ def test_a_server_refusing_tool_choice_with_rough_answers_still_completes_a_node
     observations = [m["content"] for m in prompt(settings, executor[-1]) if m["role"] == "tool"]
     assert any('`timeout` must be a number, got "60s"' in o for o in observations), observations
     assert "dev evaluation ok" in last
-    assert len(executor_requests(llm)) == 6 and len(executor) == 5  # the 502 was not charged
+    # finish() showed the change once; the model confirmed it with a second finish.
+    assert "Before you finish, check your change" in last and "+x = 3" in last
+    assert len(executor_requests(llm)) == 7 and len(executor) == 6  # the 502 was not charged
 
 
 def test_a_text_format_model_on_a_server_without_tools_completes_a_node(
@@ -292,3 +294,40 @@ def test_an_executor_longer_than_the_evaluations_but_within_its_minutes_complete
     assert traj.report == "Set x = 3 after a long think."
     ran = next(m for m in traj.messages if m["role"] == "tool")
     assert ran["content"].startswith("exit code 0")  # the 15 s command ran to its end
+
+
+def test_a_sibling_executor_gets_the_reflections_of_related_failed_attempts(
+    settings: Settings, tmp_path: Path
+) -> None:
+    repo = llm_repo(tmp_path, experiments=3, fail_at=5)
+    child = json.loads(IDEA["content"])["children"][0]
+    two = {
+        "children": [child, {**child, "title": "Push the knob to its upper end", "mechanism": "set x to 4"}]
+    }
+    written = "x = 5 crashes the evaluator; keep x at 4 or below."
+    script = {
+        "ideator": [{"content": json.dumps(two)}],
+        "reflect": [{"content": written}],
+        "executor": [
+            tool("edit", path="config.toml", search="x = 0", replace="x = 5"),
+            tool("finish", report="Set x = 5."),
+            tool("finish", report="Set x = 5."),
+            tool("edit", path="config.toml", search="x = 0", replace="x = 3"),
+            tool("finish", report="Set x = 3."),
+        ],
+    }
+    with FakeLLM(script) as llm:
+        res = grove_run(settings, repo, llm.url)
+    assert res.returncode == 0, res.stderr + res.stdout
+    tasks = {}
+    for r in llm.requests:
+        if r["role"] == "executor":
+            task = r["body"]["messages"][1]["content"]
+            tasks.setdefault(task.split("Your hypothesis (node ", 1)[1].split(")", 1)[0], task)
+    assert set(tasks) == {"n2", "n3"}
+    assert (
+        "Reflections from failed attempts on related nodes" not in tasks["n2"]
+    )  # the first attempt had none
+    sibling = tasks["n3"]
+    assert "Reflections from failed attempts on related nodes" in sibling
+    assert "- n2 (Centre the knob): Attempt 1 failed:" in sibling and written in sibling

@@ -168,17 +168,25 @@ class LlmPolicy:
             raise ImplementationError("the llm executor needs a runtime for run and evaluate_dev")
         toolbox = Toolbox(worktree, node.editable, runtime)
         ctx = node.context
+        related = ctx.get("reflections", [])
         task = "\n".join(
             [
                 f"Goal of the study: {ctx.get('goal', '')}",
                 f"Objective: {ctx.get('direction', '')} `{ctx.get('metric', '')}` (development evaluation: evaluate_dev).",
+                *([f"Trunk (the code you start from) scores {ctx['trunk_dev']} on the development evaluation."]
+                  if ctx.get("trunk_dev") else []),
+                *(["Constraints every candidate is judged on:", *(f"- {c}" for c in ctx["constraints"])]
+                  if ctx.get("constraints") else []),
                 f"Your hypothesis (node n{node.number}): {node.title}",
                 *(f"{k.capitalize()}: {v}" for k, v in node.hypothesis.items() if v),
+                f"You have {self.limits.turns} turns; each observation says which turn it is.",
                 "Lessons from the ancestors, root first:",
                 *(f"- {x}" for x in ctx.get("insights", [])),
-                *([f"A previous attempt failed. Reflection: {node.reflection}"] if node.reflection else []),
+                *(["Reflections from failed attempts on related nodes (cite them by node when they shape "
+                   "your plan):", *(f"- {r}" for r in related)] if related else []),
+                *([f"A previous attempt at this node failed. {node.reflection}"] if node.reflection else []),
             ]
-        )
+        )  # fmt: skip
         system = prompt("executor").format(editable=", ".join(node.editable))
         transcript = loop.Transcript()
         report = ""
@@ -189,6 +197,33 @@ class LlmPolicy:
         finally:
             node.trajectory.update(messages=transcript.messages, feedback=transcript.feedback, report=report)
         return report
+
+    def reflect(self, node: ImplementInput, failure: str) -> str:
+        """Ask the model for a strategy-level reflection on a failed attempt; "" if it cannot answer."""
+        traj = node.trajectory
+        actions = [
+            f"{c['function']['name']}({c['function']['arguments'][:300]})"
+            for m in traj.get("messages", [])
+            if m.get("role") == "assistant"
+            for c in m.get("tool_calls") or []
+        ] or [
+            str(m.get("content", ""))[:300] for m in traj.get("messages", []) if m.get("role") == "assistant"
+        ]
+        evidence = {
+            "hypothesis": {"title": node.title, **node.hypothesis},
+            "failure": failure[:2000],
+            "feedback": [f[:800] for f in traj.get("feedback", [])[-6:]],
+            "last_actions": actions[-8:],
+            "report": str(traj.get("report", ""))[:1000],
+        }
+        messages = [
+            {"role": "system", "content": prompt("reflect")},
+            {"role": "user", "content": json.dumps(evidence, default=str)},
+        ]
+        try:
+            return self.model.complete("reflect", messages).content.strip()[:1500]
+        except (ModelError, BudgetExhausted):
+            return ""
 
     def summarise(self, node: NodeEvidence, ctx_metric: str, parent: NodeEvidence | None) -> str:
         """Return the node's evidence as a statistical summary (no model call)."""
