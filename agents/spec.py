@@ -242,6 +242,14 @@ class Environment(_Section):
     timeout: int = Field(default=1800, ge=1, le=WEEK)
 
 
+class Memory(_Section):
+    # Lab memory: a finished study leaves its findings and lessons for later studies of the same
+    # repository and objective; a new study's ideator gets the most relevant ones.
+    use: bool = True  # read earlier studies' entries and leave this study's
+    name: str = Field(default="", pattern=r"^[A-Za-z0-9_.-]{0,64}$")  # also share entries under this name
+    entries: int = Field(default=8, ge=0, le=100)  # entries given to the ideator
+
+
 class Resources(_Section):
     gpu: bool = False
 
@@ -260,6 +268,7 @@ class Spec(_Section):
     sandbox: Sandbox = Sandbox()
     resources: Resources = Resources()
     environment: Environment = Environment()
+    memory: Memory = Memory()
 
     @property
     def policy_kind(self) -> Literal["search", "llm"]:

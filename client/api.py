@@ -186,6 +186,19 @@ class Grove:
         """Return each measured node's `[search]` values with its dev score."""
         return cast(dict[str, Any], self._get(f"/studies/{study_id}/search"))
 
+    def memory(self, study_id: int) -> list[models.MemoryEntry]:
+        """Return what Grove already knew for a study: the lab-memory entries its ideator is given."""
+        return cast(list[models.MemoryEntry], self._get(f"/studies/{study_id}/memory"))
+
+    def memory_entries(self, study: str | None = None) -> list[models.MemoryEntry]:
+        """List lab-memory entries, newest first (of one study's, by name, when given)."""
+        params = {"study": study} if study else {}
+        return cast(list[models.MemoryEntry], self._get("/memory", **params))
+
+    def forget(self, entry_id: int) -> None:
+        """Delete one lab-memory entry."""
+        self._call("DELETE", f"/memory/{entry_id}")
+
     def report(self, study_id: int) -> str:
         """Return REPORT.md."""
         return self._call("GET", f"/studies/{study_id}/report").text

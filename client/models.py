@@ -152,3 +152,19 @@ class LearningJob(TypedDict):
     started_at: str | None
     finished_at: str | None
     events: list[dict[str, Any]]
+
+
+class MemoryEntry(TypedDict):
+    id: int
+    kind: str
+    text: str
+    repository: str
+    objective: str
+    name: str
+    study_id: int | None
+    study_name: str
+    node_numbers: list[int]
+    dev_effect: float | None
+    diff: str
+    provenance: str
+    created_at: str

@@ -119,6 +119,9 @@ def ideate(
     if waiting + retry < slots:
         k = max(study.spec.policy.children, slots - waiting - retry)
         ctx = replace(ideation_input(study, records, k=k, round_no=round_no), free=slots - waiting - retry)
+        if study.spec.policy_kind == "llm" and study.spec.memory.entries:
+            plan = " ".join(str(x) for x in study.improvement_state.get("next_plan", []))
+            ctx = replace(ctx, memory=storage.memory(sid, plan))
         try:
             proposals = runtime.context.policy.ideate(ctx)
         except BudgetExhausted as exc:

@@ -69,6 +69,8 @@ class IdeationInput:
     # config-edit policy may test the same edits again on the current trunk.
     revisit: list[int] = field(default_factory=list)
     free: int = 0  # experiments that can start now (a sampler asks for no more, so none go stale)
+    # Lab memory: what earlier studies of this repository learned, one line each with its provenance.
+    memory: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the whole input as plain data (what a prompt could be built from)."""

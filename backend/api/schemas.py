@@ -278,3 +278,21 @@ class LearningJobPublic(BaseModel):
 
 
 NodeDetail.model_rebuild()
+
+
+class MemoryEntryPublic(BaseModel):
+    """One lab-memory entry: what a finished study learned, with where it came from."""
+
+    id: int
+    kind: str
+    text: str
+    repository: str
+    objective: str
+    name: str
+    study_id: int | None
+    study_name: str
+    node_numbers: list[int]
+    dev_effect: float | None
+    diff: str
+    provenance: str
+    created_at: datetime

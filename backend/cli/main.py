@@ -743,5 +743,63 @@ def janitor_cmd(max_age_hours: float | None = None) -> None:
     console.print(f"removed {len(removed)} worktrees")
 
 
+memory_app = typer.Typer(help="Lab memory: what finished studies left for later ones.", no_args_is_help=True)
+app.add_typer(memory_app, name="memory")
+
+
+@memory_app.command("list")
+def memory_list(
+    study: Annotated[str | None, typer.Option(help="only the entries this study left")] = None,
+    name: Annotated[str | None, typer.Option(help="only the entries of this named memory")] = None,
+) -> None:
+    """List memory entries, newest first: id, kind, text, where it came from."""
+    from sqlmodel import col, select
+
+    from backend.core.models import MemoryEntry
+    from backend.services import memory
+
+    table = Table("id", "kind", "text", "from", "repository")
+    with db.session(get_settings().db_url) as s:
+        q = select(MemoryEntry).order_by(col(MemoryEntry.id).desc())
+        if study is not None:
+            q = q.where(MemoryEntry.study_name == study)
+        if name is not None:
+            q = q.where(MemoryEntry.name == name)
+        for e in s.exec(q):
+            table.add_row(str(e.id), e.kind, e.text, memory.provenance(e), e.repository[:12])
+    console.print(table)
+
+
+@memory_app.command("show")
+def memory_show(entry: Annotated[int, typer.Argument(help="the entry's id")]) -> None:
+    """Show one memory entry in full."""
+    from backend.core.models import MemoryEntry
+    from backend.services import memory
+
+    with db.session(get_settings().db_url) as s:
+        e = s.get(MemoryEntry, entry)
+        if e is None:
+            err.print(f"[red]error:[/] no memory entry with id {entry}")
+            raise typer.Exit(1)
+        console.print(memory.line(e), markup=False, highlight=False)
+        console.print(
+            f"repository {e.repository} · objective {e.objective} · name {e.name or '-'}", markup=False
+        )
+
+
+@memory_app.command("delete")
+def memory_delete(entry: Annotated[int, typer.Argument(help="the entry's id")]) -> None:
+    """Forget one memory entry: no later study is given it."""
+    from backend.core.models import MemoryEntry
+
+    with db.session(get_settings().db_url) as s:
+        e = s.get(MemoryEntry, entry)
+        if e is None:
+            err.print(f"[red]error:[/] no memory entry with id {entry}")
+            raise typer.Exit(1)
+        s.delete(e)
+    console.print(f"deleted memory entry {entry}")
+
+
 if __name__ == "__main__":
     app()

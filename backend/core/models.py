@@ -47,6 +47,8 @@ class Study(SQLModel, table=True):
     report_path: str = ""
     # "bwrap"; "none" once any run went unsandboxed (GROVE_SANDBOX=none); "unknown" from before sandboxing.
     sandbox: str = "bwrap"
+    # The repository's identity across clones and paths: its root commit (lab memory is keyed by it).
+    repository_key: str = ""
     created_at: datetime = Field(default_factory=now)
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -207,6 +209,27 @@ class LlmCall(SQLModel, table=True):
     tokens_in: int = 0
     tokens_out: int = 0
     usd: float = 0.0
+    created_at: datetime = Field(default_factory=now)
+
+
+class MemoryEntry(SQLModel, table=True):
+    """What a finished study learned, for later studies of the same repository and objective.
+
+    Dev-side evidence only: a finding's effect is its dev gain, never a held-out number.
+    """
+
+    __tablename__ = "memory_entry"
+    id: int | None = Field(default=None, primary_key=True)
+    repository: str = Field(index=True)  # Study.repository_key
+    objective: str  # "<metric>:<direction>"
+    name: str = Field(default="", index=True)  # a named memory the study opted into ([memory] name)
+    kind: str  # "finding" (a merged change or a verified finding) or "lesson" (a pruned direction)
+    text: str = Field(sa_column=Column(Text, nullable=False))
+    study_id: int | None = None  # no foreign key: memory outlives the study it came from
+    study_name: str = ""
+    node_numbers: list[int] = _json([])
+    dev_effect: float | None = None  # dev gain over the parent, in metric units
+    diff: str = ""  # the merged change in brief: files, insertions, deletions
     created_at: datetime = Field(default_factory=now)
 
 

@@ -31,6 +31,7 @@ from backend.core.models import (
     Trajectory,
     now,
 )
+from backend.services import memory
 from backend.services.records import add_event
 
 
@@ -116,6 +117,7 @@ def finish(s: Session, study_id: int, reason: str) -> None:
     """End a study as finished (idempotent)."""
     if load(s, study_id).status != StudyStatus.FINISHED:
         change(s, study_id, StudyStatus.FINISHED, reason=reason)
+        memory.remember(s, load(s, study_id))
 
 
 def discard(s: Session, settings: Settings, study_id: int, thread_id: str) -> None:

@@ -16,7 +16,7 @@ from agents.tree.insights import InsightUpdate
 from agents.tree.status import ACTIVE, TERMINAL, NodeStatus, StudyStatus
 from backend.core import db
 from backend.core.models import InsightVersion, Job, LlmCall, Node, ReceiptRow, Study, Trajectory, now
-from backend.services import lifecycle
+from backend.services import lifecycle, memory
 from backend.services.records import add_event, add_insight, spec_of, transition
 
 
@@ -355,6 +355,12 @@ class SqlStorage:
                     ).one()
                 ),
             )
+
+    def memory(self, study_id: int, query: str) -> list[str]:
+        """Return the lab-memory entries most relevant to the study and `query`, one line each."""
+        with db.session(self.url) as s:
+            st = s.get(Study, study_id)
+            return [memory.line(e) for e in memory.relevant(s, st, query)] if st is not None else []
 
     def nodes(self, study_id: int) -> list[NodeRecord]:
         """Return every node of the study (from this process's cache, refreshed with what changed)."""

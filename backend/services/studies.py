@@ -22,7 +22,7 @@ from backend.core import gitops
 from backend.core.config import Settings
 from backend.core.models import Node, Study
 from backend.engine import environment, evaluation, workspace
-from backend.services import lifecycle
+from backend.services import lifecycle, memory
 from backend.services.records import add_event
 
 
@@ -348,6 +348,7 @@ def clone_study(s: Session, settings: Settings, study: Study, *, spec_source: st
     trunk = f"grove/{name}/trunk"
     repo.set_branch(trunk, base)
     study.repo_path, study.base_commit = str(dest), base
+    study.repository_key = memory.repository_key(repo, base)
     study.trunk_branch, study.trunk_commit, study.base_values = trunk, base, values
     s.add(study)
     root = Node(

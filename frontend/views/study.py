@@ -428,6 +428,21 @@ def root_id(nodes: list[dict[str, Any]]) -> int | None:
     return next((n["id"] for n in nodes if n["parent_id"] is None), None)
 
 
+def already_knew(api: Grove, s: dict[str, Any]) -> None:
+    """Show what Grove already knew: the lab-memory entries this study's ideator is given."""
+    try:
+        entries = api.memory(s["id"])
+    except (ApiError, Unreachable) as exc:
+        ui.show_error(exc)
+        return
+    if not entries:
+        st.caption("Nothing yet: no earlier study of this repository and objective has finished.")
+        return
+    for e in entries:
+        effect = f" · dev effect {e['dev_effect']:+.4g}" if e["dev_effect"] is not None else ""
+        st.markdown(f"- **M{e['id']}** {e['text']}  \n  _{e['kind']} from {e['provenance']}{effect}_")
+
+
 def page() -> None:
     api = ui.client()
     sid = pick_study(api)
@@ -475,6 +490,9 @@ def page() -> None:
     leaderboard(api, s, nodes)
     st.subheader("Search space")
     search_space(api, sid)
+    if s["policy"] == "llm":
+        st.subheader("What Grove already knew")
+        already_knew(api, s)
     st.subheader("Steer")
     steer(api, s, nodes)
 

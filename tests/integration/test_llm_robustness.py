@@ -331,3 +331,96 @@ def test_a_sibling_executor_gets_the_reflections_of_related_failed_attempts(
     sibling = tasks["n3"]
     assert "Reflections from failed attempts on related nodes" in sibling
     assert "- n2 (Centre the knob): Attempt 1 failed:" in sibling and written in sibling
+
+
+def test_a_second_study_of_the_same_repository_gets_the_first_ones_findings_with_provenance(
+    settings: Settings, tmp_path: Path
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from backend.api.main import create_app
+    from backend.core.security import create_token
+
+    repo = llm_repo(tmp_path)
+    script = {
+        "ideator": [IDEA],
+        "executor": [
+            tool("edit", path="config.toml", search="x = 0", replace="x = 3"),
+            tool("finish", report="x = 3"),
+        ],
+    }
+    with FakeLLM(script) as llm:
+        assert grove_run(settings, repo, llm.url).returncode == 0
+    first = rows(settings, Study)[0]
+    assert first.status == "finished" and rows(settings, Node, Node.id == 2)[0].status == "merged"
+
+    # The same repository under another path and another study name.
+    clone = tmp_path / "elsewhere"
+    git("clone", "-q", str(repo), str(clone), cwd=tmp_path)
+    spec = (clone / "grove.toml").read_text().replace('name = "llm-study"', 'name = "llm-again"')
+    (clone / "grove.toml").write_text(spec)
+    git("commit", "-qam", "a second study", cwd=clone)
+    with FakeLLM({"ideator": [{"content": '{"children": []}'}]}) as llm:
+        assert grove_run(settings, clone, llm.url).returncode == 0
+        ideator = next(r["body"] for r in llm.requests if r["role"] == "ideator")
+    evidence = json.loads(ideator["messages"][1]["content"])
+    memory = evidence["lab_memory"]
+    assert any("merged: Centre the knob" in m and "from study llm-study, n2" in m and "dev effect +" in m
+               for m in memory), memory  # fmt: skip
+    # No held-out number and no sealed byte goes into memory or the prompt.
+    text = json.dumps(ideator)
+    for value in first.trunk_heldout + first.baseline_heldout:
+        assert f"{value:g}" not in text and str(value) not in text
+    assert "777" not in text
+
+    viewer = {"Authorization": f"Bearer {create_token(settings, ['viewer'], 'v')}"}
+    operator = {"Authorization": f"Bearer {create_token(settings, ['operator'], 'o')}"}
+    with TestClient(create_app(settings)) as client:
+        listed = client.get("/api/v1/memory", params={"study": "llm-study"}, headers=viewer).json()
+        merged = next(e for e in listed if e["text"].startswith("merged: Centre the knob"))
+        assert merged["provenance"] == "study llm-study, n2" and merged["node_numbers"] == [2]
+        again = rows(settings, Study, Study.name == "llm-again")[0]
+        knew = client.get(f"/api/v1/studies/{again.id}/memory", headers=viewer).json()
+        assert merged["id"] in [e["id"] for e in knew]
+        # The dashboard's study page shows it as what Grove already knew.
+        from tests.conftest import free_port, serve
+        from tests.frontend.conftest import app_test, texts
+
+        port = free_port()
+        server, thread = serve(create_app(settings), port)
+        try:
+            at = app_test(f"http://127.0.0.1:{port}/api/v1", viewer["Authorization"].split()[1],
+                          page="views/study.py", study=again.id)  # fmt: skip
+            assert not at.exception, at.exception
+            shown = texts(at)
+            assert (
+                "What Grove already knew" in shown and f"**M{merged['id']}** merged: Centre the knob" in shown
+            )
+            assert "finding from study llm-study, n2" in shown
+        finally:
+            server.should_exit = True
+            thread.join(timeout=30)
+        assert client.delete(f"/api/v1/memory/{merged['id']}", headers=viewer).status_code == 403
+        assert client.delete(f"/api/v1/memory/{merged['id']}", headers=operator).status_code == 204
+        assert client.get(f"/api/v1/memory/{merged['id']}", headers=viewer).status_code == 404
+        knew = client.get(f"/api/v1/studies/{again.id}/memory", headers=viewer).json()
+        assert merged["id"] not in [e["id"] for e in knew]  # forgotten: no later study is given it
+    env = {**os.environ, "GROVE_DATA_DIR": str(settings.data_dir)}
+    cli = [sys.executable, "-m", "backend.cli.main", "memory"]
+
+    def grove_memory(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cli, *args], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
+
+    out = grove_memory("list", "--study", "llm-study")
+    assert out.returncode == 0, out.stderr
+    assert "merged:" not in out.stdout and "study llm-study" in out.stdout  # the deleted entry is gone
+    left = [e["id"] for e in listed if e["id"] != merged["id"]]
+    assert left, "the study left only its merged change"
+    shown = grove_memory("show", str(left[0]))
+    assert (
+        shown.returncode == 0 and f"[M{left[0]}]" in shown.stdout and "from study llm-study" in shown.stdout
+    )
+    gone = grove_memory("delete", str(left[0]))
+    assert gone.returncode == 0 and f"deleted memory entry {left[0]}" in gone.stdout
+    shown = grove_memory("show", str(left[0]))
+    assert shown.returncode == 1 and f"no memory entry with id {left[0]}" in shown.stderr

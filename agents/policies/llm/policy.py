@@ -109,6 +109,7 @@ class LlmPolicy:
             "improvement_state": renumber(data["improvement_state"], number.get),
             "validated_findings": data["validated_findings"],
             "pruned_lessons": data["pruned_lessons"],
+            "lab_memory": data["memory"],
             "refine_requests": [{**r, "node_id": number.get(r["node_id"])} for r in data["refine"]],
             "restart_from_root_away_from": [number.get(i) for i in data["restart"]],
             "max_depth": data["max_depth"],

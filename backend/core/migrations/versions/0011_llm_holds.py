@@ -8,6 +8,7 @@ Create Date: 2026-12-01 13:00:00
 from collections.abc import Sequence
 
 import sqlalchemy as sa
+import sqlmodel
 from alembic import op
 
 revision: str = "0011"
@@ -23,7 +24,7 @@ def upgrade() -> None:
         sa.Column("study_id", sa.Integer(), sa.ForeignKey("study.id"), nullable=False),
         sa.Column("usd", sa.Float(), nullable=False, server_default="0"),
         sa.Column("tokens", sa.Integer(), nullable=False, server_default="0"),
-        sa.Column("created_at", sa.DateTime(), nullable=False),
+        sa.Column("created_at", sqlmodel.sql.sqltypes.UTCDateTime(), nullable=False),
     )
     op.create_index("ix_llm_hold_study_id", "llm_hold", ["study_id"])
 
