@@ -212,8 +212,12 @@ def test_a_deeply_nested_spec_is_a_clear_error(api: tuple[str, Settings], tmp_pa
 
 
 class _Ledger:
-    def check(self) -> None:
+    def reserve(self, usd: float, tokens: int) -> int | None:
         """Allow every call."""
+        return None
+
+    def release(self, hold: int | None) -> None:
+        """Hold nothing."""
 
     def record(self, *args: object) -> None:
         """Keep nothing."""

@@ -226,3 +226,12 @@ def test_retry_decisions_follow_status_and_retry_after() -> None:
 def test_fold_system_moves_the_system_prompt_into_the_first_user_message() -> None:
     folded = fold_system([{"role": "system", "content": "ROLE: x"}, {"role": "user", "content": "hi"}])
     assert folded == [{"role": "user", "content": "ROLE: x\n\nhi"}]
+
+
+def test_the_scripted_server_fails_a_test_whose_prompt_held_a_sealed_number() -> None:
+    from tests.fake_llm import FakeLLM
+
+    with pytest.raises(AssertionError, match="sealed byte or a held-out number"), FakeLLM({}) as llm:
+        llm.answer({"model": "m", "messages": [{"role": "user", "content": "dev 9.5, held-out 768.125"}]})
+    with FakeLLM({}) as llm:  # dev numbers and counts pass
+        llm.answer({"model": "m", "messages": [{"role": "user", "content": "dev 9.5 over 1779 tokens"}]})
