@@ -221,6 +221,8 @@ def integrate(
         rec = records[node_id]
         if rec.completed_order:
             continue  # already integrated (replayed step)
+        if policy.name == "llm":  # the verifier judges the change itself, not only the executor's account
+            rec = replace(rec, evidence=replace(rec.evidence, diff=storage.change(sid, node_id)))
         result = integrate_one(study, rec, policy, istate, records, config)
         storage.record(sid, result)
         storage.event(sid, "node.integrated", node_id, {"status": result.status})
@@ -259,7 +261,11 @@ def integrate(
     istate.next_plan = next_plan(records_list, level)
     recent = [r.evidence for r in records_list if r.evidence.id in node_ids]
     numbers = {r.evidence.id: r.evidence.number for r in records_list}
-    storage.save_state(sid, policy.update_state(istate.to_dict(), recent, numbers), int(level))
+    accepted = frozenset(
+        r.evidence.id for r in records_list
+        if r.evidence.status == NodeStatus.MERGED or r.verification.get("decision") == "accept"
+    )  # fmt: skip
+    storage.save_state(sid, policy.update_state(istate.to_dict(), recent, numbers, accepted), int(level))
     study = storage.study(sid)
     # One approval open at a time: trunk cannot move under it, so its tested merge stays valid.
     cands = gate_candidates(study, storage.nodes(sid)) if state.get("awaiting") is None else []
@@ -632,6 +638,7 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         round_no=round_no,
         seed=study.seed,
         constraints=[c.model_dump() for c in study.spec.constraints],
+        editable=list(study.spec.files.editable),
         restart=restart,
         max_depth=max_depth,
         revisit=revisit,

@@ -35,6 +35,7 @@ class NodeEvidence:
     report: str = ""  # the executor's own account of what it did (llm policy)
     origin_ref: int | None = None  # the node a refine or restart child answers
     number: int = 0  # the node's place in its study (n1 is the root): what texts call it
+    diff: str = ""  # the node's change, filled for the node being verified (llm policy)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class IdeationInput:
     free: int = 0  # experiments that can start now (a sampler asks for no more, so none go stale)
     # Lab memory: what earlier studies of this repository learned, one line each with its provenance.
     memory: list[str] = field(default_factory=list)
+    editable: list[str] = field(default_factory=list)  # `files.editable`: what a change may touch
 
     def to_dict(self) -> dict[str, Any]:
         """Return the whole input as plain data (what a prompt could be built from)."""
@@ -134,5 +136,9 @@ class Policy(Protocol):
     def verify(self, node: NodeEvidence, soft: list[dict[str, Any]]) -> Judgement: ...
 
     def update_state(
-        self, state: dict[str, Any], recent: list[NodeEvidence], numbers: dict[int, int] | None = None
+        self,
+        state: dict[str, Any],
+        recent: list[NodeEvidence],
+        numbers: dict[int, int] | None = None,
+        accepted: frozenset[int] | None = None,
     ) -> dict[str, Any]: ...

@@ -400,7 +400,11 @@ class SearchPolicy:
         return Judgement()
 
     def update_state(
-        self, state: dict[str, Any], recent: list[NodeEvidence], numbers: dict[int, int] | None = None
+        self,
+        state: dict[str, Any],
+        recent: list[NodeEvidence],
+        numbers: dict[int, int] | None = None,
+        accepted: frozenset[int] | None = None,
     ) -> dict[str, Any]:
         """Keep the rule-built improvement state as it is."""
         return state

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from agents import globs, intake
 from agents.policies import configfiles
+from agents.policies.llm.answers import json_object
 from agents.spec import SpecError, check_against_tree, parse_spec
 from backend.core import gitops
 
@@ -95,17 +95,6 @@ def _repository_map(choices: intake.Choices, files: dict[str, str]) -> dict[str,
     }
 
 
-def _json_object(text: str) -> dict[str, Any] | None:
-    for m in re.finditer(r"\{", text):
-        try:
-            value, _ = json.JSONDecoder().raw_decode(text[m.start() :])
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return None
-
-
 def _with_model(model: str, c: intake.Choices, files: dict[str, str], goal: str) -> intake.Choices:
     from agents.policies.llm.model import LitellmModel, ModelConfig, ModelError
     from agents.policies.registry import server_endpoint
@@ -140,7 +129,7 @@ def _with_model(model: str, c: intake.Choices, files: dict[str, str], goal: str)
     except ModelError as exc:
         c.notes.append(f"model {model}: no answer ({str(exc)[:200]}); the draft is Grove's own analysis")
         return c
-    answer = _json_object(turn.content)
+    answer = json_object(turn.content)
     if answer is None:
         c.notes.append(f"model {model}: its answer held no JSON object; the draft is Grove's own analysis")
         return c

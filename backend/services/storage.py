@@ -6,18 +6,22 @@ import math
 import time
 from collections import OrderedDict
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlmodel import Session, col, func, select
 
+from agents import globs
 from agents.coordinator.ports import Integration, NodeRecord, StudyView
 from agents.policies.base import NodeEvidence, Proposal
 from agents.tree.insights import InsightUpdate
 from agents.tree.status import ACTIVE, TERMINAL, NodeStatus, StudyStatus
-from backend.core import db
+from backend.core import db, gitops
 from backend.core.models import InsightVersion, Job, LlmCall, Node, ReceiptRow, Study, Trajectory, now
 from backend.services import lifecycle, memory
 from backend.services.records import add_event, add_insight, spec_of, transition
+
+MAX_DIFF = 12_000  # characters of a node's diff the verifier is shown
 
 
 def _mean_metrics(receipts: list[dict[str, Any]]) -> dict[str, float]:
@@ -361,6 +365,28 @@ class SqlStorage:
         with db.session(self.url) as s:
             st = s.get(Study, study_id)
             return [memory.line(e) for e in memory.relevant(s, st, query)] if st is not None else []
+
+    def change(self, study_id: int, node_id: int) -> str:
+        """Return a node's change as a diff of its commit against its base ("" when there is none)."""
+        with db.session(self.url) as s:
+            st, node = s.get(Study, study_id), s.get(Node, node_id)
+            if st is None or node is None or not node.commit or not node.base_commit:
+                return ""
+            repo_path, base, commit = st.repo_path, node.base_commit, node.commit
+            editable = spec_of(st).files.editable
+        try:
+            repo = gitops.Repo(Path(repo_path))
+            files = [f for f in repo.changed_files(base, commit) if globs.match_any(editable, f)]
+            text = (
+                repo.git("diff", "--no-ext-diff", "--no-textconv", "--no-color", base, commit, "--", *files)
+                if files
+                else ""
+            )
+        except (gitops.GitError, OSError):
+            return ""
+        return text[:MAX_DIFF] + (
+            f"\n[… {len(text) - MAX_DIFF} more characters]" if len(text) > MAX_DIFF else ""
+        )
 
     def nodes(self, study_id: int) -> list[NodeRecord]:
         """Return every node of the study (from this process's cache, refreshed with what changed)."""

@@ -167,7 +167,8 @@ def test_scripted_executor_edits_evaluates_finishes_and_merges(settings: Setting
     assert st.improvement_state["concerns"] == ["scripted concern"]  # the state updater's rewrite
     assert st.improvement_state["verified_findings"][0]["node_ids"] == [2]
     verifier = next(c for c in calls if c.role == "verifier")
-    assert "Set x = 3; dev score 10." in json.dumps(prompt(settings, verifier))  # it judged the report
+    judged = json.dumps(prompt(settings, verifier))
+    assert "Set x = 3; dev score 10." in judged and "+x = 3" in judged  # it judged the report and the diff
     executor = [c for c in calls if c.role == "executor"]
     last = json.dumps(prompt(settings, executor[-1]))
     # Each message of the conversation is stored once, however many turns re-sent it.

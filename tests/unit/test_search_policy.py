@@ -453,3 +453,73 @@ def test_preloading_imports_the_gp_samplers_dependencies_before_any_study_asks()
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+class Answers:
+    """A model double that answers each call with the next text of a list (and records the prompts)."""
+
+    name = "scripted"
+
+    def __init__(self, *texts: str) -> None:
+        self.texts = list(texts)
+        self.prompts: list[list[dict[str, object]]] = []
+
+    def complete(self, role: str, messages: list[dict[str, object]], tools: object = None) -> Turn:
+        self.prompts.append(list(messages))
+        return Turn(self.texts.pop(0), [], 10, 10, 0.0)
+
+
+def test_one_bad_child_does_not_sink_the_batch_and_a_useless_answer_is_asked_again_with_the_error() -> None:
+    from agents.policies.llm.policy import LlmPolicy
+
+    good = {"parent_id": 1, "title": "a sound idea", "mechanism": "m", "expected_gain": 0.05}
+    model = Answers(
+        "I think the knob matters.",  # no JSON: asked again, told why
+        json.dumps({"children": [{"parent_id": 1, "title": ""}, good, {"title": "no parent"}]}),
+    )
+    nodes = [ev(1, None, {}, 0.5, "merged")]
+    props = LlmPolicy(model).ideate(ctx_of(nodes))  # type: ignore[arg-type]
+    assert [p.title for p in props] == ["a sound idea"]
+    retry = str(model.prompts[1][-1]["content"])
+    assert "could not be used: it holds no JSON object" in retry
+
+
+def test_expected_gain_is_clipped_and_shrunk_against_measured_gains() -> None:
+    from agents.policies.llm.policy import prior_of
+
+    nodes = [
+        ev(1, None, {}, 0.5, "merged"),
+        replace(ev(2, 1, {}, 0.6), gain=0.1),
+        replace(ev(3, 1, {}, 0.4), gain=-0.05),
+    ]
+    assert prior_of(50.0, nodes, 0.5) == pytest.approx(0.2 * 3 / 6)  # clipped to 2 x 0.1, shrunk by 3/6
+    assert prior_of(-50.0, nodes, 0.5) == pytest.approx(-0.2 * 3 / 6)
+    assert prior_of(0.04, nodes, 0.5) == pytest.approx(0.04 * 3 / 6)
+    assert prior_of(9.0, nodes[:1], 0.5) == pytest.approx(0.05 / 4)  # nothing measured: a tenth of trunk
+    assert prior_of(float("nan"), nodes, 0.5) == 0.0
+
+
+def test_findings_that_cite_nodes_not_accepted_are_dropped_and_the_verifier_sees_the_diff() -> None:
+    from agents.policies.llm.policy import LlmPolicy
+
+    model = Answers(json.dumps({
+        "verified_findings": [{"text": "x helps", "node_ids": [2]}, {"text": "y helps", "node_ids": [3]},
+                              {"text": "unsupported", "node_ids": []}],
+        "open_constraints": [], "rejected_candidates": [], "concerns": [], "next_plan": [],
+    }))  # fmt: skip
+    state = {
+        "verified_findings": [],
+        "open_constraints": [],
+        "rejected_candidates": [],
+        "concerns": [],
+        "next_plan": [],
+    }
+    new = LlmPolicy(model).update_state(state, [], {1: 1, 2: 2, 3: 3}, accepted=frozenset({2}))  # type: ignore[arg-type]
+    assert new["verified_findings"] == [{"text": "x helps", "node_ids": [2]}]
+    verifier = Answers("not json", json.dumps({"verdicts": [{"name": "small", "confidence": 80}]}))
+    node = replace(ev(2, 1, {}, 0.6), diff="-x = 0\n+x = 3")
+    judged = LlmPolicy(verifier).verify(node, [{"name": "small", "description": "a small change"}])  # type: ignore[arg-type]
+    assert judged.verdicts == {"small": (80, "")}
+    assert "+x = 3" in str(verifier.prompts[0][-1]["content"]) and "could not be used" in str(
+        verifier.prompts[1][-1]["content"]
+    )

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
 import json
+import math
 import re
+from collections.abc import Callable
 from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -21,6 +24,7 @@ from agents.policies.base import (
     NodeEvidence,
     Proposal,
 )
+from agents.policies.llm.answers import json_object
 from agents.policies.llm.model import BudgetExhausted, Model, ModelError
 from agents.policies.search import SearchPolicy
 from agents.verify.state import ImprovementState, renumber
@@ -41,10 +45,6 @@ class Child(BaseModel):
     expected_gain: float = 0.0
 
 
-class Children(BaseModel):
-    children: list[Child]
-
-
 class Verdict(BaseModel):
     name: str
     confidence: int = Field(ge=0, le=100)
@@ -62,20 +62,35 @@ def _words(text: str) -> set[str]:
 
 
 def near_duplicate(title: str, others: list[str], threshold: float = 0.8) -> bool:
-    """Return whether a title's words overlap an existing title's by Jaccard ≥ threshold."""
+    """Return whether a text matches an existing one: word overlap (Jaccard) or characters ≥ threshold."""
     w = _words(title)
+    flat = " ".join(sorted(w))
     for other in others:
         o = _words(other)
         if w and o and len(w & o) / len(w | o) >= threshold:
             return True
+        if flat and difflib.SequenceMatcher(None, flat, " ".join(sorted(o))).ratio() >= 0.9:
+            return True
     return False
 
 
-def _json_object(text: str) -> Any:
-    match = re.search(r"\{.*\}", text, re.S)
-    if not match:
-        raise ValueError("no JSON object in the answer")
-    return json.loads(match.group(0))
+def prior_of(expected: float, nodes: list[NodeEvidence], trunk_mean: float | None) -> float:
+    """Shrink and clip a model's expected gain against the gains the study has measured.
+
+    The clip is twice the largest measured |gain| (a tenth of |trunk dev| before any is measured);
+    the shrink factor (n + 1) / (n + 4) trusts the model less while the study knows little.
+    """
+    gains = [
+        abs(n.gain) for n in nodes if n.gain is not None and math.isfinite(n.gain) and n.parent_id is not None
+    ]
+    cap = 2 * max(gains) if gains else 0.1 * abs(trunk_mean or 0.0)
+    if not math.isfinite(expected):
+        return 0.0
+    return max(-cap, min(cap, expected)) * (len(gains) + 1) / (len(gains) + 4)
+
+
+class Unusable(ValueError):
+    """A model's answer could not be used; the message says why (and goes back to the model)."""
 
 
 class LlmPolicy:
@@ -116,19 +131,13 @@ class LlmPolicy:
             "plateau_level": data["plateau_level"],
         }  # fmt: skip
         messages = [
-            {"role": "system", "content": prompt("ideator").format(k=ctx.k)},
+            {"role": "system", "content": prompt("ideator").format(k=ctx.k, editable=", ".join(ctx.editable) or "any file")},
             {"role": "user", "content": json.dumps(evidence, indent=1, default=str)},
-        ]
-        turn = self.model.complete("ideator", messages)
+        ]  # fmt: skip
         try:
-            children = Children.model_validate(_json_object(turn.content)).children
-        except (ValueError, ValidationError):
-            messages += [turn.message(), {"role": "user", "content": "Answer with the JSON object only."}]
-            turn = self.model.complete("ideator", messages)
-            try:
-                children = Children.model_validate(_json_object(turn.content)).children
-            except (ValueError, ValidationError) as exc:
-                raise ModelError(f"the ideator's answer is not the requested JSON: {exc}") from exc
+            children = self._ask("ideator", messages, _children)
+        except Unusable as exc:
+            raise ModelError(f"the ideator's answer is not the requested JSON: {exc}") from exc
         valid = {n.id: n for n in ctx.nodes if n.status not in ("pruned", "cancelled")}
         titles = [n.title for n in ctx.nodes]
         refine = {r.node_id for r in ctx.refine}
@@ -145,22 +154,24 @@ class LlmPolicy:
                 "hypothesis": c.hypothesis,
                 "observable": c.observable,
                 "risks": c.risks,
+                "expected_gain": f"{c.expected_gain:g}",  # the model's prediction, kept beside the realised gain
             }
             origin, ref = ("refine", c.parent_id) if c.parent_id in refine else ("policy", None)
             if origin == "policy" and c.parent_id == root and restarts:
                 origin, ref = "restart", restarts.pop(0)
-            out.append(
-                Proposal(
-                    c.parent_id,
-                    c.title,
-                    hyp,
-                    c.expected_gain,
-                    {},
-                    origin,
-                    ref,
-                )
-            )
+            prior = prior_of(c.expected_gain, ctx.nodes, ctx.trunk_dev_mean)
+            out.append(Proposal(c.parent_id, c.title, hyp, prior, {}, origin, ref))
         return out
+
+    def _ask(self, role: str, messages: list[dict[str, Any]], parse: Callable[[str], T]) -> T:
+        """Ask for a structured answer; ask once more, with what was wrong, if it cannot be used."""
+        turn = self.model.complete(role, messages)
+        try:
+            return parse(turn.content)
+        except Unusable as exc:
+            again = [*messages, turn.message(), {"role": "user", "content": f"Your answer could not be used: {exc}. "
+                                                 "Answer again with the JSON object only."}]  # fmt: skip
+            return parse(self.model.complete(role, again).content)
 
     def implement(self, worktree: Path, node: ImplementInput) -> str:
         """Run the executor loop on the node's hypothesis; return its report."""
@@ -251,9 +262,9 @@ class LlmPolicy:
     def verify(self, node: NodeEvidence, soft: list[dict[str, Any]]) -> Judgement:
         """Ask the verifier for a 0-100 confidence per soft constraint and AREX's refine/restart call."""
         evidence = {
-            "node": {"id": node.number, "title": node.title, "report": node.report, "dev_metrics": node.dev_metrics,
-                     "gain": node.gain, "gain_lcb": node.gain_lcb, "constraints": node.constraints,
-                     "failure": node.failure},
+            "node": {"id": node.number, "title": node.title, "report": node.report, "diff": node.diff,
+                     "dev_metrics": node.dev_metrics, "gain": node.gain, "gain_lcb": node.gain_lcb,
+                     "constraints": node.constraints, "failure": node.failure},
             "soft_constraints": [{"name": c["name"], "description": c["description"]} for c in soft],
         }  # fmt: skip
         messages = [
@@ -261,18 +272,23 @@ class LlmPolicy:
             {"role": "user", "content": json.dumps(evidence, default=str)},
         ]
         try:
-            answer = Verdicts.model_validate(_json_object(self.model.complete("verifier", messages).content))
-        except (ModelError, BudgetExhausted, ValueError, ValidationError):
+            answer = self._ask("verifier", messages, _model_of(Verdicts))
+        except (ModelError, BudgetExhausted, Unusable):
             return Judgement()
         verdicts = {v.name: (v.confidence, v.reason) for v in answer.verdicts}
         return Judgement(verdicts, answer.call, answer.why)
 
     def update_state(
-        self, state: dict[str, Any], recent: list[NodeEvidence], numbers: dict[int, int] | None = None
+        self,
+        state: dict[str, Any],
+        recent: list[NodeEvidence],
+        numbers: dict[int, int] | None = None,
+        accepted: frozenset[int] | None = None,
     ) -> dict[str, Any]:
         """Ask the state updater to rewrite the improvement state; keep the old one if it fails.
 
         The model sees nodes by their numbers (`numbers`: id -> number); its answer is mapped back.
+        A verified finding stays only if every node it cites is in `accepted` (when given).
         """
         number = numbers if numbers is not None else {n.id: n.id for n in recent}
         node_of = {v: k for k, v in number.items()}
@@ -290,8 +306,60 @@ class LlmPolicy:
                 ),
             },
         ]
+
+        def parse(text: str) -> dict[str, Any]:
+            try:
+                fresh = ImprovementState.from_dict(renumber(_object(text), node_of.get)).to_dict()
+            except (TypeError, KeyError, AttributeError, ValueError) as exc:
+                raise Unusable(f"not an improvement state with the listed keys ({exc})") from None
+            if accepted is not None:
+                fresh["verified_findings"] = [
+                    f for f in fresh["verified_findings"] if f["node_ids"] and set(f["node_ids"]) <= accepted
+                ]
+            return fresh
+
         try:
-            new = _json_object(self.model.complete("state", messages).content)
-            return ImprovementState.from_dict(renumber(new, node_of.get)).to_dict()
-        except (ModelError, BudgetExhausted, ValueError, TypeError, KeyError):
+            return self._ask("state", messages, parse)
+        except (ModelError, BudgetExhausted, Unusable):
             return state
+
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+def _object(text: str) -> dict[str, Any]:
+    value = json_object(text)
+    if value is None:
+        raise Unusable("it holds no JSON object")
+    return value
+
+
+def _model_of(model: type[M]) -> Callable[[str], M]:
+    def parse(text: str) -> M:
+        try:
+            return model.model_validate(_object(text))
+        except ValidationError as exc:
+            raise Unusable(_errors(exc)) from None
+
+    return parse
+
+
+def _errors(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'answer'}: {e['msg']}" for e in exc.errors()[:5])
+
+
+def _children(text: str) -> list[Child]:
+    """Return the valid children of an ideator's answer; each is checked on its own."""
+    raw = _object(text).get("children")
+    if not isinstance(raw, list):
+        raise Unusable('the object needs a "children" list')
+    out, wrong = [], []
+    for i, item in enumerate(raw):
+        try:
+            out.append(Child.model_validate(item))
+        except ValidationError as exc:
+            wrong.append(f"child {i}: {_errors(exc)}")
+    if raw and not out:
+        raise Unusable("no child is valid (" + "; ".join(wrong) + ")")
+    return out
