@@ -122,6 +122,8 @@ def ideate(
         if study.spec.policy_kind == "llm" and study.spec.memory.entries:
             plan = " ".join(str(x) for x in study.improvement_state.get("next_plan", []))
             ctx = replace(ctx, memory=storage.memory(sid, plan))
+        if study.spec.policy_kind == "llm":
+            ctx = replace(ctx, repo_map=storage.repo_map(sid))
         try:
             proposals = runtime.context.policy.ideate(ctx)
         except BudgetExhausted as exc:

@@ -73,6 +73,7 @@ class IdeationInput:
     # Lab memory: what earlier studies of this repository learned, one line each with its provenance.
     memory: list[str] = field(default_factory=list)
     editable: list[str] = field(default_factory=list)  # `files.editable`: what a change may touch
+    repo_map: dict[str, Any] = field(default_factory=dict)  # trunk's files, symbols, editable text (llm)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the whole input as plain data (what a prompt could be built from)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import math
 import time
 from collections import OrderedDict
@@ -22,6 +23,11 @@ from backend.services import lifecycle, memory
 from backend.services.records import add_event, add_insight, spec_of, transition
 
 MAX_DIFF = 12_000  # characters of a node's diff the verifier is shown
+MAP_FILES, MAP_SYMBOL_FILES, MAP_TEXT = (
+    300,
+    60,
+    16_000,
+)  # the ideator's repository map: files, symbol files, text
 
 
 def _mean_metrics(receipts: list[dict[str, Any]]) -> dict[str, float]:
@@ -330,6 +336,7 @@ class SqlStorage:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self._maps: dict[tuple[int, str], dict[str, Any]] = {}  # repository maps by (study, trunk commit)
 
     def study(self, study_id: int) -> StudyView:
         """Return the study as the coordinator sees it."""
@@ -365,6 +372,28 @@ class SqlStorage:
         with db.session(self.url) as s:
             st = s.get(Study, study_id)
             return [memory.line(e) for e in memory.relevant(s, st, query)] if st is not None else []
+
+    def repo_map(self, study_id: int) -> dict[str, Any]:
+        """Return a map of trunk for the ideator: files and sizes, Python symbols, editable files' text.
+
+        Sealed paths are left out entirely. Cached per trunk commit.
+        """
+        with db.session(self.url) as s:
+            st = s.get(Study, study_id)
+            if st is None or not st.trunk_commit:
+                return {}
+            spec = spec_of(st)
+            key, repo_path = (study_id, st.trunk_commit), st.repo_path
+        if key not in self._maps:
+            try:
+                self._maps[key] = repository_map(
+                    gitops.Repo(Path(repo_path)), key[1], spec.files.editable, spec.files.sealed
+                )
+            except (gitops.GitError, OSError):
+                return {}
+            while len(self._maps) > 16:
+                self._maps.pop(next(iter(self._maps)))
+        return self._maps[key]
 
     def change(self, study_id: int, node_id: int) -> str:
         """Return a node's change as a diff of its commit against its base ("" when there is none)."""
@@ -538,3 +567,48 @@ class SqlStorage:
                 j.status, j.finished_at = "failed", now()
                 j.outcome = {"reason": "cancelled"}
                 s.add(j)
+
+
+def repository_map(repo: gitops.Repo, commit: str, editable: list[str], sealed: list[str]) -> dict[str, Any]:
+    """Map a commit's tree: paths and sizes, top-level Python symbols, and editable files' text within a budget."""
+    files: list[tuple[str, int]] = []
+    for item in repo.git("ls-tree", "-r", "-l", "-z", commit).split("\0"):
+        meta, _, path = item.partition("\t")
+        parts = meta.split()
+        if not path or len(parts) < 4 or parts[1] != "blob" or globs.match_any(sealed, path):
+            continue
+        files.append((path, int(parts[3]) if parts[3].isdigit() else 0))
+    mine = sorted((f for f in files if globs.match_any(editable, f[0])), key=lambda f: f[1])
+    py = [f for f in mine if f[0].endswith(".py")] + [
+        f for f in files if f[0].endswith(".py") and not globs.match_any(editable, f[0])
+    ]
+    symbols: dict[str, list[str]] = {}
+    for path, size in py[:MAP_SYMBOL_FILES]:
+        if size > 200_000:
+            continue
+        try:
+            tree = ast.parse(repo.read_at(commit, path))
+        except (SyntaxError, ValueError, gitops.GitError):
+            continue
+        names = [
+            n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        ]
+        if names:
+            symbols[path] = names[:40]
+    contents: dict[str, str] = {}
+    left = MAP_TEXT
+    for path, size in mine:
+        if left <= 0 or size > MAP_TEXT:
+            continue
+        try:
+            text = repo.read_at(commit, path)
+        except (gitops.GitError, UnicodeDecodeError):
+            continue
+        contents[path] = text[: min(6000, left)]
+        left -= len(contents[path])
+    return {
+        "files": [{"path": p, "bytes": b} for p, b in files[:MAP_FILES]],
+        "files_total": len(files),
+        "python_symbols": symbols,
+        "editable_contents": contents,
+    }

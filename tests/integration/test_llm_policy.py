@@ -164,6 +164,10 @@ def test_scripted_executor_edits_evaluates_finishes_and_merges(settings: Setting
 
     calls = rows(settings, LlmCall)
     assert {c.role for c in calls} >= {"ideator", "executor", "insight", "verifier", "state"}
+    ideator = json.loads(prompt(settings, next(c for c in calls if c.role == "ideator"))[1]["content"])
+    files = {f["path"] for f in ideator["repository"]["files"]}
+    assert {"config.toml", "eval.py"} <= files and not any(f.startswith("data/test") for f in files)
+    assert ideator["repository"]["editable_contents"]["config.toml"].startswith("[knob]")
     assert st.improvement_state["concerns"] == ["scripted concern"]  # the state updater's rewrite
     assert st.improvement_state["verified_findings"][0]["node_ids"] == [2]
     verifier = next(c for c in calls if c.role == "verifier")

@@ -424,3 +424,23 @@ def test_a_second_study_of_the_same_repository_gets_the_first_ones_findings_with
     assert gone.returncode == 0 and f"deleted memory entry {left[0]}" in gone.stdout
     shown = grove_memory("show", str(left[0]))
     assert shown.returncode == 1 and f"no memory entry with id {left[0]}" in shown.stderr
+
+
+def test_the_repository_map_shows_files_symbols_and_editable_text_but_nothing_sealed(tmp_path: Path) -> None:
+    from backend.core import gitops
+    from backend.services.storage import repository_map
+    from tests.conftest import make_repo
+
+    repo = make_repo(tmp_path / "r", {
+        "model.py": "import os\n\nclass Net:\n    pass\n\ndef train(lr):\n    return lr\n",
+        "config.toml": "[knob]\nx = 0\n",
+        "data/test/offset.txt": "777.125\n",
+        "data/test/labels.py": "def secret():\n    return 777.125\n",
+        "README.md": "a repository\n",
+    })  # fmt: skip
+    head = gitops.git("rev-parse", "HEAD", cwd=repo).strip()
+    m = repository_map(gitops.Repo(repo), head, ["config.toml", "model.py"], ["data/test/**"])
+    assert {f["path"] for f in m["files"]} == {"model.py", "config.toml", "README.md"}
+    assert m["python_symbols"] == {"model.py": ["Net", "train"]}
+    assert m["editable_contents"]["config.toml"] == "[knob]\nx = 0\n"
+    assert "777" not in json.dumps(m) and "secret" not in json.dumps(m)

@@ -523,3 +523,21 @@ def test_findings_that_cite_nodes_not_accepted_are_dropped_and_the_verifier_sees
     assert "+x = 3" in str(verifier.prompts[0][-1]["content"]) and "could not be used" in str(
         verifier.prompts[1][-1]["content"]
     )
+
+
+def test_the_ideator_sees_a_bounded_tree_keeping_root_trunk_best_recent_and_their_parents() -> None:
+    from agents.policies.llm.policy import SHOWN_NODES, LlmPolicy, shown_nodes
+
+    nodes = [ev(1, None, {}, 0.5, "merged")] + [
+        replace(ev(i, 1 if i < 40 else i - 30, {}, 0.5 + (0.3 if i == 7 else 0.0001 * (i % 17))), number=i)
+        for i in range(2, 1201)
+    ]
+    ctx = replace(ctx_of(nodes), trunk_node_id=500)
+    shown = shown_nodes(ctx)
+    ids = {n.id for n in shown}
+    assert len(shown) <= SHOWN_NODES and {1, 500, 7, 1200} <= ids
+    assert 1170 in ids or len(shown) == SHOWN_NODES  # the recent node's parent, where there was room
+    model = ScriptedIdeator([])
+    LlmPolicy(model).ideate(ctx)  # type: ignore[arg-type]
+    seen = json.loads(model.seen[0])
+    assert len(seen["nodes"]) == len(shown) and seen["nodes_shown"].startswith(f"{len(shown)} of 1200")

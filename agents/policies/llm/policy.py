@@ -89,6 +89,31 @@ def prior_of(expected: float, nodes: list[NodeEvidence], trunk_mean: float | Non
     return max(-cap, min(cap, expected)) * (len(gains) + 1) / (len(gains) + 4)
 
 
+SHOWN_NODES = 60  # nodes an ideator's prompt lists at most
+
+
+def shown_nodes(ctx: IdeationInput, limit: int = SHOWN_NODES) -> list[NodeEvidence]:
+    """Return a bounded view of the tree for a prompt: root, open nodes, trunk, the best, the recent, then parents."""
+    nodes = ctx.nodes
+    if len(nodes) <= limit:
+        return list(nodes)
+    sign = 1.0 if ctx.maximize else -1.0
+    by_id = {n.id: n for n in nodes}
+    measured = sorted((n for n in nodes if n.dev_mean is not None), key=lambda n: -sign * (n.dev_mean or 0.0))
+    wanted = [n.id for n in nodes if n.parent_id is None or n.status in ("proposed", "queued", "running")]
+    wanted += [ctx.trunk_node_id, *(r.node_id for r in ctx.refine), *ctx.restart]
+    wanted += [n.id for n in measured[: limit // 3]] + [
+        n.id for n in sorted(nodes, key=lambda n: -n.id)[: limit // 3]
+    ]
+    keep = dict.fromkeys(i for i in wanted if i in by_id)
+    keep = dict.fromkeys(list(keep)[:limit])
+    for i in list(keep):  # then their parents, while there is room
+        parent = by_id[i].parent_id
+        if len(keep) < limit and parent is not None:
+            keep[parent] = None
+    return sorted((by_id[i] for i in keep), key=lambda n: n.id)
+
+
 class Unusable(ValueError):
     """A model's answer could not be used; the message says why (and goes back to the model)."""
 
@@ -109,6 +134,7 @@ class LlmPolicy:
         # The model sees each node by its number in the study, as every page does; answers map back.
         number = {n.id: n.number for n in ctx.nodes}
         node_of = {n.number: n.id for n in ctx.nodes}
+        shown = shown_nodes(ctx)
         evidence = {
             "goal": data["goal"],
             "objective": {"metric": data["metric"], "maximize": data["maximize"]},
@@ -116,11 +142,14 @@ class LlmPolicy:
             "trunk_node_id": number.get(ctx.trunk_node_id),
             "trunk_dev_mean": data["trunk_dev_mean"],
             "nodes": [
-                {"id": number[n["id"]], "parent_id": number.get(n["parent_id"])}
-                | {k: n[k] for k in ("depth", "status", "title", "dev_mean", "dev_n", "gain",
-                                     "gain_lcb", "constraints", "insight", "failure")}
-                for n in data["nodes"]
+                {"id": number[n.id], "parent_id": number.get(n.parent_id) if n.parent_id is not None else None, "depth": n.depth, "status": n.status,
+                 "title": n.title, "dev_mean": n.dev_mean, "dev_n": n.dev_n, "gain": n.gain, "gain_lcb": n.gain_lcb,
+                 "constraints": n.constraints, "insight": n.insight[:400], "failure": n.failure[:300]}
+                for n in shown
             ],
+            "nodes_shown": f"{len(shown)} of {len(ctx.nodes)} (the best, the recent, the open and their parents)"
+            if len(shown) < len(ctx.nodes) else f"all {len(ctx.nodes)}",
+            "repository": ctx.repo_map,
             "improvement_state": renumber(data["improvement_state"], number.get),
             "validated_findings": data["validated_findings"],
             "pruned_lessons": data["pruned_lessons"],
