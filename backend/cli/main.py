@@ -753,8 +753,6 @@ def memory_list(
     name: Annotated[str | None, typer.Option(help="only the entries of this named memory")] = None,
 ) -> None:
     """List memory entries, newest first: id, kind, text, where it came from."""
-    from sqlmodel import col, select
-
     from backend.core.models import MemoryEntry
     from backend.services import memory
 
@@ -770,34 +768,34 @@ def memory_list(
     console.print(table)
 
 
+def _memory_entry(s: Session, entry: int) -> Any:
+    """Return a memory entry, or say there is none and exit 1."""
+    from backend.core.models import MemoryEntry
+
+    e = s.get(MemoryEntry, entry)
+    if e is None:
+        err.print(f"[red]error:[/] no memory entry with id {entry}")
+        raise typer.Exit(1)
+    return e
+
+
 @memory_app.command("show")
 def memory_show(entry: Annotated[int, typer.Argument(help="the entry's id")]) -> None:
     """Show one memory entry in full."""
-    from backend.core.models import MemoryEntry
     from backend.services import memory
 
     with db.session(get_settings().db_url) as s:
-        e = s.get(MemoryEntry, entry)
-        if e is None:
-            err.print(f"[red]error:[/] no memory entry with id {entry}")
-            raise typer.Exit(1)
+        e = _memory_entry(s, entry)
         console.print(memory.line(e), markup=False, highlight=False)
-        console.print(
-            f"repository {e.repository} · objective {e.objective} · name {e.name or '-'}", markup=False
-        )
+        where = f"repository {e.repository} · objective {e.objective} · name {e.name or '-'}"
+        console.print(where, markup=False, highlight=False)
 
 
 @memory_app.command("delete")
 def memory_delete(entry: Annotated[int, typer.Argument(help="the entry's id")]) -> None:
     """Forget one memory entry: no later study is given it."""
-    from backend.core.models import MemoryEntry
-
     with db.session(get_settings().db_url) as s:
-        e = s.get(MemoryEntry, entry)
-        if e is None:
-            err.print(f"[red]error:[/] no memory entry with id {entry}")
-            raise typer.Exit(1)
-        s.delete(e)
+        s.delete(_memory_entry(s, entry))
     console.print(f"deleted memory entry {entry}")
 
 
