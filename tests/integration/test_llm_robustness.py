@@ -20,6 +20,12 @@ from tests.fake_llm import FakeLLM
 from tests.integration.test_llm_policy import IDEA, grove_run, llm_repo, prompt, rows, tool
 
 
+def db_session(settings: Settings) -> Any:
+    from backend.core import db
+
+    return db.session(settings.db_url)
+
+
 def executor_requests(llm: FakeLLM) -> list[dict[str, Any]]:
     return [r["body"] for r in llm.requests if r["role"] == "executor"]
 
@@ -444,3 +450,32 @@ def test_the_repository_map_shows_files_symbols_and_editable_text_but_nothing_se
     assert m["python_symbols"] == {"model.py": ["Net", "train"]}
     assert m["editable_contents"]["config.toml"] == "[knob]\nx = 0\n"
     assert "777" not in json.dumps(m) and "secret" not in json.dumps(m)
+
+
+def test_a_token_budget_holds_like_the_usd_one(settings: Settings, tmp_path: Path) -> None:
+    from agents.policies.llm.model import BudgetExhausted, LitellmModel, ModelConfig
+    from backend.engine.jobstore import DbStore
+    from backend.services.ledger import StoreLedger
+
+    sid = _study_with_budget(settings, tmp_path, usd=0.0)
+    spec_budget = "usd = 0.0\ntokens = 2000"
+    with db_session(settings) as s:
+        study = s.get(Study, sid)
+        assert study is not None
+        study.spec_toml = study.spec_toml.replace("usd = 0.0", spec_budget)
+        s.add(study)
+    messages = [{"role": "system", "content": "ROLE: executor"}, {"role": "user", "content": "go"}]
+    with FakeLLM({"executor": [{"content": "one"}, {"content": "two"}]}) as llm:
+
+        def model(out: int) -> LitellmModel:
+            config = ModelConfig("openai/fake-model", api_base=llm.url, api_key="k", max_output_tokens=out)
+            return LitellmModel(config, StoreLedger(DbStore(settings, sid, None)))
+
+        with pytest.raises(
+            BudgetExhausted,
+            match=r"0 of 2000 tokens used, 0 held by calls in flight, and this call may take 40\d\d",
+        ):
+            model(4000).complete("executor", messages)  # its worst case alone passes 2000 tokens
+        assert model(500).complete("executor", messages).content == "one"
+    assert len(llm.requests) == 1
+    assert sum(c.tokens_in + c.tokens_out for c in rows(settings, LlmCall)) <= 2000
