@@ -184,23 +184,31 @@ class PolicySection(_Section):
     @field_validator("extra")
     @classmethod
     def _provider_options(cls, v: dict[str, Any]) -> dict[str, Any]:
-        bad = [
-            k for k in v if not re.fullmatch(r"[a-z][a-z0-9_]*", k) or any(w in k for w in RESERVED_OPTIONS)
-        ]
+        bad = sorted(k for k in v if k not in PROVIDER_OPTIONS)
         if bad:
             raise ValueError(
-                f"{', '.join(sorted(bad))}: not a provider option Grove passes through (endpoints, keys, "
-                "headers, the model, messages, tools, limits and retries are Grove's own settings)"
+                f"{', '.join(bad)}: not a provider option Grove passes through; it takes "
+                f"{', '.join(sorted(PROVIDER_OPTIONS))} (endpoints, keys, the model, limits and retries are Grove's)"
             )
+        plain = (bool, int, float, str)
+        for k, value in v.items():
+            if not (
+                isinstance(value, plain)
+                or (isinstance(value, list) and all(isinstance(x, plain) for x in value))
+            ):
+                raise ValueError(
+                    f"{k}: a provider option takes a number, a string, a boolean or a list of them"
+                )
         return v
 
 
-# Words in a provider option's name that would let a spec redirect calls, read keys or undo limits.
-RESERVED_OPTIONS = (
-    "api", "key", "base", "url", "header", "auth", "token", "secret", "credential", "aws", "vertex",
-    "azure", "client", "callback", "litellm", "mock", "proxy", "organization", "model", "message",
-    "tool", "stream", "retr", "timeout", "metadata", "cost", "region", "project",
-)  # fmt: skip
+# Sampling and server options a spec may pass to the provider as they are; nothing that could
+# redirect a call, change the model, read a key or lift a limit (`fallbacks`, `extra_body`, `n`, …).
+PROVIDER_OPTIONS = frozenset({
+    "num_ctx", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repetition_penalty",
+    "presence_penalty", "frequency_penalty", "seed", "stop", "reasoning_effort", "mirostat", "mirostat_eta",
+    "mirostat_tau", "keep_alive",
+})  # fmt: skip
 
 
 class Plateau(_Section):

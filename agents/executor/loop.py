@@ -143,6 +143,7 @@ def run(
             squeezed = True
             shorten(tr.messages, keep_turns=1)
             continue
+        squeezed = False
         tr.turns += 1
         tr.tokens += turn.tokens_out + max(0, turn.tokens_in - tr.context)
         tr.context = turn.tokens_in + turn.tokens_out

@@ -107,8 +107,10 @@ def unpriced(model: str) -> bool:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
+    from agents.policies.llm.model import unpriced_info
+
     try:
-        info = litellm.get_model_info(model)
+        info = dict(litellm.get_model_info(model))
     except Exception:  # litellm raises plain Exceptions for models it does not map
         return True
-    return not (info.get("input_cost_per_token") or info.get("output_cost_per_token"))
+    return unpriced_info(info)

@@ -22,6 +22,8 @@ class Settings(BaseSettings):
     visibility_timeout: int = 12 * 3600
     # Added to a job's own time (evaluations, the executor's minutes) for its Celery hard time limit.
     task_margin_seconds: int = 300
+    # Names of lab memories studies may share across repositories (`[memory] name`), comma-separated.
+    memory_names: str = ""
     # Let GET endpoints answer without a token (mutations always need one).
     public_reads: bool = False
     # A job's lease in Redis; a job whose worker died is re-sent once its lease lapses.

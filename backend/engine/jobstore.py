@@ -495,6 +495,8 @@ class DbStore:
         if bad or not all(isinstance(c, int | float) and c >= 0 for c in costs):
             raise Refused(f"an LLM call may not carry {sorted(bad)} or negative counts")
         with db.session(self.settings.db_url) as s:
+            # The study's lock, as `llm_reserve` takes it: a hold becomes a charge in one step for it.
+            s.exec(select(Study.id).where(Study.id == self.study_id).with_for_update()).one()
             held = s.get(LlmHold, hold) if hold is not None else None
             if held is not None and held.study_id == self.study_id:
                 s.delete(held)

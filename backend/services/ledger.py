@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any
 
 from sqlmodel import Session
@@ -50,7 +51,7 @@ class StoreLedger:
             },
             hold,
         )  # fmt: skip
-        self._last[role] = (call_id, list(messages))
+        self._last[role] = (call_id, copy.deepcopy(messages))  # the loop may shorten old messages in place
 
 
 def prompt_of(s: Session, call: LlmCall) -> list[dict[str, Any]]:

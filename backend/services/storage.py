@@ -389,8 +389,8 @@ class SqlStorage:
                 self._maps[key] = repository_map(
                     gitops.Repo(Path(repo_path)), key[1], spec.files.editable, spec.files.sealed
                 )
-            except (gitops.GitError, OSError):
-                return {}
+            except Exception:  # the repository is the study's, hostile until proven otherwise: no map
+                self._maps[key] = {}
             while len(self._maps) > 16:
                 self._maps.pop(next(iter(self._maps)))
         return self._maps[key]
@@ -588,7 +588,7 @@ def repository_map(repo: gitops.Repo, commit: str, editable: list[str], sealed: 
             continue
         try:
             tree = ast.parse(repo.read_at(commit, path))
-        except (SyntaxError, ValueError, gitops.GitError):
+        except (SyntaxError, ValueError, RecursionError, MemoryError, gitops.GitError):
             continue
         names = [
             n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)

@@ -279,6 +279,13 @@ def check_operator_limits(settings: Settings, spec: Spec, source: str = "grove.t
         )
         issues.append(SpecIssue(key="environment.network", message=message))
     issues += budget_issues(spec)
+    shared = {n.strip() for n in settings.memory_names.split(",") if n.strip()}
+    if spec.memory.name and spec.memory.name not in shared:
+        message = (
+            f"this server shares no lab memory named {spec.memory.name!r} (the operator lists the names "
+            "studies may share in GROVE_MEMORY_NAMES); leave it out to share by repository only"
+        )
+        issues.append(SpecIssue(key="memory.name", message=message))
     if issues:
         raise SpecError(issues, source)
 

@@ -11,6 +11,9 @@ from backend.core.config import Settings
 from backend.core.models import Job, Study
 from backend.services.records import spec_of
 
+# The longest one model call may take with the default timeout, retries and backoff ceiling.
+MODEL_CALL = 120 * 6 + 60 * 5
+
 
 def enqueue_advance(app: Celery, study_id: int, countdown: float | None = None) -> None:
     """Ask a coordinator worker to advance a study (after whatever made it ready was committed)."""
@@ -63,6 +66,9 @@ def job_seconds(spec: Spec, kind: str) -> int:
         return int(spec.evaluate.timeout * (spec.evaluate.repeats + 5 * spec.gate.test_repeats))
     seconds = spec.evaluate.timeout * spec.evaluate.repeats  # the dev runs after the change
     if spec.policy_kind == "llm":
-        # The executor's minutes, and one tool call (a command or a dev evaluation) begun at their end.
-        seconds += spec.policy.executor_minutes * 60 + max(spec.evaluate.timeout, RUN_TIMEOUT)
+        # The executor's minutes; one tool call (a command or a dev evaluation) and one model call
+        # (all its retries) begun at their end; and the reflection call after a failed attempt.
+        seconds += (
+            spec.policy.executor_minutes * 60 + max(spec.evaluate.timeout, RUN_TIMEOUT) + 2 * MODEL_CALL
+        )
     return int(seconds)

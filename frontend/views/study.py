@@ -440,7 +440,8 @@ def already_knew(api: Grove, s: dict[str, Any]) -> None:
         return
     for e in entries:
         effect = f" · dev effect {e['dev_effect']:+.4g}" if e["dev_effect"] is not None else ""
-        st.markdown(f"- **M{e['id']}** {e['text']}  \n  _{e['kind']} from {e['provenance']}{effect}_")
+        st.text(f"M{e['id']}  {e['text']}")  # plain text: an entry's words came from a model
+        st.caption(f"{e['kind']} from {e['provenance']}{effect}")
 
 
 def page() -> None:

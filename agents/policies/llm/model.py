@@ -14,8 +14,9 @@ import email.utils
 import json
 import os
 import random
+import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -121,18 +122,11 @@ class LitellmModel:
         import litellm
 
         litellm.suppress_debug_info = True
-        if config.prices:
-            litellm.register_model(
-                {
-                    config.model: {
-                        **config.prices,
-                        "litellm_provider": config.model.split("/")[0],
-                        "mode": "chat",
-                    }
-                }
-            )
         self._litellm = litellm
         info = self._info()
+        # A spec's prices count only for a model litellm cannot price; they are applied here, never
+        # registered with litellm (which would change the price for every study in the process).
+        self.prices = config.prices if config.prices and unpriced_info(info) else None
         self.tool_mode: Literal["native", "text"] = (
             config.tool_mode
             if config.tool_mode != "auto"
@@ -158,6 +152,10 @@ class LitellmModel:
 
     def price(self, tokens_in: int, tokens_out: int) -> float:
         """Return what a call of this size costs, or 0.0 for a model without a price."""
+        if self.prices:
+            return tokens_in * self.prices.get("input_cost_per_token", 0.0) + tokens_out * self.prices.get(
+                "output_cost_per_token", 0.0
+            )
         try:
             a, b = self._litellm.cost_per_token(
                 model=self.config.model, prompt_tokens=tokens_in, completion_tokens=tokens_out
@@ -177,10 +175,18 @@ class LitellmModel:
         )
         try:
             resp = self._call(sent, tools)
+            try:
+                turn = _turn(resp, 0.0)
+            except (AttributeError, IndexError, TypeError, ValueError) as exc:
+                raise ModelError(
+                    f"the provider's answer has no message ({type(exc).__name__}: {exc})"
+                ) from exc
         except BaseException:
             self.ledger.release(hold)
             raise
-        turn = _turn(resp, self._cost(resp))
+        turn = replace(
+            turn, usd=self.price(turn.tokens_in, turn.tokens_out) if self.prices else self._cost(resp)
+        )
         self.ledger.record(role, self.config.model, messages, turn, hold)
         return turn
 
@@ -205,10 +211,12 @@ class LitellmModel:
             try:
                 return self._litellm.completion(**kwargs)
             except Exception as exc:
+                if fatal(exc):
+                    raise
                 text = f"{type(exc).__name__}: {str(exc)[:500]}"
                 if type(exc).__name__ == "ContextWindowExceededError":
                     raise ContextTooLong(text) from exc
-                if tools and status_of(exc) == 400 and "tool" in str(exc).lower():
+                if tools and status_of(exc) == 400 and refuses_tools(str(exc)):
                     raise ToolsUnsupported(text) from exc
                 if attempt < self.config.retries and transient(exc):
                     time.sleep(wait_before_retry(exc, attempt, self.config.backoff, self.config.max_backoff))
@@ -233,6 +241,34 @@ def fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if rest and rest[0].get("role") == "user":
         return [{**rest[0], "content": f"{head}\n\n{rest[0].get('content') or ''}"}, *rest[1:]]
     return [{"role": "user", "content": head}, *rest]
+
+
+def unpriced_info(info: dict[str, Any] | None) -> bool:
+    """Return whether litellm's description of a model gives it no price."""
+    return not info or not (info.get("input_cost_per_token") or info.get("output_cost_per_token"))
+
+
+def refuses_tools(message: str) -> bool:
+    """Return whether a 400's message says the server takes no tool definitions (not a bad tool message)."""
+    text = message.lower()
+    return (
+        "tool_call_id" not in text and re.search(r"\btools?\b|tool[ _]choice|function call", text) is not None
+    )
+
+
+def fatal(exc: BaseException) -> bool:
+    """Return whether an exception, or one it wraps, is a host's stop signal (a worker's time limit)."""
+    seen: set[int] = set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen:
+        if type(at).__name__ in FATAL:
+            return True
+        seen.add(id(at))
+        at = at.__cause__ or at.__context__
+    return False
+
+
+FATAL = frozenset({"SoftTimeLimitExceeded", "TimeLimitExceeded", "WorkerLostError"})
 
 
 def status_of(exc: BaseException) -> int | None:
