@@ -235,17 +235,3 @@ def test_the_scripted_server_fails_a_test_whose_prompt_held_a_sealed_number() ->
         llm.answer({"model": "m", "messages": [{"role": "user", "content": "dev 9.5, held-out 768.125"}]})
     with FakeLLM({}) as llm:  # dev numbers and counts pass
         llm.answer({"model": "m", "messages": [{"role": "user", "content": "dev 9.5 over 1779 tokens"}]})
-
-
-def test_a_spec_may_pass_sampling_options_but_nothing_that_redirects_a_call() -> None:
-    from agents.spec import SpecError, parse_spec
-    from tests.conftest import TINY_SPEC
-
-    base = TINY_SPEC.format(name="t", max_size=4, experiments=2, mode="auto", margin=0.5, max_test_runs=10,
-                            plateau_stop=8).replace('kind = "search"', 'kind = "llm"\nmodel = "openai/x"')  # fmt: skip
-    spec = parse_spec(base.replace("[policy]\n", "[policy]\nextra = { num_ctx = 8192, stop = ['###'] }\n"))
-    assert spec.policy.extra == {"num_ctx": 8192, "stop": ["###"]}
-    for bad in ("fallbacks = [{ model = 'openai/x', api_base = 'https://evil' }]", "extra_body = { model = 'y' }",
-                "n = 5", "custom_llm_provider = 'x'", "api_base = 'https://evil'"):  # fmt: skip
-        with pytest.raises(SpecError, match=r"policy\.extra"):
-            parse_spec(base.replace("[policy]\n", f"[policy]\nextra = {{ {bad} }}\n"))
