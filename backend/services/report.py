@@ -116,6 +116,7 @@ def render(s: Session, study_id: int) -> str:
         for n in gated:
             hg = "n/a" if n.heldout_gain is None else f"{n.heldout_gain:+.4f}"
             lines.append(f"| n{n.number} | {n.gate_reason} | {hg} |")
+    lines += predictions(nodes)
     state = st.improvement_state or {}
     lines += ["", "## Improvement state", ""]
     for f in state.get("verified_findings", []):
@@ -138,6 +139,27 @@ def render(s: Session, study_id: int) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def predictions(nodes: list[Node]) -> list[str]:
+    """Return the ideator's predicted dev gain beside the realised one, for each measured llm proposal."""
+    rows = []
+    for n in nodes:
+        said = n.hypothesis.get("expected_gain")
+        if said is None or n.gain is None:
+            continue
+        try:
+            predicted = float(said)
+        except ValueError:
+            continue
+        rows.append(f"| n{n.number} | {_cell(n.title)} | {predicted:+.4g} | {n.prior:+.4g} | {n.gain:+.4g} |")
+    if not rows:
+        return []
+    head = ["", "## Predicted vs realised dev gain", "",
+            "The ideator's `expected_gain`, the prior selection used after clipping and shrinking it, and the "
+            "dev gain the node realised (positive is better).", "",
+            "| node | hypothesis | predicted | prior used | realised |", "|---|---|---|---|---|"]  # fmt: skip
+    return head + rows
 
 
 def write(settings: Settings, study_id: int) -> Path:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlmodel import col, select
 
 from backend.core import db
@@ -207,6 +208,11 @@ def test_scripted_executor_edits_evaluates_finishes_and_merges(settings: Setting
     assert "sk-test-secret-key" not in json.dumps([c.messages for c in calls])
     report = Path(st.report_path).read_text()
     assert f"LLM: {len(calls)} calls" in report
+    # The ideator said +5; the study had measured nothing, so the prior was clipped to a tenth of trunk's dev.
+    table = report.split("## Predicted vs realised dev gain", 1)[1].split("\n## ", 1)[0]
+    row = next(line for line in table.splitlines() if line.startswith("| n2 | Centre the knob |"))
+    predicted, prior, realised = (float(c) for c in row.strip("|").split("|")[2:5])
+    assert predicted == 5.0 and 0 < prior < 0.1 * 1.01 and realised == pytest.approx(node.gain, rel=1e-3)
 
 
 def test_failed_attempt_is_retried_with_a_reflection_only(settings: Settings, tmp_path: Path) -> None:
