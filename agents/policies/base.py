@@ -36,6 +36,7 @@ class NodeEvidence:
     origin_ref: int | None = None  # the node a refine or restart child answers
     number: int = 0  # the node's place in its study (n1 is the root): what texts call it
     diff: str = ""  # the node's change, filled for the node being verified (llm policy)
+    mechanism: str = ""  # what the node's hypothesis changes, in its proposer's words
 
 
 @dataclass(frozen=True)

@@ -275,6 +275,7 @@ def _record(
         report=reports.get(job, "") if job is not None else "",
         origin_ref=node.origin_ref,
         number=node.number,
+        mechanism=str(node.hypothesis.get("mechanism", ""))[:300],
     )
     return NodeRecord(
         evidence=evidence,

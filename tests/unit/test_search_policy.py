@@ -541,3 +541,19 @@ def test_the_ideator_sees_a_bounded_tree_keeping_root_trunk_best_recent_and_thei
     LlmPolicy(model).ideate(ctx)  # type: ignore[arg-type]
     seen = json.loads(model.seen[0])
     assert len(seen["nodes"]) == len(shown) and seen["nodes_shown"].startswith(f"{len(shown)} of 1200")
+
+
+def test_a_proposal_that_repeats_a_nodes_mechanism_in_other_words_is_dropped() -> None:
+    from agents.policies.llm.policy import LlmPolicy
+
+    nodes = [
+        ev(1, None, {}, 0.5, "merged"),
+        replace(ev(2, 1, {}, 0.6), title="Centre the knob", mechanism="set knob.x to 3"),
+    ]
+    model = ScriptedIdeator([
+        {"parent_id": 1, "title": "Set the knob to its centre", "mechanism": "set knob.x to 3"},
+        {"parent_id": 1, "title": "Widen the knob's range", "mechanism": "allow knob.x up to 8"},
+    ])  # fmt: skip
+    props = LlmPolicy(model).ideate(ctx_of(nodes))  # type: ignore[arg-type]
+    assert [p.title for p in props] == ["Widen the knob's range"]
+    assert json.loads(model.seen[0])["nodes"][1]["mechanism"] == "set knob.x to 3"

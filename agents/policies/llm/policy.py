@@ -143,7 +143,7 @@ class LlmPolicy:
             "trunk_dev_mean": data["trunk_dev_mean"],
             "nodes": [
                 {"id": number[n.id], "parent_id": number.get(n.parent_id) if n.parent_id is not None else None, "depth": n.depth, "status": n.status,
-                 "title": n.title, "dev_mean": n.dev_mean, "dev_n": n.dev_n, "gain": n.gain, "gain_lcb": n.gain_lcb,
+                 "title": n.title, "mechanism": n.mechanism, "dev_mean": n.dev_mean, "dev_n": n.dev_n, "gain": n.gain, "gain_lcb": n.gain_lcb,
                  "constraints": n.constraints, "insight": n.insight[:400], "failure": n.failure[:300]}
                 for n in shown
             ],
@@ -169,15 +169,18 @@ class LlmPolicy:
             raise ModelError(f"the ideator's answer is not the requested JSON: {exc}") from exc
         valid = {n.id: n for n in ctx.nodes if n.status not in ("pruned", "cancelled")}
         titles = [n.title for n in ctx.nodes]
+        ideas = [f"{n.title} {n.mechanism}" for n in ctx.nodes]
         refine = {r.node_id for r in ctx.refine}
         out = []
         root = next((n.id for n in ctx.nodes if n.parent_id is None), None)
         restarts = list(ctx.restart)  # the first root child after each abandoned branch answers it
         for c in children[: ctx.k]:
             c.parent_id = node_of.get(c.parent_id, -1)
-            if c.parent_id not in valid or near_duplicate(c.title, titles):
+            idea = f"{c.title} {c.mechanism}"
+            if c.parent_id not in valid or near_duplicate(c.title, titles) or near_duplicate(idea, ideas):
                 continue
             titles.append(c.title)
+            ideas.append(idea)
             hyp = {
                 "mechanism": c.mechanism,
                 "hypothesis": c.hypothesis,
