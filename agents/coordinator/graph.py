@@ -367,16 +367,21 @@ def _active_jobs(state: CoordinatorState) -> list[int]:
 
 # Storage hands back the same record object while a node is unchanged, and the same list while
 # nothing changed: each study's last view is kept with its records (by object identity), and a new
-# view re-makes only the tree nodes of records it has not seen.
-_LAST_TREE: dict[int, tuple[list[NodeRecord], dict[int, NodeRecord], Tree]] = {}  # by the root's node id
+# view re-makes only the tree nodes of records it has not seen. Views are found by the root's id and
+# then by records they share, so studies whose roots have the same id (in different databases) do
+# not evict each other's view.
+_Views = list[tuple[list[NodeRecord], dict[int, NodeRecord], Tree]]
+_LAST_TREE: dict[int, _Views] = {}  # by the root's node id
 
 
 def tree_of(records: list[NodeRecord]) -> Tree:
     """Build the pure tree view from node records (the same records give the same view back)."""
-    key = records[0].evidence.id if records else 0  # the root: one entry per study
-    last = _LAST_TREE.get(key)
-    if last is not None and last[0] is records:
+    key = records[0].evidence.id if records else 0
+    views = _LAST_TREE.setdefault(key, [])
+    last = next((v for v in views if v[0] is records), None)
+    if last is not None:
         return last[2]
+    last = next((v for v in views if any(v[1].get(id(r)) is r for r in records[:16])), None)
     by_object = {id(r): r for r in records}
     tree: Tree | None = None
     if last is not None:
@@ -384,11 +389,14 @@ def tree_of(records: list[NodeRecord]) -> Tree:
         replaced = {last[1][k].evidence.id for k in last[1].keys() - by_object.keys()}
         if replaced <= {r.evidence.id for r in fresh}:  # no node left the tree: update the last view
             tree = last[2].updated(map(_tree_node, fresh))
+        views.remove(last)
     if tree is None:
         tree = Tree.of(map(_tree_node, records))
-    if len(_LAST_TREE) > 64:
+    if sum(len(v) for v in _LAST_TREE.values()) > 64:
         _LAST_TREE.clear()
-    _LAST_TREE[key] = (records, by_object, tree)
+        views = _LAST_TREE.setdefault(key, [])
+    views.insert(0, (records, by_object, tree))
+    del views[4:]
     return tree
 
 

@@ -512,3 +512,29 @@ def test_the_tree_view_of_changed_records_reads_as_one_built_afresh() -> None:
     # A node that left (a study's rows replaced) is gone from the view, not kept from the last one.
     third = [second[0], second[1], second[3]]
     assert sorted(tree_of(third).nodes) == [1, 2, 4]
+
+
+def test_two_studies_whose_roots_share_an_id_keep_their_own_tree_views() -> None:
+    from dataclasses import replace
+
+    from agents.coordinator.graph import tree_of
+
+    def rec(i: int, parent: int | None, status: str, title: str) -> NodeRecord:
+        ev = NodeEvidence(i, parent, 0 if parent is None else 1, status, title, {}, "policy", None, None, 0,
+                          None, None, {}, [], "", "", number=i)  # fmt: skip
+        return NodeRecord(ev, 0, 0.0, "c0", [], [], 0, 0)
+
+    # Two databases, two studies, both rooted at node id 1, stepped in turn by one process.
+    a = [rec(1, None, "merged", "a"), rec(2, 1, "running", "a2"), rec(3, 1, "evaluated", "a3")]
+    b = [rec(1, None, "merged", "b"), rec(2, 1, "running", "b2")]
+    view_a, view_b = tree_of(a), tree_of(b)
+    a2 = [a[0], replace(a[1], evidence=replace(a[1].evidence, status="evaluated")), a[2]]
+    b2 = [b[0], replace(b[1], evidence=replace(b[1].evidence, status="failed"))]
+    new_a, new_b = tree_of(a2), tree_of(b2)
+    assert new_a.nodes[3] is view_a.nodes[3] and new_b.nodes[1] is view_b.nodes[1]  # updated, not rebuilt
+    assert new_a.nodes[2].status == "evaluated" and new_a.nodes[1] is view_a.nodes[1]
+    assert (
+        sorted(new_a.nodes) == [1, 2, 3]
+        and sorted(new_b.nodes) == [1, 2]
+        and new_b.nodes[2].status == "failed"
+    )
