@@ -31,19 +31,6 @@ class Drafted:
     model: str | None
 
 
-class _Unbilled:
-    """A drafting call belongs to no study yet: nothing to charge it to."""
-
-    def reserve(self, usd: float, tokens: int) -> int | None:
-        return None
-
-    def release(self, hold: int | None) -> None:
-        return None
-
-    def record(self, *args: object) -> None:
-        return None
-
-
 def read_repository(source: str) -> tuple[str, dict[str, str]]:
     """Return a local repository's (or plain folder's) name and text files.
 
@@ -96,11 +83,11 @@ def _repository_map(choices: intake.Choices, files: dict[str, str]) -> dict[str,
 
 
 def _with_model(model: str, c: intake.Choices, files: dict[str, str], goal: str) -> intake.Choices:
-    from agents.policies.llm.model import LitellmModel, ModelConfig, ModelError
+    from agents.policies.llm.model import LitellmModel, ModelConfig, ModelError, Unbilled
     from agents.policies.registry import server_endpoint
 
     base, key = server_endpoint(model)
-    llm = LitellmModel(ModelConfig(model=model, api_base=base, api_key=key, retries=1), _Unbilled())
+    llm = LitellmModel(ModelConfig(model=model, api_base=base, api_key=key, retries=1), Unbilled())
     current = {
         "metric": c.metric, "direction": c.direction, "dev": c.dev, "test": c.test,
         "sealed": c.sealed, "search": c.search,

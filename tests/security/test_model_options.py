@@ -21,16 +21,7 @@ def test_a_spec_may_pass_sampling_options_but_nothing_that_redirects_a_call() ->
 
 def test_a_specs_prices_cannot_cheapen_a_model_litellm_prices() -> None:
     from agents.policies.llm.model import LitellmModel, ModelConfig
-
-    class Ledger:
-        def reserve(self, usd: float, tokens: int) -> int | None:
-            return None
-
-        def release(self, hold: int | None) -> None:
-            return None
-
-        def record(self, *args: object) -> None:
-            return None
+    from agents.policies.llm.model import Unbilled as Ledger
 
     tiny = {"input_cost_per_token": 1e-12, "output_cost_per_token": 1e-12}
     known = LitellmModel(ModelConfig("openai/gpt-4o", prices=tiny), Ledger())

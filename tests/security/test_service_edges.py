@@ -211,21 +211,9 @@ def test_a_deeply_nested_spec_is_a_clear_error(api: tuple[str, Settings], tmp_pa
     assert resp.status_code == 422 and "nested too deeply" in resp.text
 
 
-class _Ledger:
-    def reserve(self, usd: float, tokens: int) -> int | None:
-        """Allow every call."""
-        return None
-
-    def release(self, hold: int | None) -> None:
-        """Hold nothing."""
-
-    def record(self, *args: object) -> None:
-        """Keep nothing."""
-
-
 def _authorization_sent(monkeypatch: pytest.MonkeyPatch, spec_extra: str, env: dict[str, str]) -> str:
     """Return the Authorization header a model call for a spec with this [policy] tail sends."""
-    from agents.policies.llm.model import LitellmModel, ModelConfig
+    from agents.policies.llm.model import LitellmModel, ModelConfig, Unbilled
     from agents.policies.registry import endpoint
 
     with FakeLLM({}) as attacker, monkeypatch.context() as m:
@@ -239,7 +227,7 @@ def _authorization_sent(monkeypatch: pytest.MonkeyPatch, spec_extra: str, env: d
             m.setenv(k, v.replace("{url}", attacker.url))
         base, key = endpoint(spec, "openai/fake-model")
         LitellmModel(
-            ModelConfig(model="openai/fake-model", api_base=base, api_key=key, retries=0), _Ledger()
+            ModelConfig(model="openai/fake-model", api_base=base, api_key=key, retries=0), Unbilled()
         ).complete(
             "ideator", [{"role": "system", "content": "ROLE: ideator"}, {"role": "user", "content": "hi"}]
         )

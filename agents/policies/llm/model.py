@@ -82,6 +82,22 @@ class Ledger(Protocol):
     ) -> None: ...
 
 
+class Unbilled:
+    """A ledger for calls that belong to no study (drafting a spec): nothing is held or charged."""
+
+    def reserve(self, usd: float, tokens: int) -> int | None:
+        """Hold nothing."""
+        return None
+
+    def release(self, hold: int | None) -> None:
+        """Release nothing."""
+
+    def record(
+        self, role: str, model: str, messages: list[dict[str, Any]], turn: Turn, hold: int | None = None
+    ) -> None:
+        """Keep nothing."""
+
+
 class Model(Protocol):
     """Anything that answers a conversation, optionally with tool calls."""
 
