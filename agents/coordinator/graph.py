@@ -119,11 +119,8 @@ def ideate(
     if waiting + retry < slots:
         k = max(study.spec.policy.children, slots - waiting - retry)
         ctx = replace(ideation_input(study, records, k=k, round_no=round_no), free=slots - waiting - retry)
-        if study.spec.policy_kind == "llm" and study.spec.memory.entries:
-            plan = " ".join(str(x) for x in study.improvement_state.get("next_plan", []))
-            ctx = replace(ctx, memory=storage.memory(sid, plan))
-        if study.spec.policy_kind == "llm":
-            ctx = replace(ctx, repo_map=storage.repo_map(sid))
+        if study.spec.policy_kind == "llm":  # only a model reads the repository and the lab memory
+            ctx = replace(ctx, memory=storage.memory(sid), repo_map=storage.repo_map(sid))
         try:
             proposals = runtime.context.policy.ideate(ctx)
         except BudgetExhausted as exc:

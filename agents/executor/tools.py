@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import regex
 
 from agents import globs
+from agents.policies.llm.model import fatal
 
 MAX_READ = 20_000
 MAX_LIST = 400
@@ -43,8 +44,7 @@ class Runtime(Protocol):
 
     def evaluate_dev(self) -> str: ...
 
-    # A runtime may also offer `diff() -> str` (finish shows it once and asks for confirmation) and name `fatal`: exception types that end the run instead of becoming an
-    # observation (a worker's soft time limit).
+    # A runtime may also offer `diff() -> str`: finish() then shows it once and asks for confirmation.
 
 
 SCHEMAS: list[dict[str, Any]] = [
@@ -133,11 +133,13 @@ class Toolbox:
         try:
             # File names need not be UTF-8: escape what would not survive the trip to the model.
             return str(fn(**args)).encode("utf-8", "backslashreplace").decode("utf-8")
-        except (Submitted, *getattr(self.runtime, "fatal", ())):
+        except Submitted:
             raise
         except ToolRefused as exc:
             return f"refused: {exc}"
         except Exception as exc:  # whatever a tool raises is the model's observation, never the node's end
+            if fatal(exc):  # but a worker's time limit ends the run
+                raise
             return f"error: {name} failed: {type(exc).__name__}: {exc}"
 
     def _text(self, target: Path, rel: str) -> str:

@@ -104,13 +104,6 @@ def model_of(spec: Spec) -> str | None:
 
 def unpriced(model: str) -> bool:
     """Return whether litellm has no price (or only a zero price) for `model`."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
+    from agents.policies.llm.model import model_info, unpriced_info
 
-    from agents.policies.llm.model import unpriced_info
-
-    try:
-        info = dict(litellm.get_model_info(model))
-    except Exception:  # litellm raises plain Exceptions for models it does not map
-        return True
-    return unpriced_info(info)
+    return unpriced_info(model_info(model))

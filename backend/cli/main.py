@@ -753,17 +753,11 @@ def memory_list(
     name: Annotated[str | None, typer.Option(help="only the entries of this named memory")] = None,
 ) -> None:
     """List memory entries, newest first: id, kind, text, where it came from."""
-    from backend.core.models import MemoryEntry
     from backend.services import memory
 
     table = Table("id", "kind", "text", "from", "repository")
     with db.session(get_settings().db_url) as s:
-        q = select(MemoryEntry).order_by(col(MemoryEntry.id).desc())
-        if study is not None:
-            q = q.where(MemoryEntry.study_name == study)
-        if name is not None:
-            q = q.where(MemoryEntry.name == name)
-        for e in s.exec(q):
+        for e in memory.entries(s, study=study, name=name):
             table.add_row(str(e.id), e.kind, e.text, memory.provenance(e), e.repository[:12])
     console.print(table)
 

@@ -18,8 +18,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from celery.exceptions import SoftTimeLimitExceeded
-
 from agents import globs
 from agents.policies import configfiles
 from agents.policies.base import ImplementationError, ImplementInput
@@ -150,8 +148,6 @@ def run_experiment(site: Site, job_id: int, token: str) -> str:
 class SandboxRuntime:
     """The executor's `run` and `evaluate_dev` tools, through the sandbox, inside one worktree."""
 
-    fatal = (SoftTimeLimitExceeded,)  # the worker's time limit ends the job, it is no observation
-
     def __init__(
         self, settings: Settings, study: Study, worktree: Path, label: str, repo: gitops.Repo, commit: str
     ) -> None:
@@ -185,34 +181,16 @@ class SandboxRuntime:
 
     def diff(self) -> str:
         """Return the change so far as a diff of the editable files, naming any other changed file."""
-        git_ = gitops.git
-        git_("add", "-A", cwd=self.worktree)
-        names = [
-            n
-            for n in git_("diff", "--cached", "--name-only", "--no-renames", "-z", cwd=self.worktree).split(
-                "\0"
-            )
-            if n
-        ]
+        gitops.git("add", "-A", cwd=self.worktree)
+        listed = gitops.git("diff", "--cached", "--name-only", "--no-renames", "-z", cwd=self.worktree)
+        names = [n for n in listed.split("\0") if n]
         mine = [n for n in names if globs.match_any(self.spec.files.editable, n)]
-        text = (
-            git_(
-                "diff",
-                "--cached",
-                "--no-ext-diff",
-                "--no-textconv",
-                "--no-color",
-                "--",
-                *mine,
-                cwd=self.worktree,
-            )
-            if mine
-            else ""
-        )
+        flags = ("--cached", "--no-ext-diff", "--no-textconv", "--no-color")
+        text = gitops.git("diff", *flags, "--", *mine, cwd=self.worktree) if mine else ""
         others = sorted(set(names) - set(mine))
         if others:
-            text += "\nAlso changed, outside files.editable (the change will be rejected): " + ", ".join(
-                others
+            text += (
+                f"\nAlso changed, outside files.editable (the change will be rejected): {', '.join(others)}"
             )
         return text
 

@@ -96,17 +96,36 @@ def candidates(s: Session, study: Study) -> list[MemoryEntry]:
     return list(rows)
 
 
-def relevant(s: Session, study: Study, query: str = "") -> list[MemoryEntry]:
-    """Return the `[memory] entries` most relevant to the study's goal (and `query`), best first."""
+def relevant(s: Session, study: Study) -> list[MemoryEntry]:
+    """Return the `[memory] entries` most relevant to the study's goal and plan, best first."""
     pool = candidates(s, study)
     k = spec_of(study).memory.entries
     if not pool or k == 0:
         return []
-    words = _words(f"{study.goal} {objective_of(study)} {query}")
+    plan = " ".join(str(x) for x in study.improvement_state.get("next_plan", []))
+    words = _words(f"{study.goal} {objective_of(study)} {plan}")
     corpus = [_words(f"{e.kind} {e.text}") or ["_"] for e in pool]
     scores = BM25Okapi(corpus).get_scores(words) if words else [0.0] * len(pool)
     order = sorted(range(len(pool)), key=lambda i: (-float(scores[i]), -(pool[i].id or 0)))
     return [pool[i] for i in order[:k]]
+
+
+def entries(
+    s: Session,
+    study: str | None = None,
+    repository: str | None = None,
+    name: str | None = None,
+    limit: int = 1000,
+) -> list[MemoryEntry]:
+    """List entries newest first, of one study (by name), repository or named memory when given."""
+    q = select(MemoryEntry)
+    if study is not None:
+        q = q.where(MemoryEntry.study_name == study)
+    if repository is not None:
+        q = q.where(MemoryEntry.repository == repository)
+    if name is not None:
+        q = q.where(MemoryEntry.name == name)
+    return list(s.exec(q.order_by(col(MemoryEntry.id).desc()).limit(limit)))
 
 
 def _words(text: str) -> list[str]:

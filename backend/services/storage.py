@@ -23,11 +23,8 @@ from backend.services import lifecycle, memory
 from backend.services.records import add_event, add_insight, spec_of, transition
 
 MAX_DIFF = 12_000  # characters of a node's diff the verifier is shown
-MAP_FILES, MAP_SYMBOL_FILES, MAP_TEXT = (
-    300,
-    60,
-    16_000,
-)  # the ideator's repository map: files, symbol files, text
+# The ideator's repository map: files listed, files whose Python symbols are read, characters of text.
+MAP_FILES, MAP_SYMBOL_FILES, MAP_TEXT = 300, 60, 16_000
 
 
 def _mean_metrics(receipts: list[dict[str, Any]]) -> dict[str, float]:
@@ -368,11 +365,11 @@ class SqlStorage:
                 ),
             )
 
-    def memory(self, study_id: int, query: str) -> list[str]:
-        """Return the lab-memory entries most relevant to the study and `query`, one line each."""
+    def memory(self, study_id: int) -> list[str]:
+        """Return the lab-memory entries most relevant to the study's goal and plan, one line each."""
         with db.session(self.url) as s:
             st = s.get(Study, study_id)
-            return [memory.line(e) for e in memory.relevant(s, st, query)] if st is not None else []
+            return [memory.line(e) for e in memory.relevant(s, st)] if st is not None else []
 
     def repo_map(self, study_id: int) -> dict[str, Any]:
         """Return a map of trunk for the ideator: files and sizes, Python symbols, editable files' text.

@@ -139,7 +139,7 @@ class LitellmModel:
 
         litellm.suppress_debug_info = True
         self._litellm = litellm
-        info = self._info()
+        info = model_info(config.model)
         # A spec's prices count only for a model litellm cannot price; they are applied here, never
         # registered with litellm (which would change the price for every study in the process).
         self.prices = config.prices if config.prices and unpriced_info(info) else None
@@ -152,12 +152,6 @@ class LitellmModel:
         )
         known = (info or {}).get("max_input_tokens")
         self.input_limit = config.max_input_tokens or (int(known) if known else DEFAULT_INPUT_LIMIT)
-
-    def _info(self) -> dict[str, Any] | None:
-        try:
-            return dict(self._litellm.get_model_info(self.config.model))
-        except Exception:  # litellm raises plain Exceptions for models it does not map
-            return None
 
     def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
         """Return the tokens a prompt takes, by the model's tokenizer where litellm knows it."""
@@ -257,6 +251,16 @@ def fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if rest and rest[0].get("role") == "user":
         return [{**rest[0], "content": f"{head}\n\n{rest[0].get('content') or ''}"}, *rest[1:]]
     return [{"role": "user", "content": head}, *rest]
+
+
+def model_info(model: str) -> dict[str, Any] | None:
+    """Return what litellm knows of a model (prices, context, capabilities), or None."""
+    import litellm
+
+    try:
+        return dict(litellm.get_model_info(model))
+    except Exception:  # litellm raises plain Exceptions for models it does not map
+        return None
 
 
 def unpriced_info(info: dict[str, Any] | None) -> bool:

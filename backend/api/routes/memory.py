@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, status
-from sqlmodel import col, select
 
 from backend.api import schemas
 from backend.api.deps import MAX_ID, Operator, Reader, SessionDep, StudyId
@@ -36,14 +35,7 @@ def list_entries(
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[schemas.MemoryEntryPublic]:
     """List memory entries, newest first, optionally of one study, repository or named memory."""
-    q = select(MemoryEntry)
-    if study is not None:
-        q = q.where(MemoryEntry.study_name == study)
-    if repository is not None:
-        q = q.where(MemoryEntry.repository == repository)
-    if name is not None:
-        q = q.where(MemoryEntry.name == name)
-    return [public(e) for e in s.exec(q.order_by(col(MemoryEntry.id).desc()).limit(limit))]
+    return [public(e) for e in memory.entries(s, study, repository, name, limit)]
 
 
 @router.get("/memory/{entry_id}", response_model=schemas.MemoryEntryPublic)
@@ -67,6 +59,4 @@ def delete_entry(entry_id: EntryId, s: SessionDep, who: Operator) -> None:
 @router.get("/studies/{study_id}/memory", response_model=list[schemas.MemoryEntryPublic])
 def study_memory(study_id: StudyId, s: SessionDep, who: Reader) -> list[schemas.MemoryEntryPublic]:
     """Return what Grove already knew for a study: the entries its ideator is given, best first."""
-    study = get_study(s, study_id)
-    plan = " ".join(str(x) for x in study.improvement_state.get("next_plan", []))
-    return [public(e) for e in memory.relevant(s, study, plan)]
+    return [public(e) for e in memory.relevant(s, get_study(s, study_id))]
