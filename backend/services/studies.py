@@ -224,7 +224,12 @@ def check_source(settings: Settings, source: str) -> None:
         # git decodes %2F and reads a host part; a plain path is checked as it will be cloned.
         raise SourceRefused("repository: file: URLs are not accepted over the API; give the folder's path")
     if not gitops.is_url(source):
-        path = Path(source).expanduser().resolve()
+        try:
+            path = Path(source).expanduser().resolve()
+        except RuntimeError:  # `~name` of a user this machine does not know
+            raise SourceRefused(
+                f"repository: cannot expand {source.split('/', 1)[0]!r} on this server"
+            ) from None
         roots = [Path(r).expanduser().resolve() for r in settings.repo_roots.split(",") if r.strip()]
         if not any(path.is_relative_to(r) for r in roots):
             where = ", ".join(str(r) for r in roots) if roots else "no folder (GROVE_REPO_ROOTS is not set)"

@@ -147,6 +147,7 @@ def test_tokens_can_be_listed_revoked_and_expire(api: tuple[str, Settings]) -> N
         ("--upload-pack=touch /tmp/x", "must not start with '-'"),
         ("{tmp}/allowed/\u0000x", "without control characters"),
         ("ext::sh -c touch% /tmp/pwned", "must lie under"),
+        ("~no-such-user-on-this-server/r", "cannot expand '~no-such-user-on-this-server'"),
         ("http://git.example.org/r.git", "scheme 'http' is not allowed"),
         ("https://evil.example.com/r.git", "not in GROVE_GIT_ALLOWED_HOSTS"),
         ("git@evil.example.com:r.git", "not in GROVE_GIT_ALLOWED_HOSTS"),
