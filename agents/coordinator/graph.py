@@ -23,6 +23,7 @@ from langgraph.types import Command, interrupt
 
 from agents.coordinator.configuration import CoordinatorConfig, CoordinatorContext
 from agents.coordinator.ports import Integration, NodeRecord, Pending, StudyView
+from agents.coordinator.records import Records, index_of
 from agents.coordinator.state import CoordinatorState
 from agents.policies.base import IdeationInput, Judgement, NodeEvidence, Policy, RefineRequest
 from agents.policies.llm.model import BudgetExhausted, ModelError
@@ -112,8 +113,9 @@ def ideate(
     sid = state["study_id"]
     study = storage.study(sid)
     records = storage.nodes(sid)
-    waiting = sum(1 for r in records if r.evidence.status == NodeStatus.PROPOSED)
-    retry = sum(1 for r in records if retryable(r, config))
+    index = index_of(records)
+    waiting = len(index.by_status.get(NodeStatus.PROPOSED, {}))
+    retry = len(retries_of(records, config))
     slots = study.spec.budget.parallel - len(_active_jobs(state))
     round_no = state.get("round_no", 0)
     if waiting + retry < slots:
@@ -157,7 +159,7 @@ def select(
         study.spec.budget.parallel - len(pending),
         study.spec.budget.experiments - study.experiments_used,
     )
-    retries = [r.evidence.id for r in records if retryable(r, config)][: max(slots, 0)]
+    retries = retries_of(records, config)[: max(slots, 0)]
     cfg = selection.SelectionConfig(config.exploration, config.per_parent, study.seed)
     chosen = retries + selection.select(tree_of(records), slots - len(retries), cfg, state.get("round_no", 0))
     if chosen:
@@ -239,8 +241,9 @@ def integrate(
 
         storage.add_insights(sid, backpropagate(tree_of(current), node_id, synth))
     records_list = storage.nodes(sid)
+    index = index_of(records_list)
     tree = tree_of(records_list)
-    completed = sorted((r for r in records_list if r.completed_order), key=lambda r: r.completed_order)
+    completed = index.in_completion_order()
     min_gain = study.spec.plateau.min_gain
     flags = [pruning.improved(r.evidence.gain_lcb, min_gain) for r in completed]
     p = study.spec.plateau
@@ -258,12 +261,9 @@ def integrate(
         storage.prune(sid, pr.node_id, pr.reason, pr.lesson)
         istate.concern(f"pruned n{tree.nodes[pr.node_id].number}: {pr.reason}")
     istate.next_plan = next_plan(records_list, level)
-    recent = [r.evidence for r in records_list if r.evidence.id in node_ids]
+    recent = [index.by_id[i].evidence for i in sorted(node_ids) if i in index.by_id]
     numbers = {r.evidence.id: r.evidence.number for r in records_list}
-    accepted = frozenset(
-        r.evidence.id for r in records_list
-        if r.evidence.status == NodeStatus.MERGED or r.verification.get("decision") == "accept"
-    )  # fmt: skip
+    accepted = frozenset([*index.by_status.get(NodeStatus.MERGED, {}), *index.by_decision.get("accept", {})])
     storage.save_state(sid, policy.update_state(istate.to_dict(), recent, numbers, accepted), int(level))
     study = storage.study(sid)
     # One approval open at a time: trunk cannot move under it, so its tested merge stays valid.
@@ -355,7 +355,7 @@ def finish(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> dic
 
 def open_approval(records: list[NodeRecord]) -> int | None:
     """Return the node whose approval is open (there is at most one), or None."""
-    return next((r.evidence.id for r in records if r.evidence.status == NodeStatus.AWAITING_APPROVAL), None)
+    return next(iter(index_of(records).by_status.get(NodeStatus.AWAITING_APPROVAL, {})), None)
 
 
 def _active_jobs(state: CoordinatorState) -> list[int]:
@@ -373,6 +373,15 @@ _LAST_TREE: dict[int, _Views] = {}  # by the root's node id
 
 def tree_of(records: list[NodeRecord]) -> Tree:
     """Build the pure tree view from node records (the same records give the same view back)."""
+    if isinstance(records, Records):  # updated from the last list's view by what changed since
+        if records.tree is None:
+            before = records.previous
+            if before is not None and before.tree is not None:
+                records.tree = before.tree.updated(map(_tree_node, records.changed))
+            else:
+                records.tree = Tree.of(map(_tree_node, records))
+            records.previous, records.changed = None, []
+        return records.tree  # type: ignore[no-any-return]
     key = records[0].evidence.id if records else 0
     views = _LAST_TREE.setdefault(key, [])
     last = next((v for v in views if v[0] is records), None)
@@ -537,6 +546,11 @@ def _refine_outcome(
         istate.concern(text)
 
 
+def retries_of(records: list[NodeRecord], config: CoordinatorConfig) -> list[int]:
+    """Return the ids of failed nodes that get another attempt, oldest first."""
+    return [r.evidence.id for r in index_of(records).status(NodeStatus.FAILED) if retryable(r, config)]
+
+
 def retryable(rec: NodeRecord, config: CoordinatorConfig) -> bool:
     """Return whether a failed, integrated node gets another clean attempt (Reflexion-style)."""
     ev = rec.evidence
@@ -555,9 +569,9 @@ def _with(ev: NodeEvidence, **changes: Any) -> NodeEvidence:
 def gate_candidates(study: StudyView, records: list[NodeRecord]) -> list[int]:
     """Return node ids that may query the sealed split now, best dev LCB first."""
     out: list[tuple[float, int]] = []
-    for r in records:
+    for r in index_of(records).by_status.get(NodeStatus.EVALUATED, {}).values():
         ev = r.evidence
-        if ev.status != NodeStatus.EVALUATED or r.gated or r.verification.get("decision") != "accept":
+        if r.gated or r.verification.get("decision") != "accept":
             continue
         e = eligible(
             dev_gain_lcb=ev.gain_lcb,
@@ -575,10 +589,9 @@ def gate_candidates(study: StudyView, records: list[NodeRecord]) -> list[int]:
 def next_plan(records: list[NodeRecord], level: plateau.PlateauLevel) -> list[str]:
     """Return the next-step plan derived from the tree."""
     plan = []
-    refined = {r.evidence.parent_id for r in records if r.evidence.origin == "refine"}
-    refine = [
-        r for r in records if r.verification.get("decision") == "refine" and r.evidence.id not in refined
-    ]
+    index = index_of(records)
+    refined = index.refs["refine"]
+    refine = [r for r in index.decided("refine") if r.evidence.id not in refined]
     for r in refine[-3:]:
         plan.append(f"refine n{r.evidence.number}: {r.verification.get('refine_goal', '')}")
     if level >= plateau.PlateauLevel.CHANGE:
@@ -593,7 +606,7 @@ def next_plan(records: list[NodeRecord], level: plateau.PlateauLevel) -> list[st
 def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round_no: int) -> IdeationInput:
     """Build ideation's input from dev-side evidence only (never a held-out number)."""
     nodes = [r.evidence for r in records]
-    kids_of_refine = {r.evidence.parent_id for r in records if r.evidence.origin == "refine"}
+    index = index_of(records)
     max_depth = study.spec.policy.max_depth
     refine = [
         RefineRequest(
@@ -601,29 +614,22 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
             tuple(r.verification.get("open_constraints", [])),
             r.verification.get("refine_goal", ""),
         )
-        for r in records
-        if r.verification.get("decision") == "refine"
-        and r.evidence.id not in kids_of_refine
+        for r in index.decided("refine")
+        if r.evidence.id not in index.refs["refine"]
         and r.evidence.depth < max_depth  # a refine chain ends at the depth limit
     ]
     sign = 1.0 if study.spec.maximize else -1.0
     trunk_mean = trunk_dev_mean(study)
-    revisited = {r.evidence.origin_ref for r in records if r.evidence.origin == "revisit"}
     stale = [
-        r for r in records
-        if r.evidence.status == NodeStatus.EVALUATED and r.verification.get("decision") == "accept"
-        and r.base_commit != study.trunk_commit and r.evidence.id not in revisited
+        r for r in index.decided("accept")
+        if r.evidence.status == NodeStatus.EVALUATED
+        and r.base_commit != study.trunk_commit and r.evidence.id not in index.refs["revisit"]
         and r.evidence.dev_mean is not None and trunk_mean is not None
         and sign * (r.evidence.dev_mean - trunk_mean) > 0
     ]  # fmt: skip
     revisit = [r.evidence.id for r in sorted(stale, key=lambda r: -sign * (r.evidence.dev_mean or 0.0))]
-    restarted = {r.evidence.origin_ref for r in records if r.evidence.origin == "restart"}
-    restart = [
-        r.evidence.id
-        for r in records
-        if r.verification.get("decision") == "restart" and r.evidence.id not in restarted
-    ]
-    trunk = next((r for r in records if r.evidence.id == study.trunk_node_id), None)
+    restart = [r.evidence.id for r in index.decided("restart") if r.evidence.id not in index.refs["restart"]]
+    trunk = index.by_id.get(study.trunk_node_id)
     istate = study.improvement_state
     return IdeationInput(
         goal=study.spec.study.goal,
@@ -636,7 +642,8 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         nodes=nodes,
         improvement_state=dict(istate),
         pruned_lessons=[
-            f"n{n.number} {n.title}: {n.insight or n.summary}" for n in nodes if n.status == NodeStatus.PRUNED
+            f"n{r.evidence.number} {r.evidence.title}: {r.evidence.insight or r.evidence.summary}"
+            for r in index.status(NodeStatus.PRUNED)
         ],
         validated_findings=[f["text"] for f in istate.get("verified_findings", [])],
         refine=refine,

@@ -29,6 +29,8 @@ class Tree:
     nodes: dict[int, TreeNode] = field(default_factory=dict)
     # parent -> children's ids in order; built on first use, shared by `updated` trees (never edited)
     _kids: dict[int | None, list[int]] | None = field(default=None, init=False, repr=False, compare=False)
+    # status -> ids in it; built on first use, kept up to date by `updated` (copied, never edited)
+    _status: dict[str, dict[int, None]] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, nodes: Iterable[TreeNode]) -> Tree:
@@ -39,14 +41,37 @@ class Tree:
         """Return this tree with some nodes replaced or added (the rest, and its index, are shared)."""
         nodes = dict(self.nodes)
         kids = self._kids
+        status = None if self._status is None else {k: dict(v) for k, v in self._status.items()}
         for n in changed:
             old = nodes.get(n.id)
             nodes[n.id] = n
             if kids is not None and (old is None or old.parent_id != n.parent_id):
                 kids = None  # the shape changed: index again on first use
+            if status is not None:
+                if old is not None:
+                    status[old.status].pop(n.id, None)
+                status.setdefault(n.status, {})[n.id] = None
         tree = Tree(nodes)
-        tree._kids = kids
+        tree._kids, tree._status = kids, status
         return tree
+
+    def _statuses(self) -> dict[str, dict[int, None]]:
+        if self._status is None:
+            status: dict[str, dict[int, None]] = {}
+            for n in self.nodes.values():
+                status.setdefault(n.status, {})[n.id] = None
+            self._status = status
+        return self._status
+
+    def with_status(self, *statuses: NodeStatus) -> list[TreeNode]:
+        """Return the nodes in any of these statuses, ordered by id."""
+        index = self._statuses()
+        return [self.nodes[i] for i in sorted(i for s in statuses for i in index.get(s, ()))]
+
+    def count(self, *statuses: NodeStatus) -> int:
+        """Return how many nodes are in any of these statuses."""
+        index = self._statuses()
+        return sum(len(index.get(s, ())) for s in statuses)
 
     def children(self, node_id: int) -> list[TreeNode]:
         """Return a node's children ordered by id."""

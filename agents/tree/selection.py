@@ -48,14 +48,17 @@ def completed_in(tree: Tree, node_id: int) -> int:
 
 def frontier_scores(tree: Tree, config: SelectionConfig) -> dict[int, float]:
     """Return the documented frontier score of every proposed node."""
-    total = sum(1 for n in tree.nodes.values() if n.status in COMPLETED and n.parent_id is not None)
+    total = tree.count(*COMPLETED) - int(tree.root.status in COMPLETED)
     scores: dict[int, float] = {}
-    for n in tree.nodes.values():
-        if n.status != NodeStatus.PROPOSED or n.parent_id is None:
+    of_parent: dict[int, tuple[float, float]] = {}  # siblings share their parent's value and bonus
+    for n in tree.with_status(NodeStatus.PROPOSED):
+        if n.parent_id is None:
             continue
         p = n.parent_id
-        bonus = config.exploration * math.sqrt(math.log(total + 1) / (1 + completed_in(tree, p)))
-        scores[n.id] = n.prior + subtree_value(tree, p) + bonus
+        if p not in of_parent:
+            bonus = config.exploration * math.sqrt(math.log(total + 1) / (1 + completed_in(tree, p)))
+            of_parent[p] = (subtree_value(tree, p), bonus)
+        scores[n.id] = n.prior + sum(of_parent[p])
     return scores
 
 
@@ -72,8 +75,8 @@ def select(tree: Tree, slots: int, config: SelectionConfig, round_no: int = 0) -
         scores, key=lambda nid: (tree.nodes[nid].origin not in first, -scores[nid], tiebreak[nid])
     )
     busy: dict[int, int] = {}
-    for n in tree.nodes.values():
-        if n.status in ACTIVE and n.parent_id is not None:
+    for n in tree.with_status(*ACTIVE):
+        if n.parent_id is not None:
             busy[n.parent_id] = busy.get(n.parent_id, 0) + 1
     chosen: list[int] = []
     for nid in ranked:

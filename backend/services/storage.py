@@ -14,6 +14,7 @@ from sqlmodel import Session, col, func, select
 
 from agents import globs
 from agents.coordinator.ports import Integration, NodeRecord, StudyView
+from agents.coordinator.records import RecordIndex, Records
 from agents.policies.base import NodeEvidence, Proposal
 from agents.tree.insights import InsightUpdate
 from agents.tree.status import ACTIVE, TERMINAL, NodeStatus, StudyStatus
@@ -107,9 +108,11 @@ class RecordCache:
         ] = {}  # node -> rid -> (job, metrics)
         self.reports: dict[int, str] = {}  # job -> report
         self.records: dict[int, NodeRecord] = {}
-        self.listed: list[NodeRecord] | None = None  # the last list handed out; None once records change
+        self.index = RecordIndex()
+        self.changed: list[NodeRecord] = []  # records changed since the last list handed out
+        self.listed: Records | None = None  # the last list handed out
 
-    def refresh(self, s: Session, study_id: int) -> list[NodeRecord]:
+    def refresh(self, s: Session, study_id: int) -> Records:
         """Return every node's record, re-reading only what changed since the last call.
 
         The list is shared between calls while nothing changes: callers must not modify it.
@@ -198,14 +201,16 @@ class RecordCache:
                         nid not in self.records and bool(self.records) and nid < next(reversed(self.records))
                     )
                     self.records[nid] = record
+                    self.index.put(record)
+                    self.changed.append(record)
                     # Node inserts of one study serialise on its row (`models._number_node`), so
                     # this holds only for rows written around the ORM: keep the id order anyway.
                     if out_of_order:
                         self.records = dict(sorted(self.records.items()))
-                    self.listed = None
         self.since = started
-        if self.listed is None:
-            self.listed = list(self.records.values())
+        if self.listed is None or self.changed:
+            self.listed = Records(self.records.values(), self.index.copy(), self.listed, self.changed)
+            self.changed = []
         return self.listed
 
     def _build(self, node: Node) -> NodeRecord:

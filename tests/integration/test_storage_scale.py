@@ -12,6 +12,10 @@ from sqlmodel import Session
 
 from backend.core import db
 from backend.core.config import Settings
+from agents.coordinator.graph import tree_of
+from agents.coordinator.ports import NodeRecord
+from agents.coordinator.records import RecordIndex, index_of
+from agents.tree.status import NodeStatus
 from backend.core.models import InsightVersion, Job, Node, ReceiptRow, Trajectory
 from backend.services.storage import SqlStorage
 from backend.services.studies import create_study
@@ -84,6 +88,13 @@ def test_reading_the_tree_takes_the_same_queries_at_any_size(settings: Settings,
     assert records[0].evidence.parent_id is None and records[0].evidence.report == ""
 
 
+def node_records_of(settings: Settings, sid: int) -> list[NodeRecord]:
+    from backend.services.storage import node_records
+
+    with db.session(settings.db_url) as s:
+        return list(node_records(s, sid))
+
+
 def test_the_cached_tree_matches_a_full_read_after_every_kind_of_change(
     settings: Settings, tiny_repo: Path
 ) -> None:
@@ -102,7 +113,20 @@ def test_the_cached_tree_matches_a_full_read_after_every_kind_of_change(
 
     def cached_read() -> list[object]:
         with db.session(settings.db_url) as s:
-            return list(cache.refresh(s, sid))
+            records = cache.refresh(s, sid)
+        # The groups a step reads and the tree view, kept up to date by what changed, read as
+        # ones built afresh from a full read.
+        fresh = node_records_of(settings, sid)
+        want = RecordIndex(fresh)
+        got = index_of(records)
+        assert got.by_id == want.by_id and got.completed == want.completed and got.refs == want.refs
+        assert {k: v for k, v in got.by_status.items() if v} == want.by_status
+        assert {k: v for k, v in got.by_decision.items() if v} == want.by_decision
+        view, afresh = tree_of(records), tree_of(list(fresh))
+        assert view.nodes == afresh.nodes
+        assert all(view.children(i) == afresh.children(i) for i in afresh.nodes)
+        assert all(view.with_status(st) == afresh.with_status(st) for st in NodeStatus)
+        return list(records)
 
     def full() -> list[object]:
         with db.session(settings.db_url) as s:
@@ -113,6 +137,7 @@ def test_the_cached_tree_matches_a_full_read_after_every_kind_of_change(
         nodes = list(s.exec(select(Node).where(Node.study_id == sid).order_by(Node.id)))  # type: ignore[arg-type]
         old, other, third = nodes[3], nodes[7], nodes[11]
         old.dev_mean, old.status = 9.5, "rejected"  # a plain update of an old node
+        old.verification = {"decision": "refine", "refine_goal": "fix it"}
         s.add(old)
         s.add(InsightVersion(study_id=sid, node_id=other.id or 0, version=3, text="third thoughts"))
         job = Job(study_id=sid, node_id=third.id or 0, attempt=3)  # a new attempt: only its receipts count
@@ -120,7 +145,7 @@ def test_the_cached_tree_matches_a_full_read_after_every_kind_of_change(
         s.flush()
         s.add(ReceiptRow(study_id=sid, node_id=third.id, job_id=job.id, ok=True, metrics={"m": 42.0}))
         s.add(Trajectory(study_id=sid, node_id=third.id or 0, job_id=job.id or 0, report="third report"))
-        s.add(Node(study_id=sid, parent_id=old.id, depth=2, status="proposed", title="new child"))
+        s.add(Node(study_id=sid, parent_id=old.id, depth=2, status="proposed", title="new child", origin="refine"))
     cached = cached_read()
     assert cached == full() and SqlStorage(settings.db_url).nodes(sid) == cached
     by_id = {r.evidence.id: r for r in cached}
@@ -129,6 +154,15 @@ def test_the_cached_tree_matches_a_full_read_after_every_kind_of_change(
     assert by_id[third.id or 0].evidence.dev_metrics == {"m": 42.0}
     assert by_id[third.id or 0].evidence.report == "third report"
     assert cached[-1].evidence.title == "new child"
+    with db.session(settings.db_url) as s:  # the refine child is integrated, another node pruned
+        child = s.exec(select(Node).where(Node.title == "new child")).one()
+        child.status, child.completed_order, child.verification = "evaluated", 500, {"decision": "accept"}
+        pruned = s.get(Node, other.id)
+        assert pruned is not None
+        pruned.status = "pruned"
+        s.add_all([child, pruned])
+    again = cached_read()
+    assert again == cached_read()  # nothing changed: the same list, the same groups
 
 
 def test_a_study_id_taken_over_by_another_study_is_read_afresh(settings: Settings, tiny_repo: Path) -> None:
