@@ -571,8 +571,8 @@ def gate_candidates(study: StudyView, records: list[NodeRecord]) -> list[int]:
     out: list[tuple[float, int]] = []
     for r in index_of(records).by_status.get(NodeStatus.EVALUATED, {}).values():
         ev = r.evidence
-        if r.gated or r.verification.get("decision") != "accept":
-            continue
+        if r.gated or r.base_commit != study.trunk_commit or r.verification.get("decision") != "accept":
+            continue  # gated already, built on an older trunk (never eligible), or not accepted
         e = eligible(
             dev_gain_lcb=ev.gain_lcb,
             constraints_hold=all(c.get("verdict") == "satisfied" for c in ev.constraints),

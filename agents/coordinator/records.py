@@ -73,12 +73,15 @@ class RecordIndex:
 
     def status(self, *statuses: str) -> list[NodeRecord]:
         """Return the records in these statuses, in id order."""
-        found = [r for s in statuses for r in self.by_status.get(s, {}).values()]
-        return sorted(found, key=lambda r: r.evidence.id)
+        found: dict[int, NodeRecord] = {}
+        for s in statuses:
+            found.update(self.by_status.get(s, {}))
+        return [found[i] for i in sorted(found)]
 
     def decided(self, decision: str) -> list[NodeRecord]:
         """Return the records whose AREX decision is `decision`, in id order."""
-        return sorted(self.by_decision.get(decision, {}).values(), key=lambda r: r.evidence.id)
+        group = self.by_decision.get(decision, {})
+        return [group[i] for i in sorted(group)]
 
     def in_completion_order(self) -> list[NodeRecord]:
         """Return the integrated records, first integrated first."""

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import heapq
 import importlib.util
-import itertools
 import json
 import math
+import operator
 import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -181,20 +181,16 @@ def window(nodes: Sequence[NodeEvidence], maximize: bool) -> Sequence[NodeEviden
     if len(nodes) <= HISTORY:
         return nodes
     sign = 1.0 if maximize else -1.0
-
-    def measured(n: NodeEvidence) -> bool:
-        return n.dev_mean is not None and n.status != "failed" and math.isfinite(n.dev_mean)
-
-    ordered = list(nodes)
-    if any(a.id > b.id for a, b in itertools.pairwise(ordered)):
-        ordered.sort(key=lambda n: n.id)
+    ordered = sorted(nodes, key=operator.attrgetter("id"))
     keep = {n.id for n in ordered if n.status in PENDING or n.parent_id is None}  # and the root
-    best = heapq.nsmallest(
-        HISTORY // 2, (n for n in ordered if measured(n)), key=lambda n: (-sign * (n.dev_mean or 0.0), n.id)
-    )
-    keep |= {n.id for n in best}
-    rest = [n for n in ordered if n.id not in keep]
-    keep |= {n.id for n in rest[len(rest) - max(HISTORY - len(keep), 0) :]}
+    scored = [
+        (-sign * n.dev_mean, n.id)
+        for n in ordered
+        if n.dev_mean is not None and n.status != "failed" and math.isfinite(n.dev_mean)
+    ]
+    keep.update(i for _, i in heapq.nsmallest(HISTORY // 2, scored))
+    rest = [n.id for n in ordered if n.id not in keep]
+    keep.update(rest[len(rest) - max(HISTORY - len(keep), 0) :])
     return [n for n in ordered if n.id in keep]
 
 

@@ -41,23 +41,23 @@ STEPS = (0.05, 0.1, 0.2, 0.35, 0.5)
 
 
 # A node's assignment, by the evidence object the coordinator hands back while the node is unchanged.
-_ASSIGNED: dict[tuple[str, int], tuple[NodeEvidence, Assignment, tuple[str, ...]]] = {}
+_ASSIGNED: dict[str, dict[int, tuple[NodeEvidence, Assignment, tuple[str, ...]]]] = {}  # by space
 
 
 def _assignments(space: Space, ctx: IdeationInput) -> tuple[dict[int, Assignment], set[tuple[str, ...]]]:
     """Return every node's full assignment and the set of their identities (tried or proposed)."""
     of_space = repr((sorted(ctx.search_space.items()), sorted(ctx.base_values.items())))
+    if sum(len(v) for v in _ASSIGNED.values()) > 200_000:  # across every study this process serves
+        _ASSIGNED.clear()
+    known = _ASSIGNED.setdefault(of_space, {})
     assignment, seen = {}, set()
     for n in ctx.nodes:
-        hit = _ASSIGNED.get((of_space, id(n)))
+        hit = known.get(id(n))
         if hit is None or hit[0] is not n:
             a = space.full({**ctx.base_values, **n.edits})
-            hit = (n, a, space.key_of(a))
-            _ASSIGNED[(of_space, id(n))] = hit
+            hit = known[id(n)] = (n, a, space.key_of(a))
         assignment[n.id] = hit[1]
         seen.add(hit[2])
-    if len(_ASSIGNED) > 200_000:  # across every study this process serves
-        _ASSIGNED.clear()
     return assignment, seen
 
 
