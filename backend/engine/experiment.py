@@ -66,7 +66,7 @@ def run_experiment(site: Site, job_id: int, token: str) -> str:
         if settings.sandbox == "none":
             store.mark_unsandboxed()
         sandbox.check(workspace.isolation_of(settings))
-        repo = site.repo(study)
+        repo = site.repo(study, job_id, token)
         workspace.prepare(
             repo, path, node.branch, node.base_commit, sealed=spec.files.sealed, reason=f"job {job_id}"
         )

@@ -42,7 +42,7 @@ def run(site: Site, job_id: int, token: str) -> str:
             store.gate_crashed(reason)
         return store.finish_sealed("failed", {**outcome, "reason": reason})
     try:
-        runner = SealedRunner(site.settings, store, site.repo(store.study()))
+        runner = SealedRunner(site.settings, store, site.repo(store.study(), job_id, token))
         if job.kind == "baseline":
             runner.baseline()
         else:

@@ -82,11 +82,15 @@ class Api:
             raise RemoteError(f"{r.request.method} {r.request.url.path}: {r.status_code} {_detail(r)}")
         return r.json()
 
-    def git(self, *args: str, cwd: Path) -> str:
-        """Run git with the worker's token sent to the API (in git's environment, never on its command line)."""
+    def git(self, *args: str, cwd: Path, job: tuple[int, str]) -> str:
+        """Run git for a job with the worker's and the job's tokens sent to the API (in git's environment)."""
         # Grove's git allows only https and ssh remotes; the API on a private network may be plain http.
         env = git_env(
-            (("http.extraHeader", f"Authorization: Bearer {self.token}"), ("protocol.http.allow", "always"))
+            (
+                ("http.extraHeader", f"Authorization: Bearer {self.token}"),
+                ("http.extraHeader", f"X-Grove-Job: {job[0]}:{job[1]}"),
+                ("protocol.http.allow", "always"),
+            )
         )
         env["GIT_TERMINAL_PROMPT"] = "0"
         proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
@@ -141,8 +145,8 @@ class RemoteSite:
         job, study = Job(**got["job"]), Study(**got["study"])
         return job, ApiStore(self, job_id, token, study)
 
-    def repo(self, study: Study) -> Repo:
-        """Return this worker's mirror of the study's repository, fetched up to date from the API."""
+    def repo(self, study: Study, job_id: int, token: str) -> Repo:
+        """Return this worker's mirror of the study's repository, fetched up to date for the job."""
         path = (self.settings.data_dir / "repos" / study.name).resolve()
         if not (path / ".git").exists():
             path.mkdir(parents=True, exist_ok=True)
@@ -151,7 +155,7 @@ class RemoteSite:
         with repo.lock():
             self.api.git(
                 "fetch", "--quiet", "--no-tags", "--prune", f"{self.api.base}{WORKER_PREFIX}/git/{study.id}",
-                f"+refs/heads/grove/{study.name}/*:refs/remotes/grove/*", cwd=path,
+                f"+refs/heads/grove/{study.name}/*:refs/remotes/grove/*", cwd=path, job=(job_id, token),
             )  # fmt: skip
         return repo
 

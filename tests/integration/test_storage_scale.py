@@ -10,12 +10,12 @@ from pathlib import Path
 from sqlalchemy import event
 from sqlmodel import Session
 
-from backend.core import db
-from backend.core.config import Settings
 from agents.coordinator.graph import tree_of
 from agents.coordinator.ports import NodeRecord
 from agents.coordinator.records import RecordIndex, index_of
 from agents.tree.status import NodeStatus
+from backend.core import db
+from backend.core.config import Settings
 from backend.core.models import InsightVersion, Job, Node, ReceiptRow, Trajectory
 from backend.services.storage import SqlStorage
 from backend.services.studies import create_study
@@ -145,7 +145,11 @@ def test_the_cached_tree_matches_a_full_read_after_every_kind_of_change(
         s.flush()
         s.add(ReceiptRow(study_id=sid, node_id=third.id, job_id=job.id, ok=True, metrics={"m": 42.0}))
         s.add(Trajectory(study_id=sid, node_id=third.id or 0, job_id=job.id or 0, report="third report"))
-        s.add(Node(study_id=sid, parent_id=old.id, depth=2, status="proposed", title="new child", origin="refine"))
+        s.add(
+            Node(
+                study_id=sid, parent_id=old.id, depth=2, status="proposed", title="new child", origin="refine"
+            )
+        )
     cached = cached_read()
     assert cached == full() and SqlStorage(settings.db_url).nodes(sid) == cached
     by_id = {r.evidence.id: r for r in cached}

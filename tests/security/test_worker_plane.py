@@ -1,6 +1,6 @@
 """The worker data plane refuses what a worker token, or a stolen one, should not be able to do.
 
-A worker may read a study's repository, and write only through the job it holds: its own node's
+A worker may read the repository of a study whose job it holds, and write only through that job: its own node's
 records, its own branch, outputs under the study's folder. It can never push, move trunk, name a
 node of another study, or call anything but the job-store calls.
 """
@@ -77,10 +77,14 @@ def call(p: Plane, name: str, token: str = "job-t", **args: object) -> tuple[int
     return r.status_code, r.json()
 
 
-def git(p: Plane, *args: str, cwd: Path, token: str | None = None) -> subprocess.CompletedProcess[str]:
+def git(
+    p: Plane, *args: str, cwd: Path, token: str | None = None, job: str | None = None
+) -> subprocess.CompletedProcess[str]:
     extra = [("protocol.http.allow", "always")]
     if token:
         extra.append(("http.extraHeader", f"Authorization: Bearer {token}"))
+    if job:
+        extra.append(("http.extraHeader", f"X-Grove-Job: {job}"))
     env = {**git_env(tuple(extra)), "GIT_TERMINAL_PROMPT": "0"}
     return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
@@ -139,8 +143,17 @@ def test_the_repository_is_fetch_only_and_trunk_moves_only_by_the_gate(plane: Pl
     url = f"{plane.url}{W}/git/{plane.study.id}"
     local = tmp_path / "mirror"
     subprocess.run(["git", "init", "-q", str(local)], check=True)
-    assert git(plane, "fetch", "-q", url, "+refs/heads/*:refs/remotes/api/*", cwd=local).returncode != 0
-    fetched = git(plane, "fetch", "-q", url, "+refs/heads/*:refs/remotes/api/*", cwd=local, token=token)
+    refs = "+refs/heads/*:refs/remotes/api/*"
+    assert git(plane, "fetch", "-q", url, refs, cwd=local).returncode != 0
+    # A worker token alone reads no repository: only a job of the study, under its current token.
+    job = f"{plane.job.id}:job-t"
+    for header in (None, f"{plane.job.id}:job-stale", f"{plane.job.id}", "x:job-t", f"{10**12}:job-t"):
+        refused = git(plane, "fetch", "-q", url, refs, cwd=local, token=token, job=header)
+        assert refused.returncode != 0 and "403" in refused.stderr, header
+    theirs = f"{plane.url}{W}/git/{plane.other.id}"
+    assert git(plane, "fetch", "-q", theirs, refs, cwd=local, token=token, job=job).returncode != 0
+    assert not git(plane, "for-each-ref", cwd=local).stdout  # nothing of either study came
+    fetched = git(plane, "fetch", "-q", url, refs, cwd=local, token=token, job=job)
     assert fetched.returncode == 0, fetched.stderr
     trunk = f"refs/remotes/api/{plane.study.trunk_branch}"
     assert git(plane, "rev-parse", trunk, cwd=local).stdout.strip() == plane.study.trunk_commit
@@ -149,9 +162,12 @@ def test_the_repository_is_fetch_only_and_trunk_moves_only_by_the_gate(plane: Pl
     subprocess.run(["git", "-c", "user.name=x", "-c", "user.email=x@x", "commit", "-q", "--allow-empty", "-m", "evil"],
                    cwd=local, check=True)  # fmt: skip
     evil = git(plane, "rev-parse", "HEAD", cwd=local).stdout.strip()
-    pushed = git(plane, "push", url, f"HEAD:refs/heads/{plane.study.trunk_branch}", cwd=local, token=token)
+    pushed = git(
+        plane, "push", url, f"HEAD:refs/heads/{plane.study.trunk_branch}", cwd=local, token=token, job=job
+    )
     assert pushed.returncode != 0
-    r = plane.client.post(f"{W}/git/{plane.study.id}/git-receive-pack", content=b"0000", headers=plane.worker)
+    r = plane.client.post(f"{W}/git/{plane.study.id}/git-receive-pack", content=b"0000",
+                          headers={**plane.worker, "X-Grove-Job": job})  # fmt: skip
     assert r.status_code == 403
     # A bundle may update only the job's own branch, never trunk.
     bundle = tmp_path / "evil.bundle"

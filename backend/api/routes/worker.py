@@ -2,6 +2,8 @@
 
 Every route needs a token with the `worker` role; a job's calls also need the job's current
 token (the task id Celery delivered), so a worker can touch only the study of a job it holds.
+Fetching a study's repository needs one too, in the `X-Grove-Job: <job id>:<token>` header: a
+worker token alone reads no repository.
 """
 
 from __future__ import annotations
@@ -242,6 +244,25 @@ def _take_bundle(repo: gitops.Repo, data: bytes, ref: str, commit: str) -> None:
             ) from None
 
 
+JOB_HEADER = "X-Grove-Job"
+
+
+def _fetching_job(settings: Any, study_id: int, header: str) -> Held:
+    """Return the running job of this study that the header names; 403 unless there is one."""
+    job_id, _, token = header.partition(":")
+    held = None
+    if job_id.isdigit() and 0 < int(job_id) <= MAX_ID and token:
+        with contextlib.suppress(HTTPException):
+            held = _held(settings, int(job_id), token)
+    if held is None or held.study_id != study_id:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"fetching study {study_id}'s repository needs a running job of that study "
+            f"({JOB_HEADER}: <job id>:<its token>)",
+        )
+    return held
+
+
 @router.api_route("/git/{study_id}/{path:path}", methods=["GET", "POST"], include_in_schema=False)
 async def git_http(
     study_id: int, path: str, request: Request, settings: SettingsDep, who: Worker
@@ -251,6 +272,7 @@ async def git_http(
         raise HTTPException(status.HTTP_404_NOT_FOUND, "no such study")
     if "receive-pack" in path or "receive-pack" in request.url.query:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "the study repository is read-only over HTTP")
+    await run_in_threadpool(_fetching_job, settings, study_id, request.headers.get(JOB_HEADER, ""))
     study = await run_in_threadpool(_study, settings, study_id)
     repo = Path(study.repo_path)
     env = gitops.git_env((("http.receivepack", "false"), ("uploadpack.allowFilter", "true")))
