@@ -55,7 +55,12 @@ def chunk_mean(
         ptr.append(ptr[-1] + math.ceil(g / pool))
         start += g
     pooled = torch.stack(out).to(x.dtype) if out else x.new_zeros((0, *x.shape[1:]))
-    return pooled, torch.tensor(owners, dtype=torch.long), torch.tensor(ptr, dtype=torch.long)
+    # On x's device: chunk_doc is a scatter index into scores that live there.
+    return (
+        pooled,
+        torch.tensor(owners, dtype=torch.long, device=x.device),
+        torch.tensor(ptr, dtype=torch.long, device=x.device),
+    )
 
 
 def routing_aux_loss(doc_scores: torch.Tensor, positives: torch.Tensor, tau: float = 0.1) -> torch.Tensor:
@@ -130,7 +135,7 @@ class DocRoutedSparseAttention(nn.Module):
         self, hidden_q: torch.Tensor, bank: MemoryBank, doc_idx: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Attend from the query [B, M, d] to its selected documents; return (out, aux)."""
-        scores = torch.empty(0)
+        scores = hidden_q.new_empty(0)
         if doc_idx is None:
             doc_idx, scores = self.route(hidden_q, bank)
         b, m, _ = hidden_q.shape
@@ -140,10 +145,11 @@ class DocRoutedSparseAttention(nn.Module):
         kq = rope(self._heads(self.k_proj(hidden_q), self.hkv), pos)
         vq = self._heads(self.v_proj(hidden_q), self.hkv)
         outs = []
+        ptr, device = bank.doc_ptr.tolist(), bank.k_bar.device  # one host copy of the offsets
         for i in range(b):
             chunks = torch.cat(
-                [torch.arange(int(bank.doc_ptr[d]), int(bank.doc_ptr[d + 1])) for d in doc_idx[i].tolist()]
-                or [torch.zeros(0, dtype=torch.long)]
+                [torch.arange(ptr[d], ptr[d + 1], device=device) for d in doc_idx[i].tolist()]
+                or [torch.zeros(0, dtype=torch.long, device=device)]
             )
             keys = torch.cat([bank.k_bar[chunks], kq[i]])  # [S + M, Hkv, D]
             vals = torch.cat([bank.v_bar[chunks], vq[i]])

@@ -23,7 +23,11 @@ def document_mask(
     local = doc_of_key < 0  # [B, L]
     q_pos = torch.arange(length - m, length, device=doc_of_key.device)  # absolute query positions
     k_pos = torch.arange(length, device=doc_of_key.device)
-    seen = k_pos[None, :] <= q_pos[:, None] if causal else torch.ones(m, length, dtype=torch.bool)
+    seen = (
+        k_pos[None, :] <= q_pos[:, None]
+        if causal
+        else torch.ones(m, length, dtype=torch.bool, device=doc_of_key.device)
+    )
     local_ok = local[:, None, None, :] & seen[None, None, :, :]  # [B, 1, M, L]
     return in_doc[:, :, None, :] | local_ok
 
