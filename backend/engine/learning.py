@@ -13,23 +13,42 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from sqlmodel import Session, col, select
 
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import LearningEvent, LearningJob, now
+from backend.engine.checker import Checker, TaskError, load_tasks
 from backend.services.trajectories import export_records
 
 
 class DistillParams(BaseModel):
-    """A distillation job: a local model folder, the records to distil, and the step's settings."""
+    """A distillation job: a local model folder, the prompts or records to distil, and the step's settings.
+
+    Stored (`on_policy = false`): the records' own rollouts and feedback, `steps` steps. On-policy:
+    `rounds` rounds of sampling `samples` rollouts per prompt, checking them (`tasks`' checkers in
+    the sandbox, or the records' stored feedback) and `steps` steps on them.
+    """
 
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str = ""  # a local Hugging Face model folder (config, weights, tokenizer)
     trajectories: str = ""  # a JSONL file from `grove export-trajectories`; empty: the study's own records
-    mode: Literal["sdpo", "canon"] = "sdpo"
-    teacher: Literal["ema", "trust_region", "frozen"] = "ema"
+    tasks: str = ""  # a JSONL file of tasks with checkers (`backend/engine/checker.py`); on-policy only
+    method: Literal["sdpo", "canon"] = Field(default="sdpo", validation_alias=AliasChoices("method", "mode"))
+    teacher: Literal["ema", "trust_region", "frozen"] | None = None  # None: ema for SDPO, frozen for CANON
+    on_policy: bool = False
+    rounds: int = Field(default=3, ge=1, le=100_000)
+    samples: int = Field(default=4, ge=1, le=1024)
+    max_new_tokens: int = Field(default=64, ge=1, le=32_768)
+    temperature: float = Field(default=1.0, gt=0.0, le=10.0)
+    is_clip: float = Field(default=2.0, gt=0.0)
+    check_timeout: float = Field(default=60.0, gt=0.0, le=3600.0)
+    opsa: bool = False
+    opsa_weight: float = Field(default=0.1, gt=0.0, le=100.0)
+    opsa_fraction: float = Field(default=0.2, gt=0.0, le=1.0)
+    opsa_a_min: float = Field(default=-1.0, le=0.0)
+    opsa_a_max: float = Field(default=-0.5, le=0.0)
     rate: float = Field(default=0.05, ge=0.0, le=1.0)
     beta: float = Field(default=0.5, ge=0.0, le=1.0)
     support: Literal["full", "topk", "sampled"] = "topk"
@@ -65,6 +84,36 @@ class LearningJobError(ValueError):
     """A learning job was asked for with bad parameters (the message names the field)."""
 
 
+ON_POLICY_ONLY = ("tasks", "rounds", "samples", "max_new_tokens", "temperature", "check_timeout")
+OPSA_ONLY = ("opsa_weight", "opsa_fraction", "opsa_a_min", "opsa_a_max")
+
+
+def _distill_problem(p: DistillParams) -> str:
+    """Return why a distillation's parameters do not go together (naming the field), or ''."""
+    given = p.model_fields_set
+    if p.method == "canon" and p.teacher not in (None, "frozen"):
+        return (
+            'params.teacher: CANON distils from a frozen snapshot: leave teacher unset or set it to "frozen"'
+        )
+    if p.support == "sampled" and p.beta != 1.0:
+        return (
+            "params.beta: the sampled-token support is the reverse KL only: set beta = 1 (or another support)"
+        )
+    for name in OPSA_ONLY:
+        if name in given and not p.opsa:
+            return f"params.{name}: set opsa = true to use it"
+    if p.opsa_a_min > p.opsa_a_max:
+        return "params.opsa_a_min: must not be above opsa_a_max (advantages lie in [opsa_a_min, opsa_a_max])"
+    for name in ON_POLICY_ONLY:
+        if name in given and not p.on_policy:
+            return f"params.{name}: only an on-policy job samples: set on_policy = true"
+    if p.tasks and p.trajectories:
+        return "params.tasks: give the prompts as tasks or as trajectories, not both"
+    if p.on_policy and p.method == "canon" and p.samples < 2:
+        return "params.samples: CANON's consensus needs at least 2 rollouts of each prompt"
+    return ""
+
+
 def _describe(kind: str, err: Any) -> str:
     key = "params." + ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
@@ -83,16 +132,31 @@ def submit(s: Session, kind: str, params: dict[str, Any], study_id: int | None =
     except ValidationError as exc:
         raise LearningJobError(_describe(kind, exc.errors()[0])) from None
     if isinstance(checked, DistillParams):
+        problem = _distill_problem(checked)
+        if problem:
+            raise LearningJobError(problem)
         if not (Path(checked.model) / "config.json").is_file():
             raise LearningJobError(
                 f"params.model: {checked.model!r} is not a local Hugging Face model folder"
             )
         if checked.trajectories and not Path(checked.trajectories).is_file():
             raise LearningJobError(f"params.trajectories: {checked.trajectories!r} does not exist")
-        if not checked.trajectories and study_id is None:
+        if checked.tasks:
+            try:
+                load_tasks(Path(checked.tasks))
+            except (OSError, UnicodeDecodeError, TaskError) as exc:
+                raise LearningJobError(f"params.tasks: {checked.tasks}: {exc}") from None
+        elif not checked.trajectories and study_id is None:
             raise LearningJobError(
                 "params.trajectories: give a JSONL file, or a study whose trajectories to use"
             )
+        if checked.method == "canon" and not checked.on_policy and checked.trajectories:
+            groups = _by_prompt(_read_jsonl(Path(checked.trajectories)))
+            if not any(len(g) > 1 for g in groups):
+                raise LearningJobError(
+                    "params.method: CANON needs several rollouts of the same prompt, and every record's "
+                    "prompt is different (sample them: on_policy = true)"
+                )
     job = LearningJob(study_id=study_id, kind=kind, params=checked.model_dump())
     s.add(job)
     s.flush()
@@ -131,10 +195,21 @@ def _progress(settings: Settings, job_id: int, fraction: float, **payload: Any) 
     _record(settings, job_id, "learning.progress", {"progress": fraction, **payload}, progress=fraction)
 
 
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
+
+
+def _by_prompt(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Group records by their prompt, in first-seen order."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(json.dumps(r.get("prompt"), sort_keys=True), []).append(r)
+    return list(groups.values())
+
+
 def _records(settings: Settings, job: LearningJob, path: str) -> list[dict[str, Any]]:
     if path:
-        lines = Path(path).read_text("utf-8").splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
+        return _read_jsonl(Path(path))
     assert job.study_id is not None
     return export_records(settings, job.study_id)
 
@@ -145,44 +220,90 @@ def _distill(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agents.learning.distillation import DistillConfig
-    from agents.learning.distillation.sdpo import SdpoConfig, SelfDistiller
+    from agents.learning.distillation.sdpo import SdpoConfig, SelfDistiller, canon_records
 
     p = DistillParams.model_validate(job.params)
-    records = [r for r in _records(settings, job, p.trajectories) if r.get("rollout") and r.get("prompt")]
-    if not records:
-        raise LearningJobError("params.trajectories: no record has both a prompt and a rollout")
     device = _device(p.device)
     tokenizer = AutoTokenizer.from_pretrained(p.model, local_files_only=True)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(p.model, local_files_only=True, dtype=dtype)
     model = model.to(device)  # type: ignore[arg-type]  # transformers types `to` as a wrapped method
     cfg = SdpoConfig(
-        mode=p.mode, teacher=p.teacher, rate=p.rate, max_tokens=p.max_tokens,
-        distill=DistillConfig(beta=p.beta, support=p.support, topk=p.topk),
+        mode=p.method, teacher=p.teacher or ("frozen" if p.method == "canon" else "ema"), rate=p.rate,
+        max_tokens=p.max_tokens, opsa_weight=p.opsa_weight if p.opsa else 0.0, opsa_fraction=p.opsa_fraction,
+        opsa_a_min=p.opsa_a_min, opsa_a_max=p.opsa_a_max,
+        distill=DistillConfig(beta=p.beta, support=p.support, topk=p.topk, is_clip=p.is_clip,
+                              temperature=p.temperature),
     )  # fmt: skip
     distiller = SelfDistiller(model, tokenizer, cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=p.lr)
-    history = []
     started = time.monotonic()
-    steps, size = p.steps, p.batch_size
-    for step in range(steps):
-        batch = [records[(step * size + i) % len(records)] for i in range(min(size, len(records)))]
-        diag = distiller.step(batch, opt)
-        history.append({"step": step + 1, **diag})
-        _progress(settings, job.id or 0, (step + 1) / steps, step=step + 1, loss=diag["loss"])
-    result = {
-        "device": device,
-        "records": len(records),
-        "steps": steps,
-        "first_loss": history[0]["loss"],
-        "last_loss": history[-1]["loss"],
-        "seconds": time.monotonic() - started,
-    }
+    if p.on_policy:
+        history, result = _on_policy(settings, job, p, distiller, opt)
+    else:
+        records = [r for r in _records(settings, job, p.trajectories) if r.get("rollout") and r.get("prompt")]
+        if p.method == "canon":
+            groups = [g for g in _by_prompt(records) if len(g) > 1]
+            if not groups:
+                raise LearningJobError("params.method: CANON needs several rollouts of the same prompt")
+            records = canon_records(groups)
+        if not records:
+            raise LearningJobError("params.trajectories: no record has both a prompt and a rollout")
+        history = []
+        steps, size = p.steps, p.batch_size
+        for step in range(steps):
+            batch = [records[(step * size + i) % len(records)] for i in range(min(size, len(records)))]
+            diag = distiller.step(batch, opt)
+            history.append({"step": step + 1, **diag})
+            _progress(settings, job.id or 0, (step + 1) / steps, step=step + 1, loss=diag["loss"])
+        result = {"records": len(records), "steps": steps, "first_loss": history[0]["loss"],
+                  "last_loss": history[-1]["loss"]}  # fmt: skip
+    result = {"device": device, **result, "seconds": time.monotonic() - started}
     (out / "history.json").write_text(json.dumps(history, indent=1))
     if p.save_model:
         model.save_pretrained(out / "model")
         tokenizer.save_pretrained(out / "model")
     return result
+
+
+def _on_policy(
+    settings: Settings, job: LearningJob, p: DistillParams, distiller: Any, opt: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run the on-policy rounds; return the history (one row per round) and the result."""
+    from agents.learning.distillation.online import Prompt, run_round
+    from agents.learning.distillation.sdpo import as_text
+
+    if p.tasks:
+        prompts = [
+            Prompt(t["prompt"], check=Checker(settings, t, p.check_timeout))
+            for t in load_tasks(Path(p.tasks))
+        ]
+    else:
+        prompts = [
+            Prompt(as_text(g[0]["prompt"]), feedback=str(g[-1].get("feedback", "")))
+            for g in _by_prompt([r for r in _records(settings, job, p.trajectories) if r.get("prompt")])
+        ]
+    if not prompts:
+        raise LearningJobError("params.trajectories: no record has a prompt")
+    history = []
+    for n in range(1, p.rounds + 1):
+        row = run_round(distiller, opt, prompts, samples=p.samples, steps=p.steps, batch_size=p.batch_size,
+                        max_new_tokens=p.max_new_tokens, temperature=p.temperature)  # fmt: skip
+        history.append({"round": n, **row})
+        _progress(
+            settings, job.id or 0, n / p.rounds, round=n, loss=row["loss"], pass_rate=row["pass_rate"],
+            divergence_before=row["divergence_before"], divergence_after=row["divergence_after"],
+        )  # fmt: skip
+    result = {
+        "prompts": len(prompts),
+        "rounds": p.rounds,
+        "pass_rate": [h["pass_rate"] for h in history],
+        "divergence_before": [h["divergence_before"] for h in history],
+        "divergence_after": [h["divergence_after"] for h in history],
+        "first_loss": history[0]["loss"],
+        "last_loss": history[-1]["loss"],
+    }
+    return history, result
 
 
 def _sparse_eval(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:

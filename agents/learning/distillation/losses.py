@@ -86,7 +86,9 @@ def distill_loss(
         ratio = torch.exp((logp_y - old_logp.to(acc)).clamp(-20, 20)).detach()
         weight = ratio.clamp(max=cfg.is_clip)
     loss = (per_token * weight * m).sum() / m.sum().clamp_min(1.0)
+    count = m.sum().clamp_min(1.0)
     return loss, {
         "tokens": float(m.sum()),
-        "mean_divergence": float((per_token.detach() * m).sum() / m.sum().clamp_min(1.0)),
+        "mean_divergence": float((per_token.detach() * m).sum() / count),
+        "is_weight": float((weight * m).sum() / count),  # 1.0 on the rollouts' own policy
     }

@@ -6,7 +6,8 @@ the rollout's textual feedback for SDPO, the majority-vote consensus answer for 
 the same rollout tokens. The loss is the per-token divergence on the rollout tokens only.
 
 Records are what `grove export-trajectories` writes: `prompt` and `rollout` are chat messages
-(or plain strings) and `feedback` is text.
+(or plain strings) and `feedback` is text. A sampled record (`online.py`) carries its rollout as
+`rollout_ids`, the exact tokens the student sampled, with their `behaviour_logp`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from agents.learning.distillation.losses import DistillConfig, distill_loss
+from agents.learning.distillation.losses import DistillConfig, distill_loss, divergence
 from agents.learning.distillation.opsa import opsa_advantages, opsa_loss
 from agents.learning.distillation.teacher import EmaTeacher, trust_region_logits
 
@@ -72,6 +73,7 @@ class Batch:
     teacher_pos: torch.Tensor  # [B, R]
     tokens: torch.Tensor  # [B, R]: the rollout tokens
     rollout_mask: torch.Tensor  # [B, R]
+    old_logp: torch.Tensor | None = None  # [B, R]: the behaviour policy's log-probs of sampled rollouts
 
 
 def build_batch(
@@ -82,10 +84,15 @@ def build_batch(
     for r in records:
         prompt = tokenizer(as_text(r["prompt"]), add_special_tokens=False)["input_ids"]
         extra = tokenizer(header + str(r.get("feedback", "")), add_special_tokens=False)["input_ids"]
-        rollout = tokenizer(as_text(r["rollout"]), add_special_tokens=False)["input_ids"]
+        if "rollout_ids" in r:
+            rollout = list(r["rollout_ids"])
+        else:
+            rollout = tokenizer(as_text(r["rollout"]), add_special_tokens=False)["input_ids"]
         if not rollout:
             raise ValueError("a record has an empty rollout")
-        # Keep the rollout's start (and every prompt token) within max_tokens: cut the rollout's end.
+        # Keep every prompt token and the rollout's start within max_tokens: the privileged text
+        # takes at most what half the budget leaves after the prompt, the rollout's end is cut.
+        extra = extra[: max(0, max_tokens // 2 - len(prompt))]
         rollout = rollout[: max(1, max_tokens - len(prompt) - len(extra))]
         rows.append((prompt, extra, rollout))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -111,6 +118,11 @@ def build_batch(
         out.teacher_pos[i, :n] = torch.arange(len(p) + len(e) - 1, len(p) + len(e) - 1 + n)
         out.tokens[i, :n] = torch.tensor(o)
         out.rollout_mask[i, :n] = True
+    if all("behaviour_logp" in r for r in records):
+        out.old_logp = torch.zeros(b, lr, dtype=torch.float32)
+        for i, r in enumerate(records):
+            n = len(rows[i][2])
+            out.old_logp[i, :n] = torch.tensor(r["behaviour_logp"][:n], dtype=torch.float32)
     if (out.student_pos < 0).any():
         raise ValueError(
             "a record has an empty prompt: the first rollout token has no position to predict it"
@@ -132,6 +144,9 @@ class SdpoConfig:
     rate: float = 0.05  # EMA rate, or the trust-region mixing weight of the current model
     distill: DistillConfig = field(default_factory=DistillConfig)
     opsa_weight: float = 0.0  # > 0 adds OPSA's negative-advantage term on the student's own tokens
+    opsa_fraction: float = 0.2  # OPSA: the share of lowest-log-prob tokens that get a negative advantage
+    opsa_a_min: float = -1.0
+    opsa_a_max: float = -0.5
     max_tokens: int = 1024
     header: str | None = None  # text before the privileged context; None: the mode's default
 
@@ -168,26 +183,51 @@ class SelfDistiller:
             self.student.train(was_training)
             return trust_region_logits(ref, cur, self.cfg.rate)
 
-    def loss(self, records: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, dict[str, float]]:
-        """Return the loss on a batch of records and its diagnostics (no optimizer step)."""
+    def _batch(self, records: Sequence[dict[str, Any]]) -> Batch:
         header = self.cfg.header
         if header is None:
             header = CONSENSUS_HEADER if self.cfg.mode == "canon" else FEEDBACK_HEADER
         batch = build_batch(self.tokenizer, records, header, self.cfg.max_tokens)
         device = next(self.student.parameters()).device
         for name in batch.__dataclass_fields__:
-            setattr(batch, name, getattr(batch, name).to(device))
+            value = getattr(batch, name)
+            if value is not None:
+                setattr(batch, name, value.to(device))
+        return batch
+
+    def loss(self, records: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, dict[str, float]]:
+        """Return the loss on a batch of records and its diagnostics (no optimizer step)."""
+        batch = self._batch(records)
         teacher = self._teacher_logits(batch)
         student = _rollout_logits(self.student, batch.student_ids, batch.student_mask, batch.student_pos)
-        loss, diag = distill_loss(student, teacher, batch.tokens, batch.rollout_mask, cfg=self.cfg.distill)
+        loss, diag = distill_loss(
+            student, teacher, batch.tokens, batch.rollout_mask, old_logp=batch.old_logp, cfg=self.cfg.distill
+        )
         if self.cfg.opsa_weight > 0:
+            c = self.cfg
             logp_all = torch.log_softmax(student.float(), -1)
             logp = logp_all.gather(-1, batch.tokens[..., None]).squeeze(-1)
             entropy = -(logp_all.exp() * logp_all).sum(-1)
-            adv, sel, _ = opsa_advantages(logp, entropy, batch.rollout_mask)
-            loss = loss + self.cfg.opsa_weight * opsa_loss(logp, adv, sel)
+            adv, sel, _ = opsa_advantages(
+                logp, entropy, batch.rollout_mask, c.opsa_fraction, c.opsa_a_min, c.opsa_a_max
+            )
+            diag["opsa"] = float(opsa_loss(logp, adv, sel).detach())
+            loss = loss + c.opsa_weight * opsa_loss(logp, adv, sel)
         diag["loss"] = float(loss.detach())
         return loss, diag
+
+    def divergence(self, records: Sequence[dict[str, Any]]) -> float:
+        """Return the mean full-vocabulary teacher–student divergence (at β) per rollout token (no step)."""
+        was_training = self.student.training
+        self.student.eval()
+        with torch.no_grad():
+            batch = self._batch(records)
+            teacher = torch.log_softmax(self._teacher_logits(batch).float(), -1)
+            student = _rollout_logits(self.student, batch.student_ids, batch.student_mask, batch.student_pos)
+            per_token = divergence(torch.log_softmax(student.float(), -1), teacher, self.cfg.distill.beta)
+        self.student.train(was_training)
+        m = batch.rollout_mask.float()
+        return float((per_token * m).sum() / m.sum().clamp_min(1.0))
 
     def step(self, records: Sequence[dict[str, Any]], optimizer: torch.optim.Optimizer) -> dict[str, float]:
         """Run one optimizer step on a batch of records; return the diagnostics."""
