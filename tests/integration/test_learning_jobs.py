@@ -132,3 +132,97 @@ def test_grove_learn_queues_and_follows_a_job(gpu_queue: Service) -> None:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+CHECK = """\
+import os, sys
+answer = open("answer.txt").read()
+if "4" in answer:
+    sys.exit(0)
+sys.exit(f"wrong: the answer is 4, not {answer[:20]!r} (home {os.environ.get('HOME')})")
+"""
+
+
+def tiny_model_dir(tmp_path: Path) -> Path:
+    tok = tiny_tokenizer()
+    model_dir = tmp_path / "tiny-lm"
+    tiny_model(len(tok), dtype=torch.float32).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    return model_dir
+
+
+def test_on_policy_sdpo_rounds_sample_check_in_the_sandbox_and_distil(
+    gpu_queue: Service, tmp_path: Path
+) -> None:
+    model_dir = tiny_model_dir(tmp_path)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        json.dumps({"prompt": "add two and two:", "check": "python3 check.py", "files": {"check.py": CHECK}}) + "\n"
+        + json.dumps({"prompt": "write 4:", "check": "grep -q 4 out.txt", "answer_file": "out.txt"}) + "\n"
+    )  # fmt: skip
+    settings = gpu_queue.settings
+    headers = {"Authorization": f"Bearer {create_token(settings, ['operator'], 'learn')}"}
+    params = {"model": str(model_dir), "tasks": str(tasks), "on_policy": True, "rounds": 3, "samples": 4,
+              "steps": 4, "batch_size": 4, "max_new_tokens": 12, "lr": 3e-3, "beta": 0.5, "support": "full",
+              "max_tokens": 256}  # fmt: skip
+    with TestClient(create_app(settings)) as client:
+        made = client.post(
+            "/api/v1/learning/jobs", headers=headers, json={"kind": "distill", "params": params}
+        )
+        assert made.status_code == 201, made.text
+        job = wait_done(client, headers, made.json()["id"])
+    assert job["status"] == "done", job["error"]
+    rounds = [e["payload"] for e in job["events"] if e["type"] == "learning.progress"]
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert all(0.0 <= r["pass_rate"] <= 1.0 for r in rounds)
+    result = job["result"]
+    assert result["prompts"] == 2 and result["pass_rate"] == [r["pass_rate"] for r in rounds]
+    # The teacher–student divergence on each round's own rollouts falls with the round's steps.
+    assert all(a < b for a, b in zip(result["divergence_after"], result["divergence_before"], strict=True))
+    out = Path(job["artifact"])
+    history = json.loads((out / "history.json").read_text())
+    assert len(history) == 3 and all(h["rollouts"] == 8 and len(h["steps"]) == 4 for h in history)
+    # Importance weights come from the behaviour log-probs recorded while sampling: exactly 1 on the
+    # round's first step (the student is the behaviour policy), then the student moves away.
+    for h in history:
+        weights = [s["is_weight"] for s in h["steps"]]
+        assert abs(weights[0] - 1.0) < 1e-4 and any(abs(w - 1.0) > 1e-6 for w in weights[1:])
+    # The checkers ran in the sandbox (HOME is the box's /tmp), and their output is the feedback.
+    feedback = [s["feedback"] for h in history for s in h["samples"]]
+    assert all(f == "The checker passed." or f.startswith("The checker failed") for f in feedback)
+    assert any("wrong: the answer is 4" in f and "home /tmp" in f for f in feedback)
+    assert (out / "model" / "model.safetensors").is_file()
+
+
+def test_canon_and_opsa_jobs_run_on_the_gpu_queue(gpu_queue: Service, tmp_path: Path) -> None:
+    model_dir = tiny_model_dir(tmp_path)
+    data = tmp_path / "trajectories.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records()))
+    settings = gpu_queue.settings
+    headers = {"Authorization": f"Bearer {create_token(settings, ['operator'], 'learn')}"}
+    base = {
+        "model": str(model_dir),
+        "trajectories": str(data),
+        "steps": 2,
+        "batch_size": 2,
+        "support": "full",
+    }
+    canon = {**base, "method": "canon", "on_policy": True, "rounds": 1, "samples": 3, "max_new_tokens": 6}
+    opsa = {**base, "teacher": "trust_region", "opsa": True, "opsa_weight": 0.5, "opsa_fraction": 0.5}
+    with TestClient(create_app(settings)) as client:
+        ids = []
+        for params in (canon, opsa):
+            made = client.post(
+                "/api/v1/learning/jobs", headers=headers, json={"kind": "distill", "params": params}
+            )
+            assert made.status_code == 201, made.text
+            ids.append(made.json()["id"])
+        canon_job, opsa_job = (wait_done(client, headers, i) for i in ids)
+    assert canon_job["status"] == "done", canon_job["error"]
+    history = json.loads((Path(canon_job["artifact"]) / "history.json").read_text())
+    # CANON's privileged text is the majority answer among the prompt's own rollouts.
+    texts = [s["text"] for s in history[0]["samples"][:3]]
+    assert history[0]["samples"][0]["feedback"] in {t.strip() for t in texts}
+    assert opsa_job["status"] == "done", opsa_job["error"]
+    steps = json.loads((Path(opsa_job["artifact"]) / "history.json").read_text())
+    assert len(steps) == 2 and all(s["opsa"] != 0.0 for s in steps)
