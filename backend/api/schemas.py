@@ -249,7 +249,7 @@ class SearchSpace(BaseModel):
 
 class LearningJobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    kind: Literal["distill", "sparse_eval"]
+    kind: Literal["distill", "sparse_eval", "sparse_train"]
     params: dict[str, Any] = Field(default_factory=dict, description="overrides of the job's defaults")
     study_id: int | None = Field(default=None, ge=1, le=2**31 - 1, description="the study it belongs to")
 

@@ -612,7 +612,7 @@ def _params(pairs: list[str]) -> dict[str, object]:
 
 @app.command("learn")
 def learn_cmd(
-    kind: Annotated[str, typer.Argument(help="distill or sparse_eval")],
+    kind: Annotated[str, typer.Argument(help="distill, sparse_train or sparse_eval")],
     settings_: Annotated[
         list[str],
         typer.Option("--set", help="a job parameter, KEY=VALUE (repeatable), e.g. model=/models/qwen"),

@@ -77,7 +77,39 @@ class SparseEvalParams(BaseModel):
     device: str = "auto"
 
 
-PARAMS: dict[str, type[BaseModel]] = {"distill": DistillParams, "sparse_eval": SparseEvalParams}
+class SparseTrainParams(BaseModel):
+    """Training the MSA router on needle episodes with the routing loss; recall before and after.
+
+    Training episodes (`train_docs` documents each) come from `seed`; recall is measured on
+    `trials` episodes of `docs` documents from `eval_seed`, documents the router never saw. The
+    documents' topics share a `topic_rank`-dimensional subspace, which a router can learn to read.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    docs: int = Field(default=64, ge=1, le=1_000_000)
+    doc_len: int = Field(default=256, ge=1, le=1_000_000)
+    top_k: int = Field(default=2, ge=1, le=1_000_000)
+    pool: int = Field(default=16, ge=1, le=1_000_000)
+    noise: float = Field(default=1.0, ge=0.0)
+    topic: float = Field(default=0.3, ge=0.0)
+    topic_rank: int = Field(default=4, ge=0, le=64)
+    ssmax: bool = False
+    seed: int = 0
+    eval_seed: int = 1000
+    trials: int = Field(default=32, ge=1, le=1_000_000)
+    steps: int = Field(default=300, ge=1, le=1_000_000)
+    lr: float = Field(default=3e-3, gt=0.0)
+    train_docs: int = Field(default=16, ge=2, le=1_000_000)
+    tau: float = Field(default=0.1, gt=0.0)
+    device: str = "auto"
+    save_model: bool = True
+
+
+PARAMS: dict[str, type[BaseModel]] = {
+    "distill": DistillParams,
+    "sparse_eval": SparseEvalParams,
+    "sparse_train": SparseTrainParams,
+}
 
 
 class LearningJobError(ValueError):
@@ -306,6 +338,29 @@ def _on_policy(
     return history, result
 
 
+def _sparse_train(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:
+    import torch
+
+    from agents.learning.sparse_attention.needle import train_router
+
+    p = SparseTrainParams.model_validate(job.params)
+    device = _device(p.device)
+    every = max(1, p.steps // 10)
+    history: list[dict[str, float]] = []
+
+    def on_step(step: int, loss: float) -> None:
+        history.append({"step": step, "loss": loss})
+        if step % every == 0 or step == p.steps:
+            _progress(settings, job.id or 0, step / p.steps, step=step, loss=loss)
+
+    trained = train_router({**p.model_dump(), "tied": False}, device, on_step)
+    model = trained.pop("model")
+    (out / "history.json").write_text(json.dumps(history, indent=1))
+    if p.save_model:
+        torch.save({k: v.cpu() for k, v in model.state_dict().items()}, out / "layer.pt")
+    return {"device": device, **trained}
+
+
 def _sparse_eval(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:
     from agents.learning.sparse_attention.needle import needle_recall
 
@@ -337,7 +392,9 @@ def run(settings: Settings, job_id: int) -> str:
     out = settings.data_dir / "learning" / f"job-{job_id}"
     out.mkdir(parents=True, exist_ok=True)
     try:
-        result = _distill(settings, job, out) if job.kind == "distill" else _sparse_eval(settings, job, out)
+        result = {"distill": _distill, "sparse_eval": _sparse_eval, "sparse_train": _sparse_train}[job.kind](
+            settings, job, out
+        )
     except Exception as exc:  # the job's failure is recorded, never lost
         message = f"{type(exc).__name__}: {exc}"[:4000]
         _record(settings, job_id, "learning.failed", {"error": message}, status="failed", error=message,

@@ -226,3 +226,26 @@ def test_canon_and_opsa_jobs_run_on_the_gpu_queue(gpu_queue: Service, tmp_path: 
     assert opsa_job["status"] == "done", opsa_job["error"]
     steps = json.loads((Path(opsa_job["artifact"]) / "history.json").read_text())
     assert len(steps) == 2 and all(s["opsa"] != 0.0 for s in steps)
+
+
+def test_a_trained_router_finds_the_needle_on_documents_it_never_saw(gpu_queue: Service) -> None:
+    settings = gpu_queue.settings
+    headers = {"Authorization": f"Bearer {create_token(settings, ['operator'], 'learn')}"}
+    params = {"docs": 32, "doc_len": 64, "pool": 16, "top_k": 2, "trials": 32, "steps": 200, "lr": 3e-3}
+    with TestClient(create_app(settings)) as client:
+        made = client.post(
+            "/api/v1/learning/jobs", headers=headers, json={"kind": "sparse_train", "params": params}
+        )
+        assert made.status_code == 201, made.text
+        job = wait_done(client, headers, made.json()["id"])
+    assert job["status"] == "done", job["error"]
+    result = job["result"]
+    # A fresh layer's routers are random: recall near chance (k/N); trained, well above it.
+    assert result["recall_before"] <= 0.2 and result["recall_after"] >= result["recall_before"] + 0.25, result
+    assert result["last_loss"] < result["first_loss"]
+    steps = [e["payload"]["step"] for e in job["events"] if e["type"] == "learning.progress"]
+    assert steps == list(range(20, 201, 20))
+    out = Path(job["artifact"])
+    assert len(json.loads((out / "history.json").read_text())) == 200
+    state = torch.load(out / "layer.pt")
+    assert {"router_q.weight", "router_k.weight"} <= set(state)
