@@ -355,7 +355,7 @@ def finish(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> dic
 
 def open_approval(records: list[NodeRecord]) -> int | None:
     """Return the node whose approval is open (there is at most one), or None."""
-    return next(iter(index_of(records).by_status.get(NodeStatus.AWAITING_APPROVAL, {})), None)
+    return min(index_of(records).by_status.get(NodeStatus.AWAITING_APPROVAL, {}), default=None)
 
 
 def _active_jobs(state: CoordinatorState) -> list[int]:

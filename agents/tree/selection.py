@@ -48,7 +48,8 @@ def completed_in(tree: Tree, node_id: int) -> int:
 
 def frontier_scores(tree: Tree, config: SelectionConfig) -> dict[int, float]:
     """Return the documented frontier score of every proposed node."""
-    total = tree.count(*COMPLETED) - int(tree.root.status in COMPLETED)
+    root = next((n for n in tree.nodes.values() if n.parent_id is None), None)
+    total = tree.count(*COMPLETED) - int(root is not None and root.status in COMPLETED)
     scores: dict[int, float] = {}
     of_parent: dict[int, tuple[float, float]] = {}  # siblings share their parent's value and bonus
     for n in tree.with_status(NodeStatus.PROPOSED):
@@ -58,7 +59,8 @@ def frontier_scores(tree: Tree, config: SelectionConfig) -> dict[int, float]:
         if p not in of_parent:
             bonus = config.exploration * math.sqrt(math.log(total + 1) / (1 + completed_in(tree, p)))
             of_parent[p] = (subtree_value(tree, p), bonus)
-        scores[n.id] = n.prior + sum(of_parent[p])
+        value, bonus = of_parent[p]
+        scores[n.id] = n.prior + value + bonus
     return scores
 
 

@@ -30,11 +30,11 @@ class TaskError(ValueError):
     """A tasks file is malformed (the message names the line and the key)."""
 
 
-def _safe(name: Any, what: str) -> str:
-    path = PurePosixPath(str(name))
-    if not isinstance(name, str) or not name or path.is_absolute() or ".." in path.parts:
-        raise TaskError(f"{what}: {name!r} must be a relative path inside the task's folder")
-    return name
+def _safe(name: Any, what: str) -> PurePosixPath:
+    parts = str(name).split("/")
+    if not isinstance(name, str) or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise TaskError(f"{what}: {name!r} must be a relative path of a file inside the task's folder")
+    return PurePosixPath(name)
 
 
 def load_tasks(path: Path) -> list[dict[str, Any]]:
@@ -57,12 +57,15 @@ def load_tasks(path: Path) -> list[dict[str, Any]]:
             raise TaskError(
                 f"line {n}: unknown keys {sorted(unknown)} (known: prompt, check, answer_file, files)"
             )
-        _safe(task.get("answer_file", "answer.txt"), f"line {n}: `answer_file`")
+        answer = _safe(task.get("answer_file", "answer.txt"), f"line {n}: `answer_file`")
         files = task.get("files", {})
         if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
             raise TaskError(f"line {n}: `files` maps relative paths to their text")
-        for name in files:
-            _safe(name, f"line {n}: `files`")
+        paths = [answer, *(_safe(name, f"line {n}: `files`") for name in files)]
+        folders = {parent for p in paths for parent in p.parents}
+        clash = next((p for p in paths if p in folders or paths.count(p) > 1), None)
+        if clash is not None:
+            raise TaskError(f"line {n}: {str(clash)!r} is named twice, or both as a file and as a folder")
         tasks.append(task)
     if not tasks:
         raise TaskError("the file holds no task")
@@ -75,6 +78,7 @@ class Checker:
     def __init__(self, settings: Settings, task: dict[str, Any], timeout: float) -> None:
         self.task, self.timeout = task, timeout
         self.isolation = isolation_of(settings)
+        sandbox.check(self.isolation)  # no box here: refuse, rather than report every answer failed
         self.scratch = settings.data_dir / "learning" / "checks"
 
     def __call__(self, answer: str) -> tuple[bool, str]:
@@ -92,6 +96,7 @@ class Checker:
             res = sandbox.run(
                 self.task["check"], cwd=tree, output_dir=tmp / "out", isolation=self.isolation,
                 limits=sandbox.Limits(timeout=self.timeout, memory_mb=2048, disk_mb=256),
+                readonly=tuple(self.task.get("files", {})),  # the answer cannot rewrite the task's tests
             )  # fmt: skip
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -18,7 +18,7 @@ from sqlmodel import Session, col, select
 
 from backend.core import db
 from backend.core.config import Settings
-from backend.core.models import LearningEvent, LearningJob, now
+from backend.core.models import LearningEvent, LearningJob, Trajectory, now
 from backend.engine.checker import Checker, TaskError, load_tasks
 from backend.services.trajectories import export_records
 
@@ -182,8 +182,12 @@ def submit(s: Session, kind: str, params: dict[str, Any], study_id: int | None =
             raise LearningJobError(
                 "params.trajectories: give a JSONL file, or a study whose trajectories to use"
             )
-        if checked.method == "canon" and not checked.on_policy and checked.trajectories:
-            groups = _by_prompt(_read_jsonl(Path(checked.trajectories)))
+        if checked.method == "canon" and not checked.on_policy:
+            if checked.trajectories:
+                groups = _by_prompt(_read_jsonl(Path(checked.trajectories)))
+            else:
+                rows = s.exec(select(Trajectory.messages).where(Trajectory.study_id == study_id))
+                groups = _by_prompt([{"prompt": messages[:2]} for messages in rows])
             if not any(len(g) > 1 for g in groups):
                 raise LearningJobError(
                     "params.method: CANON needs several rollouts of the same prompt, and every record's "
@@ -257,7 +261,7 @@ def _distill(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:
     p = DistillParams.model_validate(job.params)
     device = _device(p.device)
     tokenizer = AutoTokenizer.from_pretrained(p.model, local_files_only=True)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(p.model, local_files_only=True, dtype=dtype)
     model = model.to(device)  # type: ignore[arg-type]  # transformers types `to` as a wrapped method
     cfg = SdpoConfig(
@@ -302,9 +306,10 @@ def _on_policy(
     settings: Settings, job: LearningJob, p: DistillParams, distiller: Any, opt: Any
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run the on-policy rounds; return the history (one row per round) and the result."""
-    from agents.learning.distillation.online import Prompt, run_round
+    from agents.learning.distillation.online import Prompt, run_round, without_dropout
     from agents.learning.distillation.sdpo import as_text
 
+    without_dropout(distiller.student)
     if p.tasks:
         prompts = [
             Prompt(t["prompt"], check=Checker(settings, t, p.check_timeout))

@@ -102,6 +102,12 @@ def test_bad_combinations_are_refused_naming_the_field(setup: tuple[Settings, di
         ('{"prompt": "x"}\n', "line 1: `check` must be a non-empty string"),
         ('{"prompt": "x", "check": "true", "answer_file": "../x"}\n', "must be a relative path"),
         ('{"prompt": "x", "check": "true", "files": {"/etc/x": "y"}}\n', "must be a relative path"),
+        ('{"prompt": "x", "check": "true", "answer_file": "."}\n', "must be a relative path"),
+        (
+            '{"prompt": "x", "check": "true", "files": {"a": "1", "a/b": "2"}}\n',
+            "both as a file and as a folder",
+        ),
+        ('{"prompt": "x", "check": "true", "files": {"answer.txt": "1"}}\n', "named twice"),
         ("not json\n", "line 1: not JSON"),
         ("", "holds no task"),
     ):

@@ -7,6 +7,7 @@ import torch
 
 from agents.learning.distillation import DistillConfig
 from agents.learning.distillation.sdpo import (
+    FEEDBACK_HEADER,
     SdpoConfig,
     SelfDistiller,
     as_text,
@@ -86,3 +87,22 @@ def test_canon_uses_the_majority_answer_and_a_frozen_teacher() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     d.step(recs, opt)
     assert all(torch.equal(a, b) for a, b in zip(frozen, d.reference.parameters(), strict=True))  # type: ignore[union-attr]
+
+
+def test_long_feedback_keeps_its_end_and_the_rollout_keeps_half_the_room() -> None:
+    tok = tiny_tokenizer()
+    record = {"prompt": "p:", "rollout": "r" * 100, "feedback": "x" * 300 + " ERROR: the answer is 4"}
+    batch = build_batch(tok, [record], max_tokens=160)
+    teacher = tok.decode(batch.teacher_ids[0][batch.teacher_mask[0].bool()])
+    assert batch.teacher_mask[0].sum() <= 160
+    assert teacher.startswith("p:" + FEEDBACK_HEADER) and "ERROR: the answer is 4" in teacher
+    assert int(batch.rollout_mask[0].sum()) == (160 - 2) // 2  # the rollout's first half of the room
+    assert "x" * 300 not in teacher  # the start of the feedback went
+    # A sampled record: its own tokens and behaviour log-probs, cut to the same length.
+    sampled = {"prompt": "p:", "rollout_ids": [5] * 100, "behaviour_logp": [-0.5] * 100, "feedback": "ok"}
+    batch = build_batch(tok, [sampled], max_tokens=80)
+    n = int(batch.rollout_mask[0].sum())
+    assert batch.old_logp is not None and batch.tokens[0, :n].tolist() == [5] * n
+    assert batch.old_logp[0, :n].tolist() == [-0.5] * n and n == 80 - 2 - len(
+        tok(FEEDBACK_HEADER + "ok")["input_ids"]
+    )

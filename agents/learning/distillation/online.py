@@ -1,8 +1,9 @@
 """On-policy SDPO rounds: the student samples, a checker gives feedback, the self-teacher distils it back.
 
-Each round the student samples `samples` rollouts of every prompt (plain sampling at
-`temperature`, no top-k or top-p, so the behaviour distribution is exactly softmax(logits / T))
-and keeps each token's behaviour log-prob. Every rollout gets textual feedback — from the
+Each round the student samples `samples` rollouts of every prompt (sampling at `temperature`, no
+top-k or top-p) and keeps each token's behaviour log-prob: the log-softmax of the scores the
+sampler drew from, so whatever else the model's generation config applies (a repetition penalty)
+is part of the behaviour policy and the importance weights correct for it. Every rollout gets textual feedback — from the
 prompt's checker, or the prompt's stored feedback — and, for CANON, the majority answer of its
 prompt's rollouts instead. Then `steps` optimizer steps distil the self-teacher (the student, or
 its EMA / trust-region / frozen copy, with the privileged text before the same rollout) into the
@@ -41,6 +42,15 @@ class Rollout:
     feedback: str = ""
 
 
+def stop_tokens(model: Any, tokenizer: Any) -> list[int]:
+    """Return the ids that end a rollout: the model's generation config's and the tokenizer's EOS."""
+    found = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = [found] if isinstance(found, int) else list(found or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
 def sample(
     model: Any,
     tokenizer: Any,
@@ -48,32 +58,43 @@ def sample(
     samples: int,
     max_new_tokens: int,
     temperature: float,
+    chunk: int = 8,
 ) -> list[Rollout]:
-    """Sample `samples` rollouts of each prompt with their behaviour log-probs (no gradient)."""
+    """Sample `samples` rollouts of each prompt (`chunk` at a time) with their behaviour log-probs."""
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    eos = tokenizer.eos_token_id
+    stops = stop_tokens(model, tokenizer)
     was_training = model.training
     model.eval()
     out: list[Rollout] = []
     with torch.no_grad():
         for p in prompts:
             ids = tokenizer(p.text, add_special_tokens=False, return_tensors="pt")["input_ids"].to(device)
-            gen = model.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=temperature,
-                top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, num_return_sequences=samples,
-                pad_token_id=pad, eos_token_id=eos, output_logits=True, return_dict_in_generate=True,
-            )  # fmt: skip
-            new = gen.sequences[:, ids.shape[1] :]
-            logits = torch.stack(gen.logits, dim=1).float() / temperature
-            logp = torch.log_softmax(logits, dim=-1).gather(-1, new[..., None]).squeeze(-1)
-            for row, row_logp in zip(new.tolist(), logp.tolist(), strict=True):
-                n = row.index(eos) + 1 if eos is not None and eos in row else len(row)
-                out.append(
-                    Rollout(p, row[:n], row_logp[:n], tokenizer.decode(row[:n], skip_special_tokens=True))
-                )
+            for start in range(0, samples, chunk):
+                gen = model.generate(
+                    input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=temperature,
+                    top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                    num_return_sequences=min(chunk, samples - start), pad_token_id=pad, eos_token_id=stops or None,
+                    output_scores=True, return_dict_in_generate=True,
+                )  # fmt: skip
+                new = gen.sequences[:, ids.shape[1] :]
+                scores = torch.stack(gen.scores, dim=1).float()  # what the sampler drew from, per step
+                logp = torch.log_softmax(scores, dim=-1).gather(-1, new[..., None]).squeeze(-1)
+                del gen, scores
+                for row, row_logp in zip(new.tolist(), logp.tolist(), strict=True):
+                    ends = [i for i, t in enumerate(row) if t in stops]
+                    n = ends[0] + 1 if ends else len(row)  # after the first stop token come only pads
+                    text = tokenizer.decode(row[:n], skip_special_tokens=True)
+                    out.append(Rollout(p, row[:n], row_logp[:n], text))
     model.train(was_training)
     return out
+
+
+def without_dropout(model: Any) -> None:
+    """Switch dropout off, so the student a step trains is the policy that sampled (ratio 1 at first)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
 
 
 def give_feedback(rollouts: Sequence[Rollout], canon: bool) -> None:
@@ -119,12 +140,20 @@ def run_round(
     temperature: float,
 ) -> dict[str, Any]:
     """Run one round (sample, check, distil) and return what it measured."""
-    rollouts = sample(distiller.student, distiller.tokenizer, prompts, samples, max_new_tokens, temperature)
+    rollouts = sample(
+        distiller.student,
+        distiller.tokenizer,
+        prompts,
+        samples,
+        max_new_tokens,
+        temperature,
+        chunk=batch_size,
+    )
     give_feedback(rollouts, canon=distiller.cfg.mode == "canon")
     batch_all = records(rollouts)
     if not batch_all:
         raise ValueError("every rollout of the round was empty")
-    before = distiller.divergence(batch_all)
+    before = distiller.divergence(batch_all, chunk=batch_size)
     diags = []
     for step in range(steps):
         batch = [
@@ -132,7 +161,7 @@ def run_round(
             for i in range(min(batch_size, len(batch_all)))
         ]
         diags.append(distiller.step(batch, optimizer))
-    after = distiller.divergence(batch_all)
+    after = distiller.divergence(batch_all, chunk=batch_size)
     checked = [r.passed for r in rollouts if r.passed is not None]
     return {
         "rollouts": len(rollouts),

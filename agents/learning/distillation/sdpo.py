@@ -83,17 +83,22 @@ def build_batch(
     rows = []
     for r in records:
         prompt = tokenizer(as_text(r["prompt"]), add_special_tokens=False)["input_ids"]
-        extra = tokenizer(header + str(r.get("feedback", "")), add_special_tokens=False)["input_ids"]
+        feedback = str(r.get("feedback", ""))
+        extra = tokenizer(header + feedback, add_special_tokens=False)["input_ids"]
         if "rollout_ids" in r:
             rollout = list(r["rollout_ids"])
         else:
             rollout = tokenizer(as_text(r["rollout"]), add_special_tokens=False)["input_ids"]
         if not rollout:
             raise ValueError("a record has an empty rollout")
-        # Keep every prompt token and the rollout's start within max_tokens: the privileged text
-        # takes at most what half the budget leaves after the prompt, the rollout's end is cut.
-        extra = extra[: max(0, max_tokens // 2 - len(prompt))]
-        rollout = rollout[: max(1, max_tokens - len(prompt) - len(extra))]
+        room = max_tokens - len(prompt)
+        budget = room - min(len(rollout), max(1, room // 2))  # the rollout keeps half the room
+        if len(extra) > budget:  # the feedback keeps its end (where errors are), after the header
+            head = tokenizer(header, add_special_tokens=False)["input_ids"]
+            tail = tokenizer(feedback, add_special_tokens=False)["input_ids"]
+            keep = max(0, budget - len(head))
+            extra = head + (tail[-keep:] if keep else [])
+        rollout = rollout[: max(1, room - len(extra))]  # and its end is cut
         rows.append((prompt, extra, rollout))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ls = max(len(p) + len(o) for p, _, o in rows)
@@ -205,7 +210,7 @@ class SelfDistiller:
         )
         if self.cfg.opsa_weight > 0:
             c = self.cfg
-            logp_all = torch.log_softmax(student.float(), -1)
+            logp_all = torch.log_softmax(student.float() / self.cfg.distill.temperature, -1)
             logp = logp_all.gather(-1, batch.tokens[..., None]).squeeze(-1)
             entropy = -(logp_all.exp() * logp_all).sum(-1)
             adv, sel, _ = opsa_advantages(
@@ -216,18 +221,25 @@ class SelfDistiller:
         diag["loss"] = float(loss.detach())
         return loss, diag
 
-    def divergence(self, records: Sequence[dict[str, Any]]) -> float:
-        """Return the mean full-vocabulary teacher–student divergence (at β) per rollout token (no step)."""
+    def divergence(self, records: Sequence[dict[str, Any]], chunk: int = 8) -> float:
+        """Return the mean full-vocabulary teacher–student divergence (at β and T) per rollout token."""
         was_training = self.student.training
         self.student.eval()
+        t, total, count = self.cfg.distill.temperature, 0.0, 0.0
         with torch.no_grad():
-            batch = self._batch(records)
-            teacher = torch.log_softmax(self._teacher_logits(batch).float(), -1)
-            student = _rollout_logits(self.student, batch.student_ids, batch.student_mask, batch.student_pos)
-            per_token = divergence(torch.log_softmax(student.float(), -1), teacher, self.cfg.distill.beta)
+            for start in range(0, len(records), chunk):
+                batch = self._batch(records[start : start + chunk])
+                teacher = torch.log_softmax(self._teacher_logits(batch).float() / t, -1)
+                student = _rollout_logits(
+                    self.student, batch.student_ids, batch.student_mask, batch.student_pos
+                )
+                per_token = divergence(
+                    torch.log_softmax(student.float() / t, -1), teacher, self.cfg.distill.beta
+                )
+                m = batch.rollout_mask.float()
+                total, count = total + float((per_token * m).sum()), count + float(m.sum())
         self.student.train(was_training)
-        m = batch.rollout_mask.float()
-        return float((per_token * m).sum() / m.sum().clamp_min(1.0))
+        return total / max(count, 1.0)
 
     def step(self, records: Sequence[dict[str, Any]], optimizer: torch.optim.Optimizer) -> dict[str, float]:
         """Run one optimizer step on a batch of records; return the diagnostics."""

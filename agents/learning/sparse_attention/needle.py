@@ -70,7 +70,7 @@ def recall(
         with torch.no_grad():
             bank = model.encode_docs(docs, [g] * n_docs)
             _, aux = model(query, bank)
-        if device == "cuda":
+        if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
         seconds += time.perf_counter() - t
         hits += int(needle in aux["doc_idx"][0].tolist())

@@ -251,7 +251,7 @@ def _fetching_job(settings: Any, study_id: int, header: str) -> Held:
     """Return the running job of this study that the header names; 403 unless there is one."""
     job_id, _, token = header.partition(":")
     held = None
-    if job_id.isdigit() and 0 < int(job_id) <= MAX_ID and token:
+    if job_id.isascii() and job_id.isdecimal() and 0 < int(job_id) <= MAX_ID and token:
         with contextlib.suppress(HTTPException):
             held = _held(settings, int(job_id), token)
     if held is None or held.study_id != study_id:
