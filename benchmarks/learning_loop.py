@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
 from backend.core import db
-from backend.core.config import Settings
+from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.models import LearningJob
 from backend.engine import learning
+
+sys.path.insert(0, str(PROJECT_ROOT))
 from tests.learning_fixtures import tiny_model, tiny_tokenizer
 
 TASKS = [
