@@ -14,7 +14,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from backend.api.main import create_app
-from backend.core.config import PROJECT_ROOT
+from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.security import create_token
 from tests.conftest import Service, sqlite_service, wait_for
 from tests.learning_fixtures import records, tiny_model, tiny_tokenizer
@@ -40,10 +40,7 @@ def wait_done(client: TestClient, headers: dict[str, str], job_id: int) -> dict[
 def test_distillation_job_runs_on_the_gpu_queue_with_events_and_an_artifact(
     gpu_queue: Service, tmp_path: Path
 ) -> None:
-    tok = tiny_tokenizer()
-    model_dir = tmp_path / "tiny-lm"
-    tiny_model(len(tok), dtype=torch.float32).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
+    model_dir = tiny_model_dir(tmp_path)
     data = tmp_path / "trajectories.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records()))
     settings = gpu_queue.settings
@@ -143,6 +140,15 @@ sys.exit(f"wrong: the answer is 4, not {answer[:20]!r} (home {os.environ.get('HO
 """
 
 
+def run_job(settings: Settings, kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Queue a learning job over the API as an operator and return it once it ended."""
+    headers = {"Authorization": f"Bearer {create_token(settings, ['operator'], 'learn')}"}
+    with TestClient(create_app(settings)) as client:
+        made = client.post("/api/v1/learning/jobs", headers=headers, json={"kind": kind, "params": params})
+        assert made.status_code == 201, made.text
+        return wait_done(client, headers, made.json()["id"])
+
+
 def tiny_model_dir(tmp_path: Path) -> Path:
     tok = tiny_tokenizer()
     model_dir = tmp_path / "tiny-lm"
@@ -160,17 +166,10 @@ def test_on_policy_sdpo_rounds_sample_check_in_the_sandbox_and_distil(
         json.dumps({"prompt": "add two and two:", "check": "python3 check.py", "files": {"check.py": CHECK}}) + "\n"
         + json.dumps({"prompt": "write 4:", "check": "grep -q 4 out.txt", "answer_file": "out.txt"}) + "\n"
     )  # fmt: skip
-    settings = gpu_queue.settings
-    headers = {"Authorization": f"Bearer {create_token(settings, ['operator'], 'learn')}"}
     params = {"model": str(model_dir), "tasks": str(tasks), "on_policy": True, "rounds": 3, "samples": 4,
               "steps": 4, "batch_size": 4, "max_new_tokens": 12, "lr": 3e-3, "beta": 0.5, "support": "full",
               "max_tokens": 256}  # fmt: skip
-    with TestClient(create_app(settings)) as client:
-        made = client.post(
-            "/api/v1/learning/jobs", headers=headers, json={"kind": "distill", "params": params}
-        )
-        assert made.status_code == 201, made.text
-        job = wait_done(client, headers, made.json()["id"])
+    job = run_job(gpu_queue.settings, "distill", params)
     assert job["status"] == "done", job["error"]
     rounds = [e["payload"] for e in job["events"] if e["type"] == "learning.progress"]
     assert [r["round"] for r in rounds] == [1, 2, 3]
@@ -229,15 +228,8 @@ def test_canon_and_opsa_jobs_run_on_the_gpu_queue(gpu_queue: Service, tmp_path: 
 
 
 def test_a_trained_router_finds_the_needle_on_documents_it_never_saw(gpu_queue: Service) -> None:
-    settings = gpu_queue.settings
-    headers = {"Authorization": f"Bearer {create_token(settings, ['operator'], 'learn')}"}
     params = {"docs": 32, "doc_len": 64, "pool": 16, "top_k": 2, "trials": 32, "steps": 200, "lr": 3e-3}
-    with TestClient(create_app(settings)) as client:
-        made = client.post(
-            "/api/v1/learning/jobs", headers=headers, json={"kind": "sparse_train", "params": params}
-        )
-        assert made.status_code == 201, made.text
-        job = wait_done(client, headers, made.json()["id"])
+    job = run_job(gpu_queue.settings, "sparse_train", params)
     assert job["status"] == "done", job["error"]
     result = job["result"]
     # A fresh layer's routers are random: recall near chance (k/N); trained, well above it.
