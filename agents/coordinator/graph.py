@@ -3,12 +3,14 @@
 The graph holds only ids; every fact lives behind the ports, which reach each node through the
 run context (`CoordinatorContext`, passed as `context=` to every `invoke`, resumes included).
 Nodes that wait do so with `interrupt()`: `await_jobs` (resumed with the finished job ids; `wait`
-for experiments, and `start` and `gate` where the sealed evaluations run as jobs), `approve`
+for experiments and a gate job, and `start` for the baseline where it runs as a job), `approve`
 (resumed with `{"approved": bool, "by": str, "reason": str}`) and `paused`.
 
-A gate pass in approve mode does not stop the study: the node's approval opens (`awaiting`) and
-the study explores on the current trunk; `observe` applies the decision when it comes, and a
-`wait` for jobs is resumed (with no finished job) as soon as the decision is there. Only when
+Where the sealed gate runs as a job, the study does not stop for it: the candidate is `gating`
+while its job runs beside the next experiments (one sealed query at a time), and `wait` goes
+back to `gate` to read the verdict when the job ends. Nor does a gate pass in approve mode: the
+node's approval opens (`awaiting`) and the study explores on the current trunk; `observe`
+applies the decision when it comes, and a `wait` for jobs is resumed (with no finished job) as soon as the decision is there. Only when
 there is nothing else to do (budget spent, frontier empty) does `approve` wait for the human.
 """
 
@@ -75,9 +77,13 @@ def observe(
         ):
             return Command(goto="observe")  # a decision came in just now: apply it first
         storage.cancel_active(sid)
-        return Command(
-            update={"stop_reason": "stopped by user", "pending": [], "awaiting": None}, goto="finish"
-        )
+        stopped: dict[str, Any] = {
+            "stop_reason": "stopped by user",
+            "pending": [],
+            "awaiting": None,
+            "gate_job": None,
+        }
+        return Command(update={**stopped, "gating": None}, goto="finish")
     if study.status == "paused":
         interrupt({"kind": "paused", "study_id": sid})
         return Command(goto="observe")
@@ -94,7 +100,7 @@ def observe(
     elif study.plateau_level >= plateau.PlateauLevel.STOP:
         reason = f"plateau: {study.spec.plateau.stop} experiments without improvement"
     if reason:
-        if pending:
+        if pending or state.get("gate_job") is not None:
             return Command(goto="wait")
         if awaiting is not None:  # the last thing left to do
             return Command(update={"stop_reason": reason, "awaiting": awaiting}, goto="approve")
@@ -164,7 +170,7 @@ def select(
     chosen = retries + selection.select(tree_of(records), slots - len(retries), cfg, state.get("round_no", 0))
     if chosen:
         return Command(update={"selected": chosen}, goto="dispatch")
-    if pending:
+    if pending or state.get("gate_job") is not None:
         return Command(goto="wait")
     if state.get("awaiting") is not None:
         return Command(goto="approve")  # nothing left to explore: the open approval decides what follows
@@ -186,26 +192,30 @@ def dispatch(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> C
     return Command(update={"pending": pending, "selected": []}, goto="wait")
 
 
-def wait(state: CoordinatorState) -> Command[Literal["integrate", "observe"]]:
-    """Interrupt until some pending jobs finish (or an open approval is decided); go to integrate or observe."""
+def wait(state: CoordinatorState) -> Command[Literal["integrate", "gate", "observe"]]:
+    """Interrupt until some jobs finish (or an open approval is decided); go to integrate, gate or observe."""
     pending = _active_jobs(state)
-    if not pending:
+    gate_job = state.get("gate_job")
+    watched = pending + ([gate_job] if gate_job is not None else [])
+    if not watched:
         return Command(goto="observe")
     finished = interrupt(
         {
             "kind": "await_jobs",
             "study_id": state["study_id"],
-            "jobs": pending,
+            "jobs": watched,
             "approval": state.get("awaiting"),
         }
     )
     done = [j for j in finished if j in pending]
-    if not done:
-        return Command(goto="observe")  # a decision, a stop or a pause: observe acts on it
-    return Command(
-        update={"finished": done, "pending": [j for j in pending if j not in done]},
-        goto="integrate",
-    )
+    update: dict[str, Any] = {"pending": [j for j in pending if j not in done]}
+    if gate_job is not None and gate_job in finished:
+        update["gate_job"] = None  # integrate, if it runs first, hands over to gate
+    if done:
+        return Command(update={**update, "finished": done}, goto="integrate")
+    if "gate_job" in update:
+        return Command(update=update, goto="gate")
+    return Command(goto="observe")  # a decision, a stop or a pause: observe acts on it
 
 
 def integrate(
@@ -266,8 +276,13 @@ def integrate(
     accepted = frozenset([*index.by_status.get(NodeStatus.MERGED, {}), *index.by_decision.get("accept", {})])
     storage.save_state(sid, policy.update_state(istate.to_dict(), recent, numbers, accepted), int(level))
     study = storage.study(sid)
-    # One approval open at a time: trunk cannot move under it, so its tested merge stays valid.
-    cands = gate_candidates(study, storage.nodes(sid)) if state.get("awaiting") is None else []
+    # One approval open and one sealed query at a time: trunk cannot move under either, so a
+    # tested merge stays valid.
+    if state.get("awaiting") is not None or state.get("gate_job") is not None:
+        return Command(update={"finished": []}, goto="observe")
+    if state.get("gating") is not None:
+        return Command(update={"finished": []}, goto="gate")  # its job has ended: read the verdict
+    cands = gate_candidates(study, storage.nodes(sid))
     if cands:
         return Command(update={"candidates": cands, "finished": []}, goto="gate")
     return Command(update={"candidates": [], "finished": []}, goto="observe")
@@ -278,11 +293,16 @@ def gate(
 ) -> Command[Literal["gate", "merge", "observe"]]:
     """Gate the best still-eligible candidate; merge it (auto) or open its approval, then observe.
 
-    Where the sealed evaluation runs as a job, wait for it and come back to read its verdict.
+    Where the sealed evaluation runs as a job, the candidate is `gating` and the study explores
+    on while it runs; `wait` comes back here to read the verdict once the job has ended.
     """
     storage, gatekeeper = runtime.context.storage, runtime.context.gatekeeper
     sid = state["study_id"]
     cands = list(state.get("candidates", []))
+    gating = state.get("gating")
+    if gating is not None:  # its job has ended: its verdict first, then whoever became eligible meanwhile
+        cands = [gating, *[c for c in gate_candidates(storage.study(sid), storage.nodes(sid)) if c != gating]]
+    done: dict[str, Any] = {"candidates": [], "gate_node": None, "gating": None, "gate_job": None}
     while cands:
         study = storage.study(sid)
         if study.status == "stopping":
@@ -290,22 +310,21 @@ def gate(
         records = storage.nodes(sid)
         opened = open_approval(records) if study.spec.gate.mode == "approve" else None
         if opened is not None:  # a replayed step: the approval it opened before a crash stays the one
-            return Command(update={"candidates": [], "gate_node": None, "awaiting": opened}, goto="observe")
+            return Command(update={**done, "awaiting": opened}, goto="observe")
         node_id = cands.pop(0)
         still = gate_candidates(study, records)
         if node_id not in still:
             continue
         outcome = gatekeeper.gate(sid, node_id)
         if isinstance(outcome, Pending):
-            interrupt({"kind": "await_jobs", "study_id": sid, "jobs": [outcome.job_id]})
-            # A fresh step reads the verdict: each run of a node interrupts at most once.
-            return Command(update={"candidates": [node_id, *cands]}, goto="gate")
+            update = {"candidates": [node_id, *cands], "gating": node_id, "gate_job": outcome.job_id}
+            return Command(update=update, goto="observe")
         if outcome:
             if study.spec.gate.mode == "auto":
-                return Command(update={"candidates": [], "gate_node": node_id}, goto="merge")
+                return Command(update={**done, "gate_node": node_id}, goto="merge")
             gatekeeper.await_approval(sid, node_id)
-            return Command(update={"candidates": [], "gate_node": None, "awaiting": node_id}, goto="observe")
-    return Command(update={"candidates": [], "gate_node": None}, goto="observe")
+            return Command(update={**done, "awaiting": node_id}, goto="observe")
+    return Command(update=done, goto="observe")
 
 
 def approve(

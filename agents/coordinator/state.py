@@ -13,6 +13,8 @@ class CoordinatorState(TypedDict, total=False):
     finished: list[int]  # job ids reported done by the last wait
     candidates: list[int]  # node ids eligible for the gate, best first
     gate_node: int | None
+    gating: int | None  # the candidate whose sealed gate job runs while the study explores on
+    gate_job: int | None  # that job, until it finishes (then `gate` reads the verdict)
     awaiting: int | None  # a gate-passed node whose approval is open while the study explores on
     approved_by: str  # who approved the gate node ("auto" in auto mode)
     stop_reason: str

@@ -9,7 +9,7 @@ from langgraph.types import Command
 
 from agents.coordinator.configuration import CoordinatorContext
 from agents.coordinator.graph import build_graph
-from agents.coordinator.ports import Integration, NodeRecord, StudyView
+from agents.coordinator.ports import Integration, NodeRecord, Pending, StudyView
 from agents.policies.base import IdeationInput, NodeEvidence, Proposal
 from agents.policies.search import SearchPolicy
 from agents.spec import parse_spec
@@ -275,6 +275,95 @@ def test_auto_mode_merges_without_asking_and_gate_failures_do_not_merge() -> Non
     drive(failing, {})
     assert failing.trunk == "c0" and not any(e.startswith("merged") for e in failing.events)
     assert any(n["gated"] and n["status"] == "rejected" for n in failing.rows.values())
+
+
+class GateJobs(Memory):
+    """The same double, with each gate run as a job whose verdict is read when the job ends."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.spec = parse_spec(
+            tiny_files(mode=kw.get("mode", "auto"), experiments=kw.get("experiments", 6))[
+                "grove.toml"
+            ].replace("parallel = 2", "parallel = 1")
+        )
+        self.gate_jobs: dict[int, int] = {}  # gate job -> node
+        self.verdicts: dict[int, bool] = {}  # node -> verdict, once its gate job has ended
+        self.running: list[tuple[str, int]] = []  # what was running each time a job ended
+
+    def gate(self, study_id: int, node_id: int) -> bool | Pending:  # type: ignore[override]
+        if node_id in self.verdicts:
+            return super().gate(study_id, node_id)
+        job = next((j for j, n in self.gate_jobs.items() if n == node_id), None)
+        if job is None:
+            job = 1000 + len(self.gate_jobs)
+            self.gate_jobs[job] = node_id
+            self.events.append(f"gate job for n{node_id}")
+        return Pending(job)
+
+    def complete(self, job_id: int) -> None:
+        if job_id in self.gate_jobs:
+            self.verdicts[self.gate_jobs[job_id]] = self.gate_passes
+        else:
+            super().complete(job_id)
+
+
+def drive_jobs(mem: GateJobs) -> None:
+    """Run the graph to the end, finishing the oldest watched job at each wait; note what ran beside it."""
+    graph = build_graph().compile(checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "t"}}
+    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
+    inp: Any = {"study_id": 1}
+    for _ in range(200):
+        out = graph.invoke(inp, cfg, context=ctx, durability="sync", version="v2")
+        if not out.interrupts:
+            return
+        intr = out.interrupts[0]
+        jobs = list(intr.value["jobs"])
+        mem.running.append(tuple(jobs))  # type: ignore[arg-type]
+        first = min(jobs)  # experiments (100+) before the gate job (1000+) they run beside
+        mem.complete(first)
+        inp = Command(resume={intr.id: [first]})
+    raise AssertionError("the graph did not finish")
+
+
+def test_experiments_run_while_a_gate_job_runs_and_its_verdict_is_acted_on_when_it_ends() -> None:
+    mem = GateJobs(mode="auto", experiments=6)
+    drive_jobs(mem)
+    assert mem.gate_jobs, "no gate ran"
+    # With one experiment slot, an experiment ran beside each gate job (it is not an experiment).
+    beside = [w for w in mem.running if any(j >= 1000 for j in w) and any(j < 1000 for j in w)]
+    assert beside and all(len([j for j in w if j < 1000]) <= 1 for w in mem.running)
+    # One sealed query at a time, each verdict read once its job ended, and the pass merged.
+    assert all(len([j for j in w if j >= 1000]) <= 1 for w in mem.running)
+    assert set(mem.verdicts) == set(mem.gate_jobs.values())
+    assert "merged by auto" in mem.events and mem.trunk != "c0"
+    merged = [n for n in mem.rows.values() if n["status"] == "merged" and n["parent"] is not None]
+    assert {n["id"] for n in merged} <= set(mem.verdicts)
+    assert mem.events[-1] == "finished: experiment budget spent (6)"
+
+
+def test_a_stop_while_a_gate_job_runs_finishes_the_study() -> None:
+    mem = GateJobs(mode="auto", experiments=10)
+    graph = build_graph().compile(checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "t"}}
+    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
+    out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
+    for _ in range(50):
+        intr = out.interrupts[0]
+        if any(j >= 1000 for j in intr.value["jobs"]):
+            break
+        first = intr.value["jobs"][0]
+        mem.complete(first)
+        out = graph.invoke(
+            Command(resume={intr.id: [first]}), cfg, context=ctx, durability="sync", version="v2"
+        )
+    else:
+        raise AssertionError("no gate job started")
+    mem.status = "stopping"
+    out = graph.invoke(Command(resume={intr.id: []}), cfg, context=ctx, durability="sync", version="v2")
+    assert not out.interrupts and mem.events[-1] == "finished: stopped by user"
+    assert not any(e.startswith("merged") for e in mem.events)
 
 
 def test_user_stop_cancels_and_finishes() -> None:
