@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import os
 import posixpath
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -45,6 +46,9 @@ SAFE_CONFIG = (
 )
 # The only variables of Grove's own environment a git command sees: the operator's, for reaching
 # remotes (proxies, CA bundles, ssh agent and command).
+_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_FILES: dict[tuple[str, str], tuple[str, ...]] = {}  # (repository, commit) -> its files, newest last
+
 KEEP_ENV = (
     "PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SSH_AUTH_SOCK", "GIT_SSH_COMMAND",
     "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy",
@@ -150,7 +154,15 @@ class Repo:
 
     def files_at(self, ref: str) -> list[str]:
         """Return every file path at a commit."""
-        return [p for p in self.git("ls-tree", "-r", "--name-only", "-z", ref).split("\0") if p]
+        key = (str(self.path), ref)
+        if key in _FILES:
+            return list(_FILES[key])
+        files = [p for p in self.git("ls-tree", "-r", "--name-only", "-z", ref).split("\0") if p]
+        if _SHA.fullmatch(ref):  # a commit id names the same tree forever; a branch does not
+            _FILES[key] = tuple(files)
+            while len(_FILES) > 64:
+                _FILES.pop(next(iter(_FILES)))
+        return files
 
     def read_at(self, ref: str, path: str) -> str:
         """Return a file's text at a commit."""
@@ -223,16 +235,34 @@ class Repo:
             self._remove_worktree_locked(path)
 
     def _remove_worktree_locked(self, path: Path) -> None:
-        listed = {w["worktree"] for w in self.worktrees()}
-        registered = str(path.resolve()) in listed or str(path) in listed
+        registered, removed = self._registered(path), False
         if registered:
-            self.git("worktree", "unlock", str(path), check=False)
-            self.git("worktree", "remove", "--force", "--force", str(path), check=False)
+            try:  # twice forced: locked, dirty or not, it goes, with its records
+                self.git("worktree", "remove", "--force", "--force", str(path))
+                removed = True
+            except GitError:
+                pass  # what is left is deleted and pruned below
         existed = path.exists()
         if existed:
             shutil.rmtree(path, ignore_errors=True)
-        if registered or existed:
+        if (registered and not removed) or existed:
             self.git("worktree", "prune", "--expire=now")
+
+    def _registered(self, path: Path) -> bool:
+        """Return whether git has a worktree at `path`, from its own records (no git process)."""
+        admin = self.path / ".git" / "worktrees"
+        wanted = {str(path / ".git"), str(path.resolve() / ".git")}
+        try:
+            entries = list(admin.iterdir())
+        except OSError:
+            return False
+        for entry in entries:
+            try:
+                if (entry / "gitdir").read_text().strip() in wanted:
+                    return True
+            except OSError:
+                continue
+        return False
 
     def worktrees(self) -> list[dict[str, str]]:
         """Return `git worktree list --porcelain` as dicts (the main one excluded)."""

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 
@@ -87,6 +88,31 @@ def test_concurrent_worktree_creation_is_serialised(tmp_path: Path, tiny_repo: P
     assert errors == []
     assert len(repo.worktrees()) == 12
     assert all((tmp_path / "wts" / f"n{i}" / "eval.py").exists() for i in range(12))
+
+
+def test_a_worktree_is_removed_and_recreated_whatever_state_it_was_left_in(
+    tmp_path: Path, tiny_repo: Path
+) -> None:
+    repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
+    base = repo.rev("main")
+    path = tmp_path / "wts" / "n1"
+    repo.add_worktree(path, "grove/t/n1", base, reason="job 1")
+    (path / "config.toml").write_text("[knob]\nx = 3\n")  # dirty, and locked by add_worktree
+    (path / "scratch").mkdir()
+    repo.remove_worktree(path)
+    assert not path.exists() and repo.worktrees() == []
+    assert repo.branch_exists("grove/t/n1")  # the branch stays
+    # Its folder deleted behind git's back: git's record of it goes too, and the path can be reused.
+    repo.add_worktree(path, "grove/t/n1", base, reason="job 2")
+    git("rm", "-rfq", "--cached", ".", cwd=path)  # a worktree a crashed job left half-changed
+    shutil.rmtree(path)
+    assert len(repo.worktrees()) == 1
+    repo.add_worktree(path, "grove/t/n1", base, reason="job 3")
+    assert [w["worktree"] for w in repo.worktrees()] == [str(path.resolve())]
+    assert (path / "eval.py").exists() and "x = 0" in (path / "config.toml").read_text()
+    repo.remove_worktree(path)
+    repo.remove_worktree(path)  # twice is harmless
+    assert repo.worktrees() == [] and not path.exists()
 
 
 def test_janitor_removes_stale_worktrees(settings: Settings, tiny_repo: Path) -> None:
