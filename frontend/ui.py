@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import streamlit as st
-import streamlit.components.v1 as components
+from streamlit import components
 
 from client import ApiError, Forbidden, Grove, Unauthorized, Unreachable, from_env
 
@@ -76,10 +76,28 @@ def connection() -> tuple[str, str]:
     return st.session_state.api_url, st.session_state.token
 
 
+# Writes the session cookie in the page itself (not in an iframe that a reload or rerun can drop
+# before its script runs), then says so: the sentence shows only once the browser holds the cookie.
+_KEEP_IN_BROWSER = components.v2.component(
+    "grove_keep_sign_in",
+    html="<small class='kept'></small>",
+    js="""
+export default function ({ data, parentElement }) {
+  document.cookie = data.cookie;
+  const held = document.cookie.split("; ").includes(data.pair);
+  parentElement.querySelector(".kept").textContent = held
+    ? "This browser stays signed in across reloads."
+    : "This browser refused the sign-in cookie: a reload signs out.";
+}
+""",
+)
+
+
 def sign_in(api: str, token: str) -> None:
     """Use this API and token for the session, and keep them for this browser across reloads.
 
     The token stays in the dashboard's process: the browser's cookie holds only a random id.
+    The page says "This browser stays signed in across reloads." once the cookie is written.
     """
     st.session_state.api_url, st.session_state.token = api, token
     kept = _signed_in()
@@ -88,11 +106,10 @@ def sign_in(api: str, token: str) -> None:
         del kept[sid]
     sid = secrets.token_urlsafe(32)
     kept[sid] = (api, token, now + SIGN_IN_DAYS * 86400)
-    # A component's frame shares the page's origin, so its script can set the page's cookie.
-    components.html(
-        f"<script>window.parent.document.cookie = "
-        f"'{COOKIE}={sid}; Path=/; Max-Age={SIGN_IN_DAYS * 86400}; SameSite=Strict';</script>",
-        height=0,
+    pair = f"{COOKIE}={sid}"
+    _KEEP_IN_BROWSER(
+        key="keep_sign_in",
+        data={"pair": pair, "cookie": f"{pair}; Path=/; Max-Age={SIGN_IN_DAYS * 86400}; SameSite=Strict"},
     )
 
 

@@ -35,11 +35,10 @@ if st.button("Connect", key="connect", type="primary"):
         else:
             st.error(str(exc))
     else:
-        ui.sign_in(new_api.rstrip("/"), chosen)
         who = probe.whoami() if chosen else {"name": "anonymous", "roles": ["viewer"]}
         st.success(
-            f"Connected to {new_api} as {who['name']} ({', '.join(who['roles'])}): {n} studies visible. "
-            "This browser stays signed in across reloads."
+            f"Connected to {new_api} as {who['name']} ({', '.join(who['roles'])}): {n} studies visible."
         )
+        ui.sign_in(new_api.rstrip("/"), chosen)  # then says whether this browser keeps the sign-in
     finally:
         probe.close()

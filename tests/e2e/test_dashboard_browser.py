@@ -277,6 +277,10 @@ def test_a_reload_keeps_a_viewer_sign_in(stack: dict[str, str], browser: Browser
             page.get_by_role("button", name="Connect").click()
             try:
                 expect(page.get_by_text("as vera (viewer)").first).to_be_visible(timeout=10_000)
+                # Shown by the page's script only once the browser holds the session cookie.
+                expect(page.get_by_text("This browser stays signed in across reloads.")).to_be_visible(
+                    timeout=10_000
+                )
             except AssertionError:
                 return False
             return True
