@@ -144,27 +144,47 @@ def scrubbed_env(extra: Mapping[str, str] | None = None, passthrough: tuple[str,
     return env
 
 
-def _limiter(limits: Limits):  # type: ignore[no-untyped-def]
-    def apply() -> None:
-        def cap(kind: int, value: int) -> None:
-            _, hard = resource.getrlimit(kind)
-            if hard != resource.RLIM_INFINITY:
-                value = min(value, hard)
-            resource.setrlimit(kind, (value, value))
+def _rlimits(limits: Limits) -> list[tuple[int, str, int]]:
+    """Return the resource limits of a run as (resource, prlimit name, value), within the hard ones."""
+    mib = 1024 * 1024
+    wanted = [
+        (resource.RLIMIT_CPU, "cpu", limits.cpu_seconds or 0),
+        (resource.RLIMIT_AS, "as", (limits.memory_mb or 0) * mib),
+        (resource.RLIMIT_FSIZE, "fsize", (limits.file_size_mb or 0) * mib),
+        (resource.RLIMIT_NPROC, "nproc", limits.processes or 0),
+    ]
+    out = [(kind, name, value) for kind, name, value in wanted if value]
+    out.append((resource.RLIMIT_CORE, "core", 0))
+    capped = []
+    for kind, name, value in out:
+        _, hard = resource.getrlimit(kind)
+        capped.append((kind, name, min(value, hard) if hard != resource.RLIM_INFINITY else value))
+    return capped
 
+
+def _limiter(limits: Limits):  # type: ignore[no-untyped-def]
+    caps = _rlimits(limits)
+
+    def apply() -> None:
         with contextlib.suppress(OSError):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if limits.cpu_seconds:
-            cap(resource.RLIMIT_CPU, limits.cpu_seconds)
-        if limits.memory_mb:
-            cap(resource.RLIMIT_AS, limits.memory_mb * 1024 * 1024)
-        if limits.file_size_mb:
-            cap(resource.RLIMIT_FSIZE, limits.file_size_mb * 1024 * 1024)
-        if limits.processes:
-            cap(resource.RLIMIT_NPROC, limits.processes)
-        cap(resource.RLIMIT_CORE, 0)
+        for kind, _, value in caps:
+            resource.setrlimit(kind, (value, value))
 
     return apply
+
+
+def _prlimit_argv(limits: Limits) -> list[str] | None:
+    """Return `prlimit` with the run's limits, to exec bwrap under; None where there is no prlimit.
+
+    Setting them this way lets the child start without running Python code after the fork (no
+    `preexec_fn`), so a large worker process spawns it cheaply; bwrap's `--die-with-parent`
+    does what the pre-exec hook's parent-death signal did.
+    """
+    tool = shutil.which("prlimit")
+    if tool is None:
+        return None
+    return [tool, *(f"--{name}={value}:{value}" for _, name, value in _rlimits(limits)), "--"]
 
 
 class _Capture(threading.Thread):
@@ -683,8 +703,11 @@ def _run(
                 keep.append(seccomp_fd)
             argv = _bwrap_argv(iso, limits, tree, exchange, inner, uid, readonly, seccomp_fd, info_w)
             stdin: int = status_w
+            prlimit = _prlimit_argv(limits)
+            if prlimit is not None:
+                argv = [*prlimit, *argv]
         else:
-            argv, stdin = inner, subprocess.DEVNULL
+            argv, stdin, prlimit = inner, subprocess.DEVNULL, None
         baseline = usage(tree, exchange) if disk_base is None and limits.disk_mb else disk_base or 0
         started = time.monotonic()
         proc = subprocess.Popen(
@@ -695,7 +718,7 @@ def _run(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=_limiter(limits),
+            preexec_fn=_limiter(limits) if prlimit is None else None,
             pass_fds=tuple(keep),
         )
     except BaseException:

@@ -117,6 +117,18 @@ def test_writes_outside_the_tree_fail_or_stay_in_the_box(settings: Settings, tmp
         assert not t.exists(), t
 
 
+def test_the_boxed_command_runs_under_every_resource_limit(tmp_path: Path) -> None:
+    res = box(
+        "for f in t v f c p; do echo $f $(ulimit -H -$f) $(ulimit -S -$f); done",
+        tmp_path, cpu_seconds=7, memory_mb=300, file_size_mb=3, processes=33,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.stderr_tail
+    got = {line.split()[0]: line.split()[1:] for line in res.stdout_tail.splitlines()}
+    # The shell prints -v in KiB and -f in 512-byte blocks; soft and hard limits are the same.
+    want = {"t": "7", "v": str(300 * 1024), "f": str(3 * 2048), "c": "0", "p": "33"}
+    assert got == {k: [v, v] for k, v in want.items()}
+
+
 def test_fork_bomb_and_process_flood_are_contained(tmp_path: Path) -> None:
     marker = f"50{uuid.uuid4().int % 10**6}"
     res = box(f"for i in $(seq 300); do sleep {marker} & done; wait", tmp_path, timeout=5, processes=40)
