@@ -67,6 +67,9 @@ def checkpointer(settings: Settings) -> Iterator[Any]:
     settings.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
     with closing(sqlite3.connect(settings.checkpoint_path, check_same_thread=False, timeout=30)) as conn:
         conn.execute("PRAGMA busy_timeout=30000")
+        # Like Grove's database: a write-ahead log, synced at checkpoints (a step writes several).
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
         saver = SqliteSaver(conn)
         saver.setup()
         yield saver
