@@ -226,7 +226,8 @@ def integrate(
     sid = state["study_id"]
     study = storage.study(sid)
     node_ids = set(storage.job_nodes(state.get("finished", [])).values())
-    records = {r.evidence.id: r for r in storage.nodes(sid)}
+    latest = storage.nodes(sid)  # read again only after this step's own writes to the nodes
+    records = {r.evidence.id: r for r in latest}
     istate = ImprovementState.from_dict(study.improvement_state)
     for node_id in sorted(node_ids):
         rec = records[node_id]
@@ -237,20 +238,24 @@ def integrate(
         result = integrate_one(study, rec, policy, istate, records, config)
         storage.record(sid, result)
         storage.event(sid, "node.integrated", node_id, {"status": result.status})
-        records = {r.evidence.id: r for r in storage.nodes(sid)}
+        latest = storage.nodes(sid)
+        records = {r.evidence.id: r for r in latest}
         if rec.evidence.failure.startswith("BudgetExhausted:"):  # a call the budget could not cover
             storage.event(sid, "budget.exhausted", node_id, {"reason": rec.evidence.failure})
             storage.pause(sid, rec.evidence.failure.removeprefix("BudgetExhausted: "))
     metric = study.spec.objective.metric
     for node_id in sorted(node_ids):
-        current = storage.nodes(sid)
+        current = latest
         ev = {r.evidence.id: r.evidence for r in current}
 
         def synth(anc: TreeNode, kids: list[TreeNode], ev: dict[int, NodeEvidence] = ev) -> str:
             return policy.synthesize(ev[anc.id], [ev[k.id] for k in kids], metric)
 
-        storage.add_insights(sid, backpropagate(tree_of(current), node_id, synth))
-    records_list = storage.nodes(sid)
+        updates = backpropagate(tree_of(current), node_id, synth)
+        if updates:
+            storage.add_insights(sid, updates)
+            latest = storage.nodes(sid)
+    records_list = latest
     index = index_of(records_list)
     tree = tree_of(records_list)
     completed = index.in_completion_order()
@@ -267,7 +272,8 @@ def integrate(
         )
         if level >= plateau.PlateauLevel.CHANGE:
             istate.concern("plateau: change approach, explore new directions")
-    for pr in pruning.exhausted(tree, config.prune_window, min_gain):
+    pruned = pruning.exhausted(tree, config.prune_window, min_gain)
+    for pr in pruned:
         storage.prune(sid, pr.node_id, pr.reason, pr.lesson)
         istate.concern(f"pruned n{tree.nodes[pr.node_id].number}: {pr.reason}")
     istate.next_plan = next_plan(records_list, level)
@@ -282,7 +288,7 @@ def integrate(
         return Command(update={"finished": []}, goto="observe")
     if state.get("gating") is not None:
         return Command(update={"finished": []}, goto="gate")  # its job has ended: read the verdict
-    cands = gate_candidates(study, storage.nodes(sid))
+    cands = gate_candidates(study, storage.nodes(sid) if pruned else records_list)
     if cands:
         return Command(update={"candidates": cands, "finished": []}, goto="gate")
     return Command(update={"candidates": [], "finished": []}, goto="observe")

@@ -282,9 +282,12 @@ class Repo:
     def commit_all(self, worktree: Path, message: str) -> str | None:
         """Stage everything in a worktree and commit; return the new commit or None if clean."""
         git("add", "-A", cwd=worktree)
-        if not git("status", "--porcelain", "--ignore-submodules=all", cwd=worktree).strip():
-            return None
-        git("commit", "-q", "--no-verify", "-m", message, cwd=worktree)
+        try:
+            git("commit", "-q", "--no-verify", "-m", message, cwd=worktree)
+        except GitError:
+            if not git("status", "--porcelain", "--ignore-submodules=all", cwd=worktree).strip():
+                return None  # nothing to commit
+            raise
         return git("rev-parse", "HEAD", cwd=worktree).strip()
 
     def merge_into(self, worktree: Path, branch: str, message: str) -> str:

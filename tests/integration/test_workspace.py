@@ -115,6 +115,22 @@ def test_a_worktree_is_removed_and_recreated_whatever_state_it_was_left_in(
     assert repo.worktrees() == [] and not path.exists()
 
 
+def test_commit_all_commits_every_change_and_nothing_when_clean(tmp_path: Path, tiny_repo: Path) -> None:
+    repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
+    base = repo.rev("main")
+    wt = repo.add_worktree(tmp_path / "wts" / "n1", "grove/t/n1", base)
+    assert repo.commit_all(wt, "nothing") is None and repo.rev("grove/t/n1") == base
+    (wt / "config.toml").write_text("[knob]\nx = 2\n")
+    (wt / "new.txt").write_text("new\n")
+    commit = repo.commit_all(wt, "edit")
+    assert commit is not None and commit == repo.rev("grove/t/n1") != base
+    assert sorted(repo.changed_files(base, commit)) == ["config.toml", "new.txt"]
+    assert repo.commit_all(wt, "again") is None
+    (wt / ".git").unlink()  # a worktree git no longer knows: the failure is an error, not "clean"
+    with pytest.raises(gitops.GitError):
+        repo.commit_all(wt, "broken")
+
+
 def test_janitor_removes_stale_worktrees(settings: Settings, tiny_repo: Path) -> None:
     with db.session(settings.db_url) as s:
         study = create_study(s, settings, tiny_files()["grove.toml"], str(tiny_repo))
