@@ -124,6 +124,26 @@ def preload() -> None:
         importlib.import_module(module)
 
 
+def warm_up() -> None:
+    """Ask a GP once on a small synthetic study, so a process's first GP step runs at full speed.
+
+    The first GP asks of a process are several times slower than the rest (torch's thread pool,
+    first kernel calls, scipy's quasi-random tables). Call it in the process that will ask: after
+    a fork, not before (a thread pool does not survive one).
+    """
+    if not gp_available():
+        return
+    dists: dict[str, BaseDistribution] = {"x": FloatDistribution(0.0, 1.0), "y": FloatDistribution(0.0, 1.0)}
+    study = optuna.create_study(sampler=make_sampler("gp", 0))
+    for i in range(12):
+        x, y = (i * 0.37) % 1.0, (i * 0.61) % 1.0
+        study.add_trial(create_trial(params={"x": x, "y": y}, distributions=dists, value=(x - 0.3) ** 2 + y))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            study.ask(dists)
+
+
 def resolve(name: SamplerName) -> SamplerName:
     """Return the sampler `name` stands for: `auto` is GP where torch and scipy are installed, else TPE."""
     if name == "auto":
@@ -197,22 +217,32 @@ def window(nodes: Sequence[NodeEvidence], maximize: bool) -> Sequence[NodeEviden
 def _trials(
     space: Space, nodes: Sequence[NodeEvidence], rules: Sequence[dict[str, Any]]
 ) -> list[optuna.trial.FrozenTrial]:
-    """Return one trial per node whose assignment lies in the space, oldest first."""
+    """Return one trial per node whose assignment lies in the space, oldest first.
+
+    Trials carry their constraint values only where some trial violates one: a constraint no
+    trial has violated teaches a sampler nothing, and the GP sampler fits a model per constraint.
+    """
     out = []
     dists = distributions(space)
-    for n in sorted(nodes, key=lambda n: n.id):
-        params = space.full({**space.base, **n.edits})
-        if not all(space.contains(k, v) for k, v in params.items()):
-            continue
+    measured: dict[int, dict[str, float]] = {}
+    for n in nodes:
         if n.dev_mean is not None and n.status != "failed" and math.isfinite(n.dev_mean):
             cons = constraint_values(rules, judged_metrics(rules, n))
             # Rejected although every constraint held: the sealed gate (or a human) turned it down,
             # which the coordinator may know. The region is not admissible.
             turned_down = n.status == "rejected" and all(v <= 0 for v in cons.values())
             cons[ADMITTED] = 1.0 if turned_down else -1.0
+            measured[n.id] = cons
+    binding = any(v > 0 for cons in measured.values() for v in cons.values())
+    for n in sorted(nodes, key=lambda n: n.id):
+        params = space.full({**space.base, **n.edits})
+        if not all(space.contains(k, v) for k, v in params.items()):
+            continue
+        if n.id in measured:
             trial = create_trial(
-                params=_params(params), distributions=dists, value=n.dev_mean, constraints=cons
-            )
+                params=_params(params), distributions=dists, value=n.dev_mean,
+                constraints=measured[n.id] if binding else None,
+            )  # fmt: skip
         elif n.status in PENDING:
             trial = create_trial(state=TrialState.RUNNING, params=_params(params), distributions=dists)
         elif n.status in ("failed", "rejected") and n.dev_mean is None:

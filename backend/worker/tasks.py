@@ -33,11 +33,15 @@ from backend.worker import remote
 from backend.worker.celery_app import app
 from backend.worker.dispatch import CeleryDispatcher, enqueue_advance
 
+_coordinating = False  # this worker consumes the coordinator queue (set before the pool forks)
+
 
 @celeryd_after_setup.connect
 def _after_setup(instance: object, **_: object) -> None:
+    global _coordinating
     queues = getattr(getattr(instance, "app", app).amqp.queues, "consume_from", None) or {}
     if "coordinator" in queues:
+        _coordinating = True
         # Once, before the pool forks: its processes share the modules (nothing runs on a GPU here).
         optuna_bridge.preload()
 
@@ -46,6 +50,8 @@ def _after_setup(instance: object, **_: object) -> None:
 def _init_process(**_: object) -> None:
     fanout.enable(get_settings().redis_url)
     pin_gpu()
+    if _coordinating:
+        optuna_bridge.warm_up()  # in each pool process: a study's first GP step is not slowed
 
 
 def pin_gpu() -> None:
