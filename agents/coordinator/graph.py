@@ -227,7 +227,7 @@ def integrate(
     study = storage.study(sid)
     node_ids = set(storage.job_nodes(state.get("finished", [])).values())
     latest = storage.nodes(sid)  # read again only after this step's own writes to the nodes
-    records = {r.evidence.id: r for r in latest}
+    records = index_of(latest).by_id  # read-only
     istate = ImprovementState.from_dict(study.improvement_state)
     for node_id in sorted(node_ids):
         rec = records[node_id]
@@ -239,7 +239,7 @@ def integrate(
         storage.record(sid, result)
         storage.event(sid, "node.integrated", node_id, {"status": result.status})
         latest = storage.nodes(sid)
-        records = {r.evidence.id: r for r in latest}
+        records = index_of(latest).by_id
         if rec.evidence.failure.startswith("BudgetExhausted:"):  # a call the budget could not cover
             storage.event(sid, "budget.exhausted", node_id, {"reason": rec.evidence.failure})
             storage.pause(sid, rec.evidence.failure.removeprefix("BudgetExhausted: "))
