@@ -42,11 +42,22 @@ class Tree:
         nodes = dict(self.nodes)
         kids = self._kids
         status = None if self._status is None else {k: dict(v) for k, v in self._status.items()}
+        copied: set[int | None] = set()  # parents whose child list this tree has its own copy of
         for n in changed:
             old = nodes.get(n.id)
             nodes[n.id] = n
             if kids is not None and (old is None or old.parent_id != n.parent_id):
-                kids = None  # the shape changed: index again on first use
+                siblings = kids.get(n.parent_id, [])
+                if old is None and (not siblings or siblings[-1] < n.id):
+                    if not copied:
+                        kids = dict(kids)
+                    if n.parent_id not in copied:
+                        siblings = list(siblings)
+                        kids[n.parent_id] = siblings
+                        copied.add(n.parent_id)
+                    siblings.append(n.id)  # a new node, the newest child of its parent
+                else:
+                    kids = None  # the shape changed otherwise: index again on first use
             if status is not None:
                 if old is not None:
                     status[old.status].pop(n.id, None)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -219,3 +220,39 @@ def test_an_updated_tree_reads_as_one_built_afresh() -> None:
     assert [n.status for n in base.children(1)] == [S.RUNNING, S.PROPOSED]  # the old view is unchanged
     same_shape = base.updated([node(3, 1, S.QUEUED)])
     assert [n.status for n in same_shape.children(1)] == [S.RUNNING, S.QUEUED]
+
+
+def test_many_updates_keep_every_view_equal_to_one_built_afresh() -> None:
+    rng = random.Random(7)
+    nodes = {1: node(1, None, S.MERGED)}
+    tree = Tree.of(nodes.values())
+    views: list[tuple[Tree, dict[int, TreeNode]]] = []
+    for step in range(300):
+        changed = []
+        for _ in range(rng.randint(1, 4)):
+            kind = rng.random()
+            if kind < 0.6 or len(nodes) < 3:  # a new node under any node; ids may arrive out of order
+                nid = max(nodes) + rng.choice([1, 1, 1, 2]) if rng.random() < 0.9 else max(nodes) + 5
+                if nid in nodes:
+                    continue
+                changed.append(node(nid, rng.choice(sorted(nodes)), S.PROPOSED))
+            elif kind < 0.9:  # a status change
+                nid = rng.choice(sorted(nodes)[1:])
+                changed.append(node(nid, nodes[nid].parent_id, rng.choice([S.RUNNING, S.EVALUATED])))
+            else:  # a node moved under another parent (a repaired row)
+                nid = rng.choice(sorted(nodes)[2:] or [2])
+                if nid in nodes and nodes[nid].parent_id is not None:
+                    changed.append(node(nid, rng.choice([1, *[i for i in nodes if i < nid]]), S.EVALUATED))
+        for n in changed:
+            nodes[n.id] = n
+        tree.children(1)  # indexed, so the update carries the index over
+        tree = tree.updated(changed)
+        fresh = Tree.of(nodes.values())
+        for nid in nodes:
+            assert tree.children(nid) == fresh.children(nid), (step, nid)
+        assert tree.with_status(S.PROPOSED) == fresh.with_status(S.PROPOSED)
+        if step % 50 == 0:
+            views.append((tree, dict(nodes)))
+    for old, snapshot in views:  # earlier views never see later changes
+        again = Tree.of(snapshot.values())
+        assert all(old.children(nid) == again.children(nid) for nid in snapshot)
