@@ -85,7 +85,7 @@ def run_experiment(site: Site, job_id: int, token: str) -> str:
                 "goal": spec.study.goal,
                 "metric": spec.objective.metric,
                 "direction": spec.objective.direction,
-                "insights": store.insights(),
+                "insights": store.insights() if spec.policy_kind == "llm" else [],  # only a model reads them
                 "trunk_dev": summary_of(study.trunk_dev),
                 "constraints": [constraint_text(c) for c in spec.constraints],
                 "reflections": store.reflections() if spec.policy_kind == "llm" else [],
