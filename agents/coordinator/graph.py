@@ -272,7 +272,12 @@ def integrate(
         )
         if level >= plateau.PlateauLevel.CHANGE:
             istate.concern("plateau: change approach, explore new directions")
-    pruned = pruning.exhausted(tree, config.prune_window, min_gain)
+    # Never the node whose gate job runs: its verdict is still to be read (and acted on).
+    pruned = [
+        pr
+        for pr in pruning.exhausted(tree, config.prune_window, min_gain)
+        if pr.node_id != state.get("gating")
+    ]
     for pr in pruned:
         storage.prune(sid, pr.node_id, pr.reason, pr.lesson)
         istate.concern(f"pruned n{tree.nodes[pr.node_id].number}: {pr.reason}")

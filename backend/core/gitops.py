@@ -245,6 +245,8 @@ class Repo:
         existed = path.exists()
         if existed:
             shutil.rmtree(path, ignore_errors=True)
+        if registered and not removed:
+            self.git("worktree", "unlock", str(path), check=False)  # a locked record is never pruned
         if (registered and not removed) or existed:
             self.git("worktree", "prune", "--expire=now")
 
@@ -258,10 +260,13 @@ class Repo:
             return False
         for entry in entries:
             try:
-                if (entry / "gitdir").read_text().strip() in wanted:
-                    return True
+                recorded = Path((entry / "gitdir").read_text().strip())
             except OSError:
                 continue
+            if not recorded.is_absolute():  # git's worktree.useRelativePaths
+                recorded = Path(os.path.normpath(entry / recorded))
+            if str(recorded) in wanted:
+                return True
         return False
 
     def worktrees(self) -> list[dict[str, str]]:
@@ -282,12 +287,9 @@ class Repo:
     def commit_all(self, worktree: Path, message: str) -> str | None:
         """Stage everything in a worktree and commit; return the new commit or None if clean."""
         git("add", "-A", cwd=worktree)
-        try:
-            git("commit", "-q", "--no-verify", "-m", message, cwd=worktree)
-        except GitError:
-            if not git("status", "--porcelain", "--ignore-submodules=all", cwd=worktree).strip():
-                return None  # nothing to commit
-            raise
+        if not git("status", "--porcelain", "--ignore-submodules=all", cwd=worktree).strip():
+            return None  # nothing, or only nested repositories, changed
+        git("commit", "-q", "--no-verify", "-m", message, cwd=worktree)
         return git("rev-parse", "HEAD", cwd=worktree).strip()
 
     def merge_into(self, worktree: Path, branch: str, message: str) -> str:

@@ -544,12 +544,12 @@ def record_verdict(
     values: list[float] | None = None,
     gain: float | None = None,
 ) -> None:
-    """Store a node's gate verdict with its event; a failed gate rejects the node."""
+    """Store a node's gate verdict with its event; a failed gate rejects the node (if nothing ended it first)."""
     node.gated, node.gate_reason, node.gate_commit = True, reason, commit
     node.heldout_values, node.heldout_gain = values or [], gain
     s.add(node)
     add_event(s, node.study_id, "node.gate_passed" if passed else "node.gate_failed", node.id, passed=passed)
-    if not passed:
+    if not passed and node.status == NodeStatus.EVALUATED:
         transition(s, node, NodeStatus.REJECTED, reason="held-out gate failed")
 
 

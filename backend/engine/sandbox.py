@@ -175,16 +175,18 @@ def _limiter(limits: Limits):  # type: ignore[no-untyped-def]
 
 
 def _prlimit_argv(limits: Limits) -> list[str] | None:
-    """Return `prlimit` with the run's limits, to exec bwrap under; None where there is no prlimit.
+    """Return the commands that exec bwrap with the run's limits; None where util-linux lacks them.
 
-    Setting them this way lets the child start without running Python code after the fork (no
-    `preexec_fn`), so a large worker process spawns it cheaply; bwrap's `--die-with-parent`
-    does what the pre-exec hook's parent-death signal did.
+    `setpriv --pdeathsig KILL` asks for the kill when Grove's process dies (what the pre-exec
+    hook did; bwrap's own `--die-with-parent` starts only once its box is set up), then
+    `prlimit` sets the limits. So the child starts without running Python code after the fork
+    (no `preexec_fn`), and a large worker process spawns it cheaply.
     """
-    tool = shutil.which("prlimit")
-    if tool is None:
+    setpriv, prlimit = shutil.which("setpriv"), shutil.which("prlimit")
+    if setpriv is None or prlimit is None:
         return None
-    return [tool, *(f"--{name}={value}:{value}" for _, name, value in _rlimits(limits)), "--"]
+    caps = (f"--{name}={value}:{value}" for _, name, value in _rlimits(limits))
+    return [setpriv, "--pdeathsig", "KILL", "--", prlimit, *caps, "--"]
 
 
 class _Capture(threading.Thread):

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -229,3 +231,33 @@ def test_a_run_is_reaped_through_a_pidfd_the_moment_it_exits(tmp_path: Path) -> 
         os.close(fd)
         proc.kill()
         proc.wait()
+
+
+def test_a_boxed_run_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    iso = BOXED  # (unboxed, only the shell dies with it: GROVE_SANDBOX=none is for trusted code)
+    marker = f"31{uuid.uuid4().int % 10**6}"
+    script = (  # the marker comes through the environment: the runner's own command line must not hold it
+        "import os; from pathlib import Path; from backend.engine import sandbox\n"
+        "sandbox.run('sleep ' + os.environ['MARK'], cwd=Path(os.environ['TREE']), output_dir=Path(os.environ['OUT']),\n"
+        "            limits=sandbox.Limits(timeout=600), isolation=sandbox.Isolation(mode=os.environ['MODE']))\n"
+    )
+    env = {
+        **os.environ,
+        "MARK": marker,
+        "TREE": str(tmp_path),
+        "OUT": str(tmp_path / "out"),
+        "MODE": iso.mode,
+    }
+    runner = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2], env=env
+    )
+    try:
+        wait_for(lambda: host_processes_with(f"sleep {marker}"), timeout=30)
+        assert runner.poll() is None
+        runner.send_signal(signal.SIGKILL)  # a worker killed: no timeout will watch the box any more
+        runner.wait(timeout=10)
+        wait_for(lambda: not host_processes_with(f"sleep {marker}"), timeout=10)
+    finally:
+        runner.kill()
+        for pid in host_processes_with(f"sleep {marker}"):
+            os.kill(pid, signal.SIGKILL)

@@ -120,15 +120,38 @@ def test_commit_all_commits_every_change_and_nothing_when_clean(tmp_path: Path, 
     base = repo.rev("main")
     wt = repo.add_worktree(tmp_path / "wts" / "n1", "grove/t/n1", base)
     assert repo.commit_all(wt, "nothing") is None and repo.rev("grove/t/n1") == base
+    git("init", "-q", "nested", cwd=wt)  # only a nested repository: nothing of this tree changed
+    git("commit", "-q", "--allow-empty", "-m", "x", cwd=wt / "nested")
+    assert repo.commit_all(wt, "a nested repository") is None
+    shutil.rmtree(wt / "nested")
+    git("reset", "-q", cwd=wt)
     (wt / "config.toml").write_text("[knob]\nx = 2\n")
     (wt / "new.txt").write_text("new\n")
     commit = repo.commit_all(wt, "edit")
     assert commit is not None and commit == repo.rev("grove/t/n1") != base
     assert sorted(repo.changed_files(base, commit)) == ["config.toml", "new.txt"]
     assert repo.commit_all(wt, "again") is None
-    (wt / ".git").unlink()  # a worktree git no longer knows: the failure is an error, not "clean"
+    (wt / "new.txt").write_text("newer\n")
+    lock = repo.path / ".git" / "refs" / "heads" / "grove" / "t" / "n1.lock"
+    lock.write_text("")  # the branch cannot move: a failed commit is an error, not "nothing to commit"
     with pytest.raises(gitops.GitError):
-        repo.commit_all(wt, "broken")
+        repo.commit_all(wt, "locked")
+    lock.unlink()
+
+
+def test_a_worktree_git_no_longer_recognises_is_still_removed_and_its_branch_freed(
+    tmp_path: Path, tiny_repo: Path
+) -> None:
+    repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
+    base = repo.rev("main")
+    path = tmp_path / "wts" / "n1"
+    repo.add_worktree(path, "grove/t/n1", base, reason="job 1")  # locked
+    (path / ".git").write_text("gitdir: /nowhere\n")  # half-deleted, or rewritten by a crashed run
+    repo.remove_worktree(path)
+    assert not path.exists() and repo.worktrees() == []
+    repo.set_branch("grove/t/n1", base)  # no longer checked out anywhere
+    other = repo.add_worktree(tmp_path / "wts" / "elsewhere", "grove/t/n1", base, reason="job 2")
+    assert (other / "eval.py").exists()
 
 
 def test_janitor_removes_stale_worktrees(settings: Settings, tiny_repo: Path) -> None:

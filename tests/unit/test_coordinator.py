@@ -343,6 +343,54 @@ def test_experiments_run_while_a_gate_job_runs_and_its_verdict_is_acted_on_when_
     assert mem.events[-1] == "finished: experiment budget spent (6)"
 
 
+class ChildrenMeanwhile(GateJobs):
+    """While a candidate's gate job runs, three children of it complete without improving."""
+
+    def gate(self, study_id: int, node_id: int) -> bool | Pending:  # type: ignore[override]
+        first = node_id not in self.gate_jobs.values() and node_id not in self.verdicts
+        out = super().gate(study_id, node_id)
+        if first:
+            for k in range(3):
+                kid = self.add(
+                    node_id, f"child {k}", {"config.toml:knob.x": 0}, status="evaluated", dev=[0.0, 0.0]
+                )
+                order = max(m["order"] for m in self.rows.values()) + 1
+                self.rows[kid].update(order=order, gain=-5.0, lcb=-6.0, base=self.trunk)
+        return out
+
+
+def test_the_candidate_whose_gate_job_runs_is_not_pruned_and_its_pass_is_merged() -> None:
+    mem = ChildrenMeanwhile(mode="auto", experiments=6)
+    drive_jobs(mem)
+    gated = sorted(mem.gate_jobs.values())
+    assert gated, "no gate ran"
+    first = gated[0]
+    assert mem.verdicts[first] is True
+    assert mem.rows[first]["status"] == "merged", mem.rows[first]["status"]
+
+
+def test_a_gate_job_and_an_experiment_that_end_together_are_both_acted_on() -> None:
+    mem = GateJobs(mode="auto", experiments=6)
+    graph = build_graph().compile(checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "t"}}
+    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
+    out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
+    together = 0
+    for _ in range(200):
+        if not out.interrupts:
+            break
+        intr = out.interrupts[0]
+        jobs = list(intr.value["jobs"])
+        for j in jobs:  # every watched job ends at once
+            mem.complete(j)
+        together += len(jobs) > 1
+        out = graph.invoke(Command(resume={intr.id: jobs}), cfg, context=ctx, durability="sync", version="v2")
+    assert not out.interrupts and mem.events[-1] == "finished: experiment budget spent (6)"
+    assert together and set(mem.verdicts) == set(mem.gate_jobs.values())
+    assert "merged by auto" in mem.events
+    assert all(mem.rows[n]["status"] in ("merged", "rejected") or mem.rows[n]["gated"] for n in mem.verdicts)
+
+
 def test_a_stop_while_a_gate_job_runs_finishes_the_study() -> None:
     mem = GateJobs(mode="auto", experiments=10)
     graph = build_graph().compile(checkpointer=InMemorySaver())
