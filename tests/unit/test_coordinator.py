@@ -308,14 +308,18 @@ class GateJobs(Memory):
             super().complete(job_id)
 
 
-def drive_jobs(mem: GateJobs) -> None:
-    """Run the graph to the end, finishing the oldest watched job at each wait; note what ran beside it."""
+def started(mem: Memory) -> tuple[Any, dict[str, Any], CoordinatorContext, Any]:
+    """Compile the graph over the double and run it to its first interrupt; return graph, config, context, output."""
     graph = build_graph().compile(checkpointer=InMemorySaver())
     cfg = {"configurable": {"thread_id": "t"}}
     ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
-    inp: Any = {"study_id": 1}
+    return graph, cfg, ctx, graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
+
+
+def drive_jobs(mem: GateJobs) -> None:
+    """Run the graph to the end, finishing the oldest watched job at each wait; note what ran beside it."""
+    graph, cfg, ctx, out = started(mem)
     for _ in range(200):
-        out = graph.invoke(inp, cfg, context=ctx, durability="sync", version="v2")
         if not out.interrupts:
             return
         intr = out.interrupts[0]
@@ -323,7 +327,9 @@ def drive_jobs(mem: GateJobs) -> None:
         mem.running.append(tuple(jobs))  # type: ignore[arg-type]
         first = min(jobs)  # experiments (100+) before the gate job (1000+) they run beside
         mem.complete(first)
-        inp = Command(resume={intr.id: [first]})
+        out = graph.invoke(
+            Command(resume={intr.id: [first]}), cfg, context=ctx, durability="sync", version="v2"
+        )
     raise AssertionError("the graph did not finish")
 
 
@@ -371,10 +377,7 @@ def test_the_candidate_whose_gate_job_runs_is_not_pruned_and_its_pass_is_merged(
 
 def test_a_gate_job_and_an_experiment_that_end_together_are_both_acted_on() -> None:
     mem = GateJobs(mode="auto", experiments=6)
-    graph = build_graph().compile(checkpointer=InMemorySaver())
-    cfg = {"configurable": {"thread_id": "t"}}
-    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
-    out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
+    graph, cfg, ctx, out = started(mem)
     together = 0
     for _ in range(200):
         if not out.interrupts:
@@ -393,10 +396,7 @@ def test_a_gate_job_and_an_experiment_that_end_together_are_both_acted_on() -> N
 
 def test_a_stop_while_a_gate_job_runs_finishes_the_study() -> None:
     mem = GateJobs(mode="auto", experiments=10)
-    graph = build_graph().compile(checkpointer=InMemorySaver())
-    cfg = {"configurable": {"thread_id": "t"}}
-    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
-    out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
+    graph, cfg, ctx, out = started(mem)
     for _ in range(50):
         intr = out.interrupts[0]
         if any(j >= 1000 for j in intr.value["jobs"]):
