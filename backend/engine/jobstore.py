@@ -268,6 +268,14 @@ class DbStore:
             raise Superseded(f"job {self.job_id} was taken over")
         return job
 
+    def _current(self, s: Session) -> None:
+        """Refuse a job's write once the job is no longer running under this token (cancelled, taken over).
+
+        A store without a job (the single-process gatekeeper) writes for the coordinator itself.
+        """
+        if self.job_id is not None:
+            self._job(s)
+
     def finish(self, status: str, extra_runs: int, fields: dict[str, Any]) -> None:
         """End the experiment job with its node's new status and fields; raise Superseded if not ours."""
         allowed = {
@@ -327,6 +335,7 @@ class DbStore:
     def gate_crashed(self, reason: str) -> None:
         """Fail the gate of the job's node, unless it already has a verdict."""
         with db.session(self.settings.db_url) as s:
+            self._current(s)
             node = self._node(s, self.node_id)
             if not node.gated:
                 record_verdict(s, node, False, f"failed: the gate job crashed: {reason}"[:2000])
@@ -347,6 +356,7 @@ class DbStore:
     def relabel(self, old: str, new: str) -> None:
         """Give the job's node the title of its real diff (trunk may have moved since it was proposed)."""
         with db.session(self.settings.db_url) as s:
+            self._current(s)
             node = self._node(s, self.node_id)
             node.title = new
             node.hypothesis = {k: v.replace(old, new) for k, v in node.hypothesis.items()}
@@ -356,6 +366,7 @@ class DbStore:
     def add_receipts(self, node_id: int | None, receipts: list[dict[str, Any]]) -> None:
         """Store evaluation receipts of one of the study's nodes (this job's)."""
         with db.session(self.settings.db_url) as s:
+            self._current(s)
             if node_id is not None:
                 self._node(s, node_id)
             # Trunk's extra runs belong to trunk's node, not to the job that ran them.
@@ -371,6 +382,7 @@ class DbStore:
     def keep_trunk_dev(self, base_commit: str, have: int, values: list[float]) -> None:
         """Keep trunk's extra dev values (seeds `have..`) unless trunk moved; another job may have added some."""
         with db.session(self.settings.db_url) as s:
+            self._current(s)
             st = s.get(Study, self.study_id)
             assert st is not None
             if st.trunk_commit == base_commit and have <= len(st.trunk_dev) < have + len(values):
@@ -397,6 +409,7 @@ class DbStore:
     def baseline_dev(self, values: list[float]) -> None:
         """Record the unchanged repository's dev values."""
         with db.session(self.settings.db_url) as s:
+            self._current(s)
             study, root = self._study_and_trunk(s)
             study.baseline_dev = study.trunk_dev = values
             root.dev_values, root.dev_n = values, len(values)
@@ -407,6 +420,7 @@ class DbStore:
     def baseline_heldout(self, values: list[float]) -> None:
         """Record the unchanged repository's held-out values."""
         with db.session(self.settings.db_url) as s:
+            self._current(s)
             study, root = self._study_and_trunk(s)
             study.baseline_heldout = study.trunk_heldout = values
             root.heldout_values = values
@@ -415,6 +429,7 @@ class DbStore:
     def test_query(self) -> None:
         """Count one query of the sealed split."""
         with db.session(self.settings.db_url) as s:
+            self._current(s)
             study = s.get(Study, self.study_id)
             assert study is not None
             study.test_queries += 1
@@ -425,11 +440,13 @@ class DbStore:
     ) -> None:
         """Record the gate verdict of the job's node."""
         with db.session(self.settings.db_url) as s:
+            self._current(s)
             record_verdict(s, self._node(s, self.node_id), passed, reason, commit, values, gain)
 
     def keep_trunk_heldout(self, trunk_commit: str, values: list[float]) -> None:
         """Keep trunk's longer held-out values unless trunk moved meanwhile."""
         with db.session(self.settings.db_url) as s:
+            self._current(s)
             study = s.get(Study, self.study_id)
             assert study is not None
             if study.trunk_commit == trunk_commit and len(study.trunk_heldout) < len(values):

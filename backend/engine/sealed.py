@@ -29,7 +29,14 @@ MAX_TRIES = 3  # a sealed job whose worker dies this often (killed, out of memor
 
 
 def run(site: Site, job_id: int, token: str) -> str:
-    """Run a sealed job whose token is current; return its final status."""
+    """Run a sealed job whose token is current; return its final status ("superseded" once it is not)."""
+    try:
+        return _run(site, job_id, token)
+    except Superseded:
+        return "superseded"  # cancelled (the study stopped) or taken over: nothing more is written
+
+
+def _run(site: Site, job_id: int, token: str) -> str:
     claimed = site.claim_sealed(job_id, token)
     if claimed is None:
         return "superseded"
