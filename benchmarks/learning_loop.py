@@ -19,15 +19,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.models import LearningJob
 from backend.engine import learning
 
 sys.path.insert(0, str(PROJECT_ROOT))
-from tests.learning_fixtures import tiny_model, tiny_tokenizer
+from tests.learning_fixtures import tiny_model_dir
 
 TASKS = [
     {"prompt": "add two and two:", "check": "grep -q 4 answer.txt"},
@@ -57,9 +55,7 @@ def main() -> None:
         root = Path(tmp)
         settings = Settings(data_dir=root / "data", worktrees_dir=root / "wt")
         settings.ensure_dirs()
-        tok = tiny_tokenizer()
-        tiny_model(len(tok), dtype=torch.float32).save_pretrained(root / "lm")
-        tok.save_pretrained(root / "lm")
+        tiny_model_dir(root / "lm")
         tasks = root / "tasks.jsonl"
         tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
         sdpo = run(settings, "distill", {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,6 +27,14 @@ def tiny_model(vocab: int, seed: int = 0, dtype: torch.dtype = torch.float64) ->
     cfg = GPT2Config(vocab_size=vocab, n_positions=512, n_embd=32, n_layer=1, n_head=2, resid_pdrop=0.0,
                      embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
     return GPT2LMHeadModel(cfg).to(dtype)
+
+
+def tiny_model_dir(folder: Path) -> Path:
+    """Save the tiny model (float32) and its tokenizer in `folder` and return it."""
+    tok = tiny_tokenizer()
+    tiny_model(len(tok), dtype=torch.float32).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
 
 
 def records() -> list[dict[str, Any]]:

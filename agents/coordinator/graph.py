@@ -10,8 +10,8 @@ Where the sealed gate runs as a job, the study does not stop for it: the candida
 while its job runs beside the next experiments (one sealed query at a time), and `wait` goes
 back to `gate` to read the verdict when the job ends. Nor does a gate pass in approve mode: the
 node's approval opens (`awaiting`) and the study explores on the current trunk; `observe`
-applies the decision when it comes, and a `wait` for jobs is resumed (with no finished job) as soon as the decision is there. Only when
-there is nothing else to do (budget spent, frontier empty) does `approve` wait for the human.
+applies the decision when it comes, and a `wait` for jobs is resumed (with no finished job)
+as soon as the decision is there. Only when there is nothing else to do (budget spent, frontier empty) does `approve` wait for the human.
 """
 
 from __future__ import annotations
@@ -77,13 +77,8 @@ def observe(
         ):
             return Command(goto="observe")  # a decision came in just now: apply it first
         storage.cancel_active(sid)
-        stopped: dict[str, Any] = {
-            "stop_reason": "stopped by user",
-            "pending": [],
-            "awaiting": None,
-            "gate_job": None,
-        }
-        return Command(update={**stopped, "gating": None}, goto="finish")
+        stopped: dict[str, Any] = {"pending": [], "awaiting": None, "gating": None, "gate_job": None}
+        return Command(update={"stop_reason": "stopped by user", **stopped}, goto="finish")
     if study.status == "paused":
         interrupt({"kind": "paused", "study_id": sid})
         return Command(goto="observe")
@@ -208,12 +203,11 @@ def wait(state: CoordinatorState) -> Command[Literal["integrate", "gate", "obser
         }
     )
     done = [j for j in finished if j in pending]
-    update: dict[str, Any] = {"pending": [j for j in pending if j not in done]}
-    if gate_job is not None and gate_job in finished:
-        update["gate_job"] = None  # integrate, if it runs first, hands over to gate
+    gated = gate_job is not None and gate_job in finished  # integrate, if it runs first, hands over to gate
+    update = {"pending": [j for j in pending if j not in done], "gate_job": None if gated else gate_job}
     if done:
         return Command(update={**update, "finished": done}, goto="integrate")
-    if "gate_job" in update:
+    if gated:
         return Command(update=update, goto="gate")
     return Command(goto="observe")  # a decision, a stop or a pause: observe acts on it
 
@@ -245,13 +239,12 @@ def integrate(
             storage.pause(sid, rec.evidence.failure.removeprefix("BudgetExhausted: "))
     metric = study.spec.objective.metric
     for node_id in sorted(node_ids):
-        current = latest
-        ev = {r.evidence.id: r.evidence for r in current}
+        ev = {r.evidence.id: r.evidence for r in latest}
 
         def synth(anc: TreeNode, kids: list[TreeNode], ev: dict[int, NodeEvidence] = ev) -> str:
             return policy.synthesize(ev[anc.id], [ev[k.id] for k in kids], metric)
 
-        updates = backpropagate(tree_of(current), node_id, synth)
+        updates = backpropagate(tree_of(latest), node_id, synth)
         if updates:
             storage.add_insights(sid, updates)
             latest = storage.nodes(sid)

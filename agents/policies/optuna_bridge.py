@@ -222,31 +222,31 @@ def _trials(
     Trials carry their constraint values only where some trial violates one: a constraint no
     trial has violated teaches a sampler nothing, and the GP sampler fits a model per constraint.
     """
-    out = []
     dists = distributions(space)
-    measured: dict[int, dict[str, float]] = {}
-    for n in nodes:
+    rows: list[tuple[NodeEvidence, dict[str, Any], dict[str, float] | None]] = []
+    for n in sorted(nodes, key=lambda n: n.id):
+        params = space.full({**space.base, **n.edits})
+        if not all(space.contains(k, v) for k, v in params.items()):
+            continue
+        cons = None
         if n.dev_mean is not None and n.status != "failed" and math.isfinite(n.dev_mean):
             cons = constraint_values(rules, judged_metrics(rules, n))
             # Rejected although every constraint held: the sealed gate (or a human) turned it down,
             # which the coordinator may know. The region is not admissible.
             turned_down = n.status == "rejected" and all(v <= 0 for v in cons.values())
             cons[ADMITTED] = 1.0 if turned_down else -1.0
-            measured[n.id] = cons
-    binding = any(v > 0 for cons in measured.values() for v in cons.values())
-    for n in sorted(nodes, key=lambda n: n.id):
-        params = space.full({**space.base, **n.edits})
-        if not all(space.contains(k, v) for k, v in params.items()):
-            continue
-        if n.id in measured:
+        rows.append((n, _params(params), cons))
+    binding = any(v > 0 for _, _, cons in rows if cons for v in cons.values())
+    out = []
+    for n, params, cons in rows:
+        if cons is not None:
             trial = create_trial(
-                params=_params(params), distributions=dists, value=n.dev_mean,
-                constraints=measured[n.id] if binding else None,
-            )  # fmt: skip
+                params=params, distributions=dists, value=n.dev_mean, constraints=cons if binding else None
+            )
         elif n.status in PENDING:
-            trial = create_trial(state=TrialState.RUNNING, params=_params(params), distributions=dists)
+            trial = create_trial(state=TrialState.RUNNING, params=params, distributions=dists)
         elif n.status in ("failed", "rejected") and n.dev_mean is None:
-            trial = create_trial(state=TrialState.FAIL, params=_params(params), distributions=dists)
+            trial = create_trial(state=TrialState.FAIL, params=params, distributions=dists)
         else:
             continue
         out.append(trial)

@@ -40,22 +40,15 @@ class Tree:
     def updated(self, changed: Iterable[TreeNode]) -> Tree:
         """Return this tree with some nodes replaced or added (the rest, and its index, are shared)."""
         nodes = dict(self.nodes)
-        kids = self._kids
+        kids = None if self._kids is None else dict(self._kids)  # child lists shared until one changes
         status = None if self._status is None else {k: dict(v) for k, v in self._status.items()}
-        copied: set[int | None] = set()  # parents whose child list this tree has its own copy of
         for n in changed:
             old = nodes.get(n.id)
             nodes[n.id] = n
             if kids is not None and (old is None or old.parent_id != n.parent_id):
                 siblings = kids.get(n.parent_id, [])
                 if old is None and (not siblings or siblings[-1] < n.id):
-                    if not copied:
-                        kids = dict(kids)
-                    if n.parent_id not in copied:
-                        siblings = list(siblings)
-                        kids[n.parent_id] = siblings
-                        copied.add(n.parent_id)
-                    siblings.append(n.id)  # a new node, the newest child of its parent
+                    kids[n.parent_id] = [*siblings, n.id]  # a new node, the newest child of its parent
                 else:
                     kids = None  # the shape changed otherwise: index again on first use
             if status is not None:

@@ -44,11 +44,10 @@ SAFE_CONFIG = (
     ("protocol.git.allow", "always"),
     ("protocol.file.allow", "always"),
 )
-# The only variables of Grove's own environment a git command sees: the operator's, for reaching
-# remotes (proxies, CA bundles, ssh agent and command).
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _FILES: dict[tuple[str, str], tuple[str, ...]] = {}  # (repository, commit) -> its files, newest last
-
+# The only variables of Grove's own environment a git command sees: the operator's, for reaching
+# remotes (proxies, CA bundles, ssh agent and command).
 KEEP_ENV = (
     "PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SSH_AUTH_SOCK", "GIT_SSH_COMMAND",
     "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy",
@@ -242,12 +241,12 @@ class Repo:
                 removed = True
             except GitError:
                 pass  # what is left is deleted and pruned below
-        existed = path.exists()
+        existed, stale = path.exists(), registered and not removed
         if existed:
             shutil.rmtree(path, ignore_errors=True)
-        if registered and not removed:
+        if stale:
             self.git("worktree", "unlock", str(path), check=False)  # a locked record is never pruned
-        if (registered and not removed) or existed:
+        if stale or existed:
             self.git("worktree", "prune", "--expire=now")
 
     def _registered(self, path: Path) -> bool:

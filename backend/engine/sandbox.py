@@ -148,18 +148,14 @@ def _rlimits(limits: Limits) -> list[tuple[int, str, int]]:
     """Return the resource limits of a run as (resource, prlimit name, value), within the hard ones."""
     mib = 1024 * 1024
     wanted = [
-        (resource.RLIMIT_CPU, "cpu", limits.cpu_seconds or 0),
-        (resource.RLIMIT_AS, "as", (limits.memory_mb or 0) * mib),
-        (resource.RLIMIT_FSIZE, "fsize", (limits.file_size_mb or 0) * mib),
-        (resource.RLIMIT_NPROC, "nproc", limits.processes or 0),
+        (resource.RLIMIT_CPU, "cpu", limits.cpu_seconds),
+        (resource.RLIMIT_AS, "as", limits.memory_mb and limits.memory_mb * mib),
+        (resource.RLIMIT_FSIZE, "fsize", limits.file_size_mb and limits.file_size_mb * mib),
+        (resource.RLIMIT_NPROC, "nproc", limits.processes),
     ]
-    out = [(kind, name, value) for kind, name, value in wanted if value]
-    out.append((resource.RLIMIT_CORE, "core", 0))
-    capped = []
-    for kind, name, value in out:
-        _, hard = resource.getrlimit(kind)
-        capped.append((kind, name, min(value, hard) if hard != resource.RLIM_INFINITY else value))
-    return capped
+    out = [(kind, name, value) for kind, name, value in wanted if value] + [(resource.RLIMIT_CORE, "core", 0)]
+    hard = {kind: resource.getrlimit(kind)[1] for kind, _, _ in out}
+    return [(k, name, v if hard[k] == resource.RLIM_INFINITY else min(v, hard[k])) for k, name, v in out]
 
 
 def _limiter(limits: Limits):  # type: ignore[no-untyped-def]

@@ -17,7 +17,7 @@ from backend.api.main import create_app
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.security import create_token
 from tests.conftest import Service, sqlite_service, wait_for
-from tests.learning_fixtures import records, tiny_model, tiny_tokenizer
+from tests.learning_fixtures import records, tiny_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def wait_done(client: TestClient, headers: dict[str, str], job_id: int) -> dict[
 def test_distillation_job_runs_on_the_gpu_queue_with_events_and_an_artifact(
     gpu_queue: Service, tmp_path: Path
 ) -> None:
-    model_dir = tiny_model_dir(tmp_path)
+    model_dir = tiny_model_dir(tmp_path / "tiny-lm")
     data = tmp_path / "trajectories.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records()))
     settings = gpu_queue.settings
@@ -149,18 +149,10 @@ def run_job(settings: Settings, kind: str, params: dict[str, Any]) -> dict[str, 
         return wait_done(client, headers, made.json()["id"])
 
 
-def tiny_model_dir(tmp_path: Path) -> Path:
-    tok = tiny_tokenizer()
-    model_dir = tmp_path / "tiny-lm"
-    tiny_model(len(tok), dtype=torch.float32).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    return model_dir
-
-
 def test_on_policy_sdpo_rounds_sample_check_in_the_sandbox_and_distil(
     gpu_queue: Service, tmp_path: Path
 ) -> None:
-    model_dir = tiny_model_dir(tmp_path)
+    model_dir = tiny_model_dir(tmp_path / "tiny-lm")
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(
         json.dumps({"prompt": "add two and two:", "check": "python3 check.py", "files": {"check.py": CHECK}}) + "\n"
@@ -194,7 +186,7 @@ def test_on_policy_sdpo_rounds_sample_check_in_the_sandbox_and_distil(
 
 
 def test_canon_and_opsa_jobs_run_on_the_gpu_queue(gpu_queue: Service, tmp_path: Path) -> None:
-    model_dir = tiny_model_dir(tmp_path)
+    model_dir = tiny_model_dir(tmp_path / "tiny-lm")
     data = tmp_path / "trajectories.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records()))
     settings = gpu_queue.settings

@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from backend.core import db
 from backend.core.config import Settings
 from backend.engine import learning
-from tests.learning_fixtures import records, tiny_model, tiny_tokenizer
+from tests.learning_fixtures import records, tiny_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -21,9 +20,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, dict[str,
     root = tmp_path_factory.mktemp("params")
     settings = Settings(data_dir=root / "data", worktrees_dir=root / "wt")
     settings.ensure_dirs()
-    tok = tiny_tokenizer()
-    tiny_model(len(tok), dtype=torch.float32).save_pretrained(root / "lm")
-    tok.save_pretrained(root / "lm")
+    tiny_model_dir(root / "lm")
     data = root / "trajectories.jsonl"
     # Two rollouts of one prompt, so CANON has a majority to take on the stored records too.
     rows = [*records(), {**records()[1], "rollout": " 4"}]

@@ -90,13 +90,19 @@ def test_concurrent_worktree_creation_is_serialised(tmp_path: Path, tiny_repo: P
     assert all((tmp_path / "wts" / f"n{i}" / "eval.py").exists() for i in range(12))
 
 
-def test_a_worktree_is_removed_and_recreated_whatever_state_it_was_left_in(
-    tmp_path: Path, tiny_repo: Path
-) -> None:
+def locked_worktree(tmp_path: Path, tiny_repo: Path) -> tuple[gitops.Repo, str, Path]:
+    """Clone the tiny repository and add a locked worktree of main on `grove/t/n1`; return clone, base, path."""
     repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
     base = repo.rev("main")
     path = tmp_path / "wts" / "n1"
     repo.add_worktree(path, "grove/t/n1", base, reason="job 1")
+    return repo, base, path
+
+
+def test_a_worktree_is_removed_and_recreated_whatever_state_it_was_left_in(
+    tmp_path: Path, tiny_repo: Path
+) -> None:
+    repo, base, path = locked_worktree(tmp_path, tiny_repo)
     (path / "config.toml").write_text("[knob]\nx = 3\n")  # dirty, and locked by add_worktree
     (path / "scratch").mkdir()
     repo.remove_worktree(path)
@@ -142,10 +148,7 @@ def test_commit_all_commits_every_change_and_nothing_when_clean(tmp_path: Path, 
 def test_a_worktree_git_no_longer_recognises_is_still_removed_and_its_branch_freed(
     tmp_path: Path, tiny_repo: Path
 ) -> None:
-    repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
-    base = repo.rev("main")
-    path = tmp_path / "wts" / "n1"
-    repo.add_worktree(path, "grove/t/n1", base, reason="job 1")  # locked
+    repo, base, path = locked_worktree(tmp_path, tiny_repo)
     (path / ".git").write_text("gitdir: /nowhere\n")  # half-deleted, or rewritten by a crashed run
     repo.remove_worktree(path)
     assert not path.exists() and repo.worktrees() == []

@@ -231,6 +231,11 @@ def test_a_decision_still_open_when_nothing_is_left_to_do_is_waited_for() -> Non
     assert mem.events[-1] == "finished: experiment budget spent (4)"
 
 
+def resume(graph: Any, cfg: dict[str, Any], ctx: CoordinatorContext, intr: Any, value: Any) -> Any:
+    """Resume the interrupt `intr` with `value` and run to the next interrupt (or the end)."""
+    return graph.invoke(Command(resume={intr.id: value}), cfg, context=ctx, durability="sync", version="v2")
+
+
 def until_an_approval_opens(mem: Memory) -> tuple[Any, dict[str, Any], CoordinatorContext, Any]:
     """Run the graph, completing jobs, until a gate pass opens an approval; return it and its interrupt."""
     graph = build_graph().compile(checkpointer=InMemorySaver())
@@ -243,9 +248,7 @@ def until_an_approval_opens(mem: Memory) -> tuple[Any, dict[str, Any], Coordinat
             return graph, cfg, ctx, intr
         first = intr.value["jobs"][0]
         mem.complete(first)
-        out = graph.invoke(
-            Command(resume={intr.id: [first]}), cfg, context=ctx, durability="sync", version="v2"
-        )
+        out = resume(graph, cfg, ctx, intr, [first])
     raise AssertionError("no approval opened")
 
 
@@ -327,9 +330,7 @@ def drive_jobs(mem: GateJobs) -> None:
         mem.running.append(tuple(jobs))  # type: ignore[arg-type]
         first = min(jobs)  # experiments (100+) before the gate job (1000+) they run beside
         mem.complete(first)
-        out = graph.invoke(
-            Command(resume={intr.id: [first]}), cfg, context=ctx, durability="sync", version="v2"
-        )
+        out = resume(graph, cfg, ctx, intr, [first])
     raise AssertionError("the graph did not finish")
 
 
@@ -387,7 +388,7 @@ def test_a_gate_job_and_an_experiment_that_end_together_are_both_acted_on() -> N
         for j in jobs:  # every watched job ends at once
             mem.complete(j)
         together += len(jobs) > 1
-        out = graph.invoke(Command(resume={intr.id: jobs}), cfg, context=ctx, durability="sync", version="v2")
+        out = resume(graph, cfg, ctx, intr, jobs)
     assert not out.interrupts and mem.events[-1] == "finished: experiment budget spent (6)"
     assert together and set(mem.verdicts) == set(mem.gate_jobs.values())
     assert "merged by auto" in mem.events
@@ -403,15 +404,15 @@ def test_a_stop_while_a_gate_job_runs_finishes_the_study() -> None:
             break
         first = intr.value["jobs"][0]
         mem.complete(first)
-        out = graph.invoke(
-            Command(resume={intr.id: [first]}), cfg, context=ctx, durability="sync", version="v2"
-        )
+        out = resume(graph, cfg, ctx, intr, [first])
     else:
         raise AssertionError("no gate job started")
     mem.status = "stopping"
-    out = graph.invoke(Command(resume={intr.id: []}), cfg, context=ctx, durability="sync", version="v2")
+    out = resume(graph, cfg, ctx, intr, [])
     assert not out.interrupts and mem.events[-1] == "finished: stopped by user"
     assert not any(e.startswith("merged") for e in mem.events)
+    left = graph.get_state(cfg).values  # nothing of the gate job is left for a resume to wait on
+    assert left.get("gate_job") is None and left.get("gating") is None
 
 
 def test_user_stop_cancels_and_finishes() -> None:
