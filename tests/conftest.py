@@ -62,7 +62,7 @@ metric = "size"
 max = {max_size}
 
 [search]
-"config.toml:knob.x" = {{ values = [0, 1, 2, 3, 4, 5] }}
+"config.toml:knob.x" = {{ values = {values} }}
 
 [budget]
 experiments = {experiments}
@@ -120,6 +120,7 @@ def tiny_files(name: str = "tiny", **kw: object) -> dict[str, str]:
         "margin": 0.5,
         "max_test_runs": 10,
         "plateau_stop": 8,
+        "values": [0, 1, 2, 3, 4, 5],
     }
     params.update(kw)
     sleep = params.pop("sleep", 0)

@@ -146,7 +146,11 @@ def test_study_over_http_runs_to_approval_merges_and_finishes(
 def test_the_study_explores_while_an_approval_waits_then_merges_on_approve(
     service: Service, client: TestClient, tmp_path: Path
 ) -> None:
-    repo = make_repo(tmp_path / "r", tiny_files(name="api-wait", mode="approve", experiments=10, sleep=0.2))
+    # Values enough that exploring cannot run out before the gate job (queued behind experiments) ends.
+    files = tiny_files(
+        name="api-wait", mode="approve", experiments=14, sleep=0.2, max_size=20, values=list(range(20))
+    )
+    repo = make_repo(tmp_path / "r", files)
     op = auth(service, "operator", "approver", name="ada")
     sid = create(client, repo, op)
 
