@@ -134,9 +134,12 @@ def ideate(
             storage.event(sid, "llm.error", None, {"role": "ideator", "error": str(exc)[:1000]})
             storage.add_proposals(sid, round_no, [])
             return Command(update={"round_no": round_no + 1, "ideation_error": str(exc)[:500]}, goto="select")
-        depth = {r.evidence.id: r.evidence.depth for r in records}
         max_depth = study.spec.policy.max_depth
-        kept = [p for p in proposals if depth.get(p.parent_id, max_depth) < max_depth]
+        kept = [
+            p
+            for p in proposals
+            if p.parent_id in index.by_id and index.by_id[p.parent_id].evidence.depth < max_depth
+        ]
         for p in proposals:
             if p not in kept:
                 storage.event(
@@ -239,10 +242,11 @@ def integrate(
             storage.pause(sid, rec.evidence.failure.removeprefix("BudgetExhausted: "))
     metric = study.spec.objective.metric
     for node_id in sorted(node_ids):
-        ev = {r.evidence.id: r.evidence for r in latest}
+        by_id = index_of(latest).by_id
 
-        def synth(anc: TreeNode, kids: list[TreeNode], ev: dict[int, NodeEvidence] = ev) -> str:
-            return policy.synthesize(ev[anc.id], [ev[k.id] for k in kids], metric)
+        def synth(anc: TreeNode, kids: list[TreeNode], by_id: dict[int, NodeRecord] = by_id) -> str:
+            ev = by_id[anc.id].evidence
+            return policy.synthesize(ev, [by_id[k.id].evidence for k in kids], metric)
 
         updates = backpropagate(tree_of(latest), node_id, synth)
         if updates:
@@ -276,8 +280,13 @@ def integrate(
         istate.concern(f"pruned n{tree.nodes[pr.node_id].number}: {pr.reason}")
     istate.next_plan = next_plan(records_list, level)
     recent = [index.by_id[i].evidence for i in sorted(node_ids) if i in index.by_id]
-    numbers = {r.evidence.id: r.evidence.number for r in records_list}
-    accepted = frozenset([*index.by_status.get(NodeStatus.MERGED, {}), *index.by_decision.get("accept", {})])
+    numbers: dict[int, int] | None = None  # only a model reads nodes by their numbers and checks findings
+    accepted: frozenset[int] | None = None
+    if policy.name == "llm":
+        numbers = {r.evidence.id: r.evidence.number for r in records_list}
+        accepted = frozenset(
+            [*index.by_status.get(NodeStatus.MERGED, {}), *index.by_decision.get("accept", {})]
+        )
     storage.save_state(sid, policy.update_state(istate.to_dict(), recent, numbers, accepted), int(level))
     study = storage.study(sid)
     # One approval open and one sealed query at a time: trunk cannot move under either, so a
@@ -571,7 +580,8 @@ def _refine_outcome(
 
 def retries_of(records: list[NodeRecord], config: CoordinatorConfig) -> list[int]:
     """Return the ids of failed nodes that get another attempt, oldest first."""
-    return [r.evidence.id for r in index_of(records).status(NodeStatus.FAILED) if retryable(r, config)]
+    failed = index_of(records).failed_below(config.max_attempts)
+    return [r.evidence.id for r in failed if retryable(r, config)]
 
 
 def retryable(rec: NodeRecord, config: CoordinatorConfig) -> bool:
@@ -666,7 +676,7 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         improvement_state=dict(istate),
         pruned_lessons=[
             f"n{r.evidence.number} {r.evidence.title}: {r.evidence.insight or r.evidence.summary}"
-            for r in index.status(NodeStatus.PRUNED)
+            for r in index.status(NodeStatus.PRUNED)[-PRUNED_LESSONS:]
         ],
         validated_findings=[f["text"] for f in istate.get("verified_findings", [])],
         refine=refine,
@@ -680,6 +690,9 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         max_depth=max_depth,
         revisit=revisit,
     )
+
+
+PRUNED_LESSONS = 30  # the most recent lessons of pruned branches an ideator reads
 
 
 def trunk_dev_mean(study: StudyView) -> float | None:

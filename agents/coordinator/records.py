@@ -19,13 +19,18 @@ ORIGINS = ("refine", "revisit", "restart")  # whose `origin_ref` (or parent, for
 
 
 class RecordIndex:
-    """Records by id, by status, by AREX decision and by completion order, with origin counts."""
+    """Records by id, by status, by AREX decision and by completion order, with origin counts.
+
+    Failed records are grouped by their attempts as well, so the retry question reads the failures
+    that may still be retried, not every failure of a long study.
+    """
 
     def __init__(self, records: Iterable[NodeRecord] = ()) -> None:
         self.by_id: dict[int, NodeRecord] = {}
         self.by_status: dict[str, dict[int, NodeRecord]] = {}
         self.by_decision: dict[str, dict[int, NodeRecord]] = {}
         self.completed: dict[int, NodeRecord] = {}  # by completion order
+        self.failed_by_attempts: dict[int, dict[int, NodeRecord]] = {}
         self.refs: dict[str, Counter[int]] = {o: Counter() for o in ORIGINS}
         for r in records:
             self.put(r)
@@ -43,6 +48,8 @@ class RecordIndex:
             self.by_decision.setdefault(str(decision), {})[ev.id] = record
         if record.completed_order:
             self.completed[record.completed_order] = record
+        if ev.status == "failed":
+            self.failed_by_attempts.setdefault(record.attempts, {})[ev.id] = record
         ref = _ref(record)
         if ref is not None:
             self.refs[ev.origin][ref] += 1
@@ -55,6 +62,8 @@ class RecordIndex:
             self.by_decision[str(decision)].pop(ev.id, None)
         if record.completed_order and self.completed.get(record.completed_order) is record:
             del self.completed[record.completed_order]
+        if ev.status == "failed":
+            self.failed_by_attempts[record.attempts].pop(ev.id, None)
         ref = _ref(record)
         if ref is not None:
             self.refs[ev.origin][ref] -= 1
@@ -68,6 +77,7 @@ class RecordIndex:
         out.by_status = {k: dict(v) for k, v in self.by_status.items()}
         out.by_decision = {k: dict(v) for k, v in self.by_decision.items()}
         out.completed = dict(self.completed)
+        out.failed_by_attempts = {k: dict(v) for k, v in self.failed_by_attempts.items()}
         out.refs = {k: Counter(v) for k, v in self.refs.items()}
         return out
 
@@ -76,6 +86,14 @@ class RecordIndex:
         found: dict[int, NodeRecord] = {}
         for s in statuses:
             found.update(self.by_status.get(s, {}))
+        return [found[i] for i in sorted(found)]
+
+    def failed_below(self, attempts: int) -> list[NodeRecord]:
+        """Return the failed records with fewer than `attempts` attempts, in id order."""
+        found: dict[int, NodeRecord] = {}
+        for n, group in self.failed_by_attempts.items():
+            if n < attempts:
+                found.update(group)
         return [found[i] for i in sorted(found)]
 
     def decided(self, decision: str) -> list[NodeRecord]:

@@ -140,10 +140,16 @@ class SearchPolicy:
             if a is not None:
                 seen.add(space.key_of(a))
                 out.append((node, a, f"refine n{node.number}: {req.goal}", "refine", node.id))
-        for nid in ctx.revisit[:1]:
-            if nid in assignment and len(out) < ctx.k and by_id.get(ctx.trunk_node_id) is not None:
+        trunk_node = by_id.get(ctx.trunk_node_id)
+        for nid in ctx.revisit[:1]:  # a revisit hangs under trunk: not where trunk is at the depth limit
+            if (
+                nid in assignment
+                and len(out) < ctx.k
+                and trunk_node is not None
+                and trunk_node.depth < ctx.max_depth
+            ):
                 why = f"test {_tag(by_id, nid)}'s change again on the current trunk"
-                out.append((by_id[ctx.trunk_node_id], assignment[nid], why, "revisit", nid))
+                out.append((trunk_node, assignment[nid], why, "revisit", nid))
         root = next(n for n in ctx.nodes if n.parent_id is None)
         leaps = list(ctx.restart) + ([-1] if ctx.plateau_level >= 2 else [])
         for failed in leaps:

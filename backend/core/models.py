@@ -59,6 +59,7 @@ class Node(SQLModel, table=True):
     __table_args__ = (
         Index("ix_node_study_updated", "study_id", "updated_at"),
         Index("uq_node_study_number", "study_id", "number", unique=True),
+        Index("ix_node_study_round", "study_id", "round_no"),  # a replayed ideation round finds its nodes
     )
     id: int | None = Field(default=None, primary_key=True)
     study_id: int = Field(index=True, foreign_key="study.id")

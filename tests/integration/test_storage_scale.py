@@ -122,6 +122,7 @@ def test_the_cached_tree_matches_a_full_read_after_every_kind_of_change(
         assert got.by_id == want.by_id and got.completed == want.completed and got.refs == want.refs
         assert {k: v for k, v in got.by_status.items() if v} == want.by_status
         assert {k: v for k, v in got.by_decision.items() if v} == want.by_decision
+        assert {k: v for k, v in got.failed_by_attempts.items() if v} == want.failed_by_attempts
         view, afresh = tree_of(records), tree_of(list(fresh))
         assert view.nodes == afresh.nodes
         assert all(view.children(i) == afresh.children(i) for i in afresh.nodes)
@@ -141,6 +142,8 @@ def test_the_cached_tree_matches_a_full_read_after_every_kind_of_change(
         s.add(old)
         s.add(InsightVersion(study_id=sid, node_id=other.id or 0, version=3, text="third thoughts"))
         job = Job(study_id=sid, node_id=third.id or 0, attempt=3)  # a new attempt: only its receipts count
+        third.status = "failed"
+        s.add(third)
         s.add(job)
         s.flush()
         s.add(ReceiptRow(study_id=sid, node_id=third.id, job_id=job.id, ok=True, metrics={"m": 42.0}))
@@ -164,7 +167,10 @@ def test_the_cached_tree_matches_a_full_read_after_every_kind_of_change(
         pruned = s.get(Node, other.id)
         assert pruned is not None
         pruned.status = "pruned"
-        s.add_all([child, pruned])
+        retried = s.get(Node, third.id)
+        assert retried is not None
+        retried.attempts = 3  # a failed node's attempts move it to another retry group
+        s.add_all([child, pruned, retried])
     again = cached_read()
     assert again == cached_read()  # nothing changed: the same list, the same groups
 

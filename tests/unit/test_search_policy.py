@@ -557,3 +557,18 @@ def test_a_proposal_that_repeats_a_nodes_mechanism_in_other_words_is_dropped() -
     props = LlmPolicy(model).ideate(ctx_of(nodes))  # type: ignore[arg-type]
     assert [p.title for p in props] == ["Widen the knob's range"]
     assert json.loads(model.seen[0])["nodes"][1]["mechanism"] == "set knob.x to 3"
+
+
+def test_a_revisit_is_not_asked_of_a_trunk_at_the_depth_limit() -> None:
+    # Trunk (n3) is merged at the depth limit; an older better candidate (n2) waits for a revisit.
+    # A revisit would hang under trunk and be dropped, leaving the study nothing to run: the
+    # sampler fills the slot instead, under a node that may take children.
+    root = ev(1, None, BASE, 0.5, "merged")
+    old = ev(2, 1, {**BASE, "c.toml:m.hidden": 16}, 0.9)
+    trunk = replace(ev(3, 1, {**BASE, "c.toml:m.hidden": 32}, 0.8, "merged"), depth=2)
+    base = replace(ctx([root, old, trunk], k=1), trunk_node_id=3, revisit=[2], max_depth=2)
+    out = SearchPolicy().ideate(base)
+    assert len(out) == 1 and out[0].origin != "revisit" and out[0].parent_id != 3
+    # Below the limit, the same request is served first.
+    served = SearchPolicy().ideate(replace(base, max_depth=3))
+    assert (served[0].origin, served[0].origin_ref, served[0].parent_id) == ("revisit", 2, 3)
