@@ -306,6 +306,12 @@ def test_reject_on_the_node_page_then_rank_and_compare(
 ) -> None:
     repo = make_repo(tmp_path / "tiny", tiny_files(name="tiny-reject", mode="approve", experiments=6))
     headers = {"Authorization": f"Bearer {stack['token']}"}
+    # Another study first (stopped at once), so this study's node ids and numbers differ whatever ran before.
+    first = make_repo(tmp_path / "first", tiny_files(name="tiny-first"))
+    spec = {"spec": (first / "grove.toml").read_text(), "repository": str(first)}
+    other = httpx.post(f"{stack['api']}/studies", json=spec, headers=headers)
+    assert other.status_code == 201, other.text
+    assert httpx.post(f"{stack['api']}/studies/{other.json()['id']}/stop", headers=headers).status_code == 200
     made = httpx.post(
         f"{stack['api']}/studies",
         json={"spec": (repo / "grove.toml").read_text(), "repository": str(repo)},
@@ -320,7 +326,7 @@ def test_reject_on_the_node_page_then_rank_and_compare(
 
     card = wait_for(pending, timeout=240, every=1.0)[0]  # type: ignore[index]
     node_id, number = card["node_id"], card["node_number"]
-    assert number != node_id  # the stack's first study came first: pages say the study's own number
+    assert number != node_id  # another study came first: pages say the study's own number
 
     def cited() -> bool:
         state = httpx.get(f"{stack['api']}/studies/{sid}", headers=headers).json()["improvement_state"]
