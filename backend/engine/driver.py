@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -64,15 +65,34 @@ def checkpointer(settings: Settings) -> Iterator[Any]:
             pg.setup()
             yield pg
         return
-    settings.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-    with closing(sqlite3.connect(settings.checkpoint_path, check_same_thread=False, timeout=30)) as conn:
+    yield _sqlite_saver(settings.checkpoint_path)
+
+
+# One SQLite checkpointer per process and file, kept open: closing the last connection to a
+# write-ahead-logged database folds the log back into it (a synced write on every advance).
+# Keyed by the process id too, so a forked worker never uses its parent's connection.
+_SAVERS: dict[tuple[int, Path], SqliteSaver] = {}
+_KEEP = 4
+
+
+def _sqlite_saver(path: Path) -> SqliteSaver:
+    key = (os.getpid(), path)
+    saver = _SAVERS.get(key)
+    if saver is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path, check_same_thread=False, timeout=30)
         conn.execute("PRAGMA busy_timeout=30000")
         # Like Grove's database: a write-ahead log, synced at checkpoints (a step writes several).
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         saver = SqliteSaver(conn)
         saver.setup()
-        yield saver
+        for stale in [k for k in _SAVERS if k[0] != key[0]]:
+            del _SAVERS[stale]  # a parent's, inherited by fork: dropped, never closed here
+        while len(_SAVERS) >= _KEEP:  # a process that served other data directories (tests do)
+            _SAVERS.pop(next(iter(_SAVERS))).conn.close()
+        _SAVERS[key] = saver
+    return saver
 
 
 @cache
