@@ -80,6 +80,9 @@ def node_records(s: Session, study_id: int) -> list[NodeRecord]:
     return [_record(n, insight, last_job, receipts, reports) for n in rows]
 
 
+STALE_BY_ID = 500  # changed node rows a refresh reads by id; more are read by the look-back window
+
+
 class RecordCache:
     """One study's node records kept between coordinator steps, refreshed from what changed since.
 
@@ -128,15 +131,28 @@ class RecordCache:
 
         touched: set[int] = set()
         query = select(Node).where(Node.study_id == study_id)
-        if since is not None and self.root is not None:
-            # The root comes every time (by its key): gone or different, another study took the id.
-            query = query.where((col(Node.updated_at) >= since) | (col(Node.id) == self.root[0]))
-        rows = list(s.exec(query))
-        if since is not None and not any(
-            n.id is not None and (n.id, n.created_at) == self.root for n in rows
-        ):
-            self.since = None
-            return self.refresh(s, study_id)
+        if since is None or self.root is None:
+            rows = list(s.exec(query))
+        else:
+            # Stamps first: of the rows that moved within the look-back, only those whose stamp
+            # differs from the one read are read again. The root comes every time (by its key):
+            # gone or different, another study took the id.
+            moved = (col(Node.updated_at) >= since) | (col(Node.id) == self.root[0])
+            stamps = s.exec(
+                select(Node.id, Node.updated_at, Node.created_at).where(Node.study_id == study_id, moved)
+            ).all()
+            if not any((i, c) == self.root for i, _, c in stamps):
+                self.since = None
+                return self.refresh(s, study_id)
+            stale = [
+                i
+                for i, u, _ in stamps
+                if i is not None and (i not in self.nodes or self.nodes[i].updated_at != u)
+            ]
+            if len(stale) > STALE_BY_ID:  # many: the look-back's rows whole, in one query
+                rows = list(s.exec(query.where(moved)))
+            else:
+                rows = list(s.exec(select(Node).where(col(Node.id).in_(stale)))) if stale else []
         for n in rows:
             assert n.id is not None
             if n.parent_id is None:
@@ -152,7 +168,7 @@ class RecordCache:
                 InsightVersion.created_at,
             )
         ):
-            if version >= self.insight.get(nid, (0, ""))[0]:
+            if version > self.insight.get(nid, (0, ""))[0]:
                 self.insight[nid] = (version, text)
                 touched.add(nid)
         for jid, nid, attempt in s.exec(
@@ -163,7 +179,10 @@ class RecordCache:
                 Job.created_at,
             )
         ):
-            if attempt >= self.last_job.get(nid, (-1, 0))[0]:
+            if attempt >= self.last_job.get(nid, (-1, 0))[0] and self.last_job.get(nid) != (
+                attempt,
+                jid or 0,
+            ):
                 self.last_job[nid] = (attempt, jid or 0)
                 touched.add(nid)
         for rid, nid, jid, metrics in s.exec(
@@ -187,8 +206,9 @@ class RecordCache:
                 Trajectory.created_at,
             )
         ):
-            self.reports[jid] = report
-            touched.add(nid)
+            if self.reports.get(jid) != report:
+                self.reports[jid] = report
+                touched.add(nid)
         for nid in sorted(touched):  # new nodes have the highest ids: `records` stays in id order
             node = self.nodes.get(nid)
             if node is not None:

@@ -73,13 +73,14 @@ def test_reading_the_tree_takes_the_same_queries_at_any_size(settings: Settings,
         sid, root = study.id, study.trunk_node_id
     storage = SqlStorage(settings.db_url)
     counts = []
-    for more in (20, 200):
+    # A first read loads everything; later reads fetch the stamps of what moved, then its rows.
+    for more in (0, 20, 200):
         with db.session(settings.db_url) as s:
             grow(s, sid, root, more)
         with counting(settings.db_url) as seen:
             records = storage.nodes(sid)
         counts.append(len([q for q in seen if q.lstrip().upper().startswith("SELECT")]))
-    assert counts[0] == counts[1] <= 5, counts
+    assert counts[0] <= 5 and counts[1] == counts[2] <= 6, counts
     assert len(records) == 1 + 20 + 200
     last = records[-1]
     # Only the latest attempt's clean dev receipts count; the newest insight; the latest job's report.
