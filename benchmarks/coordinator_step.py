@@ -157,7 +157,7 @@ def main() -> None:
     plain, every = {}, {}
     for n, study in ((args.small, small), (args.large, large)):
         times = study.times
-        plain[n], every[n] = statistics.median(study.plain), statistics.median(times)
+        plain[n], every[n] = statistics.median(study.plain or times), statistics.median(times)
         print(f"{n:>6} nodes: step median {plain[n] * 1000:.0f} ms over {len(study.plain)} steps without a gate "
               f"or merge; {every[n] * 1000:.0f} ms over all {len(times)} (min {min(times) * 1000:.0f}, "
               f"max {max(times) * 1000:.0f})")  # fmt: skip

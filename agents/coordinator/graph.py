@@ -25,7 +25,7 @@ from langgraph.types import Command, interrupt
 
 from agents.coordinator.configuration import CoordinatorConfig, CoordinatorContext
 from agents.coordinator.ports import Integration, NodeRecord, Pending, StudyView
-from agents.coordinator.records import Records, index_of
+from agents.coordinator.records import RecordIndex, Records, index_of
 from agents.coordinator.state import CoordinatorState
 from agents.policies.base import IdeationInput, Judgement, NodeEvidence, Policy, RefineRequest
 from agents.policies.llm.model import BudgetExhausted, ModelError
@@ -674,10 +674,7 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         trunk_dev_mean=trunk.evidence.dev_mean if trunk else None,
         nodes=nodes,
         improvement_state=dict(istate),
-        pruned_lessons=[
-            f"n{r.evidence.number} {r.evidence.title}: {r.evidence.insight or r.evidence.summary}"
-            for r in index.status(NodeStatus.PRUNED)[-PRUNED_LESSONS:]
-        ],
+        pruned_lessons=pruned_lessons(index),
         validated_findings=[f["text"] for f in istate.get("verified_findings", [])],
         refine=refine,
         plateau_level=study.plateau_level,
@@ -692,7 +689,21 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
     )
 
 
-PRUNED_LESSONS = 30  # the most recent lessons of pruned branches an ideator reads
+PRUNED_LESSONS = 30  # the lessons of pruned branches an ideator reads at most
+
+
+def pruned_lessons(index: RecordIndex) -> list[str]:
+    """Return the lessons of the latest pruned branches (their tops carry one), then other pruned nodes'."""
+    pruned = index.status(NodeStatus.PRUNED)
+    chosen = [r for r in pruned if r.evidence.insight.startswith("PRUNED (")][-PRUNED_LESSONS:]
+    room = PRUNED_LESSONS - len(chosen)
+    if room > 0:
+        have = {r.evidence.id for r in chosen}
+        chosen += [r for r in pruned if r.evidence.id not in have][-room:]
+    return [
+        f"n{r.evidence.number} {r.evidence.title}: {r.evidence.insight or r.evidence.summary}"
+        for r in sorted(chosen, key=lambda r: r.evidence.id)
+    ]
 
 
 def trunk_dev_mean(study: StudyView) -> float | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -70,15 +71,32 @@ def checkpointer(settings: Settings) -> Iterator[Any]:
 
 # One SQLite checkpointer per process and file, kept open: closing the last connection to a
 # write-ahead-logged database folds the log back into it (a synced write on every advance).
-# Keyed by the process id too, so a forked worker never uses its parent's connection.
-_SAVERS: dict[tuple[int, Path], SqliteSaver] = {}
+# Keyed by the process id too: a forked child opens its own and keeps its parent's referenced
+# (closing a connection inherited across a fork could disturb the parent's log). A file that was
+# removed or replaced is opened again; a saver dropped from the cache closes once nothing uses it.
+_SAVERS: dict[tuple[int, Path], tuple[SqliteSaver, tuple[int, int] | None]] = {}
+_INHERITED: list[SqliteSaver] = []
 _KEEP = 4
+_LOCK = threading.Lock()
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _sqlite_saver(path: Path) -> SqliteSaver:
     key = (os.getpid(), path)
-    saver = _SAVERS.get(key)
-    if saver is None:
+    with _LOCK:
+        held = _SAVERS.get(key)
+        if held is not None and held[1] is not None and held[1] == _identity(path):
+            return held[0]
+        for other in [k for k in _SAVERS if k[0] != key[0]]:
+            _INHERITED.append(_SAVERS.pop(other)[0])
+        _SAVERS.pop(key, None)
         path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(path, check_same_thread=False, timeout=30)
         conn.execute("PRAGMA busy_timeout=30000")
@@ -87,12 +105,10 @@ def _sqlite_saver(path: Path) -> SqliteSaver:
         conn.execute("PRAGMA synchronous=NORMAL")
         saver = SqliteSaver(conn)
         saver.setup()
-        for stale in [k for k in _SAVERS if k[0] != key[0]]:
-            del _SAVERS[stale]  # a parent's, inherited by fork: dropped, never closed here
         while len(_SAVERS) >= _KEEP:  # a process that served other data directories (tests do)
-            _SAVERS.pop(next(iter(_SAVERS))).conn.close()
-        _SAVERS[key] = saver
-    return saver
+            _SAVERS.pop(next(iter(_SAVERS)))
+        _SAVERS[key] = (saver, _identity(path))
+        return saver
 
 
 @cache

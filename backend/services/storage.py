@@ -48,11 +48,13 @@ def node_records(s: Session, study_id: int) -> list[NodeRecord]:
     )
     insight = dict(
         s.exec(
-            select(InsightVersion.node_id, InsightVersion.text).join(
+            select(InsightVersion.node_id, InsightVersion.text)
+            .join(
                 newest,
                 (col(InsightVersion.node_id) == newest.c.node_id)
                 & (col(InsightVersion.version) == newest.c.version),
             )
+            .order_by(col(InsightVersion.id))  # of two rows with the newest version, the later
         ).all()
     )
     last_job: dict[int, int] = {}  # node -> the job of its latest attempt
@@ -104,7 +106,7 @@ class RecordCache:
         self.loaded_at = 0.0
         self.root: tuple[int, datetime] | None = None
         self.nodes: dict[int, Node] = {}
-        self.insight: dict[int, tuple[int, str]] = {}  # node -> (version, text)
+        self.insight: dict[int, tuple[int, int, str]] = {}  # node -> (version, row id, text)
         self.last_job: dict[int, tuple[int, int]] = {}  # node -> (attempt, job)
         self.receipts: dict[
             int, dict[int, tuple[int | None, dict[str, Any]]]
@@ -160,16 +162,17 @@ class RecordCache:
             s.expunge(n)
             self.nodes[n.id] = n
             touched.add(n.id)
-        for nid, version, text in s.exec(
+        for vid, nid, version, text in s.exec(
             recent(
-                select(InsightVersion.node_id, InsightVersion.version, InsightVersion.text).where(
-                    InsightVersion.study_id == study_id
-                ),
+                select(
+                    InsightVersion.id, InsightVersion.node_id, InsightVersion.version, InsightVersion.text
+                ).where(InsightVersion.study_id == study_id),
                 InsightVersion.created_at,
             )
         ):
-            if version > self.insight.get(nid, (0, ""))[0]:
-                self.insight[nid] = (version, text)
+            # The newest version; of two rows with the same one, the later row (as a full read takes it).
+            if (version, vid or 0) > self.insight.get(nid, (0, 0, ""))[:2]:
+                self.insight[nid] = (version, vid or 0, text)
                 touched.add(nid)
         for jid, nid, attempt in s.exec(
             recent(
@@ -242,7 +245,7 @@ class RecordCache:
             for rid, (of_job, metrics) in self.receipts.get(node.id, {}).items()
             if job is None or of_job in (job, None)
         )
-        insight = {node.id: self.insight[node.id][1]} if node.id in self.insight else {}
+        insight = {node.id: self.insight[node.id][2]} if node.id in self.insight else {}
         return _record(
             node, insight, {node.id: job} if job is not None else {}, {node.id: mine}, self.reports
         )

@@ -141,6 +141,8 @@ def test_the_cached_tree_matches_a_full_read_after_every_kind_of_change(
         old.dev_mean, old.status = 9.5, "rejected"  # a plain update of an old node
         old.verification = {"decision": "refine", "refine_goal": "fix it"}
         s.add(old)
+        s.add(InsightVersion(study_id=sid, node_id=other.id or 0, version=3, text="second thoughts"))
+        # Two writers raced to version 3: the later row is the insight, in a full read and the cache.
         s.add(InsightVersion(study_id=sid, node_id=other.id or 0, version=3, text="third thoughts"))
         job = Job(study_id=sid, node_id=third.id or 0, attempt=3)  # a new attempt: only its receipts count
         third.status = "failed"

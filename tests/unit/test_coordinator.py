@@ -676,3 +676,28 @@ def test_two_studies_whose_roots_share_an_id_keep_their_own_tree_views() -> None
         and sorted(new_b.nodes) == [1, 2]
         and new_b.nodes[2].status == "failed"
     )
+
+
+def test_an_ideator_reads_the_latest_pruned_branches_lessons_first() -> None:
+    from dataclasses import replace
+
+    from agents.coordinator.graph import PRUNED_LESSONS, pruned_lessons
+    from agents.coordinator.records import RecordIndex
+
+    base = _record(1, [1.0])
+
+    def pruned(i: int, insight: str) -> NodeRecord:
+        return replace(
+            base, evidence=replace(base.evidence, id=i, number=i, status="pruned", insight=insight)
+        )
+
+    # Two pruned branches with lessons at their tops, then one big branch of descendants without.
+    tops = [
+        pruned(10, "PRUNED (no gain). Lesson: x above 4 hurts"),
+        pruned(20, "PRUNED (broke size). Lesson: keep x small"),
+    ]
+    below = [pruned(100 + i, "") for i in range(2 * PRUNED_LESSONS)]
+    got = pruned_lessons(RecordIndex([*tops, *below]))
+    assert len(got) == PRUNED_LESSONS
+    assert got[0].startswith("n10 ") and got[1].startswith("n20 ")  # kept, in node order
+    assert got[-1].startswith(f"n{100 + 2 * PRUNED_LESSONS - 1} ")  # then the latest of the rest
