@@ -62,7 +62,7 @@ metric = "size"
 max = {max_size}
 
 [search]
-"config.toml:knob.x" = {{ values = {values} }}
+"config.toml:knob.x" = {{ values = [0, 1, 2, 3, 4, 5] }}
 
 [budget]
 experiments = {experiments}
@@ -120,15 +120,18 @@ def tiny_files(name: str = "tiny", **kw: object) -> dict[str, str]:
         "margin": 0.5,
         "max_test_runs": 10,
         "plateau_stop": 8,
-        "values": [0, 1, 2, 3, 4, 5],
     }
     params.update(kw)
     sleep = params.pop("sleep", 0)
+    values = params.pop("values", None)  # the knob's values, else 0 to 5
+    spec = TINY_SPEC.format(**params)
+    if values is not None:
+        spec = spec.replace("values = [0, 1, 2, 3, 4, 5]", f"values = {values}")
     return {
         "eval.py": TINY_EVAL,
         "config.toml": f"[knob]\nx = 0\nsleep = {sleep}\n",
         "data/test/offset.txt": "777.125\n",
-        "grove.toml": TINY_SPEC.format(**params),
+        "grove.toml": spec,
     }
 
 
