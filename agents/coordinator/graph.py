@@ -11,7 +11,8 @@ while its job runs beside the next experiments (one sealed query at a time), and
 back to `gate` to read the verdict when the job ends. Nor does a gate pass in approve mode: the
 node's approval opens (`awaiting`) and the study explores on the current trunk; `observe`
 applies the decision when it comes, and a `wait` for jobs is resumed (with no finished job)
-as soon as the decision is there. Only when there is nothing else to do (budget spent, frontier empty) does `approve` wait for the human.
+as soon as the decision is there. Only when there is nothing else to do (budget spent,
+frontier empty) does `approve` wait for the human.
 """
 
 from __future__ import annotations
@@ -695,7 +696,7 @@ PRUNED_LESSONS = 30  # the lessons of pruned branches an ideator reads at most
 def pruned_lessons(index: RecordIndex) -> list[str]:
     """Return the lessons of the latest pruned branches (their tops carry one), then other pruned nodes'."""
     pruned = index.status(NodeStatus.PRUNED)
-    chosen = [r for r in pruned if r.evidence.insight.startswith("PRUNED (")][-PRUNED_LESSONS:]
+    chosen = [r for r in pruned if r.evidence.insight.startswith(pruning.LESSON_PREFIX)][-PRUNED_LESSONS:]
     room = PRUNED_LESSONS - len(chosen)
     if room > 0:
         have = {r.evidence.id for r in chosen}

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from agents.tree.model import Tree, TreeNode
 from agents.tree.status import COMPLETED, TERMINAL, NodeStatus
 
+LESSON_PREFIX = "PRUNED ("  # how a pruned branch's top insight begins: `PRUNED (reason). Lesson: ...`
+
 
 @dataclass(frozen=True)
 class Prune:

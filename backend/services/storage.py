@@ -16,6 +16,7 @@ from agents import globs
 from agents.coordinator.ports import Integration, NodeRecord, StudyView
 from agents.coordinator.records import RecordIndex, Records
 from agents.policies.base import NodeEvidence, Proposal
+from agents.tree import pruning
 from agents.tree.insights import InsightUpdate
 from agents.tree.status import ACTIVE, TERMINAL, NodeStatus, StudyStatus
 from backend.core import db, gitops
@@ -341,7 +342,7 @@ def prune_subtree(s: Session, study_id: int, node_id: int, reason: str, lesson: 
         if n.status == NodeStatus.EVALUATED and nid != node_id:
             continue
         transition(s, n, NodeStatus.PRUNED, reason=reason, by=by)
-    add_insight(s, study_id, node_id, f"PRUNED ({reason}). Lesson: {lesson}", [node_id])
+    add_insight(s, study_id, node_id, f"{pruning.LESSON_PREFIX}{reason}). Lesson: {lesson}", [node_id])
 
 
 def experiments_used(s: Session, study_id: int, repeats: int, pending_runs: int = 0) -> int:
