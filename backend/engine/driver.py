@@ -159,6 +159,26 @@ def _resume_value(settings: Settings, study_id: int, intr: Interrupt) -> Any | N
     raise RuntimeError(f"unknown interrupt {intr.value!r}")
 
 
+class _Forgetting:
+    """A gatekeeper whose every call makes the storage read the study and its nodes again (it writes both)."""
+
+    def __init__(self, inner: Gatekeeper, storage: SqlStorage) -> None:
+        self._inner, self._storage = inner, storage
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._inner, name)
+        if not callable(method):
+            return method
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self._storage.forget()
+
+        return call
+
+
 class Driver:
     """Runs one study's graph with the given dispatcher (the local pool or Celery)."""
 
@@ -175,10 +195,11 @@ class Driver:
             study = s.get(Study, study_id)
             assert study is not None
             spec = spec_of(study)
+        self.storage = SqlStorage(settings.db_url)
         self.context = CoordinatorContext(
-            SqlStorage(settings.db_url),
+            self.storage,
             dispatcher,
-            gatekeeper or LocalGatekeeper(settings),
+            _Forgetting(gatekeeper or LocalGatekeeper(settings), self.storage),
             policy or make_policy(spec, ledger=StoreLedger(DbStore(settings, study_id, None))),
         )
 
@@ -211,6 +232,7 @@ class Driver:
                     if not ready:
                         return self._waiting(snap.interrupts)
                     inp = Command(resume=ready)
+                self.storage.forget()  # a run of the graph starts from what the database holds now
                 try:
                     graph.invoke(inp, cfg, context=self.context, durability="sync", version="v2")
                 except BaselineError as exc:

@@ -359,14 +359,35 @@ def experiments_used(s: Session, study_id: int, repeats: int, pending_runs: int 
 
 
 class SqlStorage:
-    """Storage port over SQLModel sessions."""
+    """Storage port over SQLModel sessions.
+
+    The study and its records, once read, are served again until a write through this storage
+    changes them or `forget()` is called: a coordinator step reads them in every graph node, and
+    the driver forgets them before each run of the graph (and after each call to the gatekeeper,
+    which writes the study and its nodes itself).
+    """
 
     def __init__(self, url: str) -> None:
         self.url = url
         self._maps: dict[tuple[int, str], dict[str, Any]] = {}  # repository maps by (study, trunk commit)
+        self._views: dict[int, StudyView] = {}
+        self._records: dict[int, list[NodeRecord]] = {}
+
+    def forget(self, study: bool = True, nodes: bool = True) -> None:
+        """Read the study (and, or, its records) from the database again on the next call."""
+        if study:
+            self._views.clear()
+        if nodes:
+            self._records.clear()
 
     def study(self, study_id: int) -> StudyView:
         """Return the study as the coordinator sees it."""
+        view = self._views.get(study_id)
+        if view is None:
+            view = self._views[study_id] = self._read_study(study_id)
+        return view
+
+    def _read_study(self, study_id: int) -> StudyView:
         with db.session(self.url) as s:
             st = s.get(Study, study_id)
             assert st is not None and st.id is not None
@@ -446,12 +467,16 @@ class SqlStorage:
 
     def nodes(self, study_id: int) -> list[NodeRecord]:
         """Return every node of the study (from this process's cache, refreshed with what changed)."""
-        cache = cache_of(self.url, study_id)
-        with db.session(self.url) as s:
-            return cache.refresh(s, study_id)
+        records = self._records.get(study_id)
+        if records is None:
+            cache = cache_of(self.url, study_id)
+            with db.session(self.url) as s:
+                records = self._records[study_id] = cache.refresh(s, study_id)
+        return records
 
     def add_proposals(self, study_id: int, round_no: int, proposals: list[Proposal]) -> list[int]:
         """Insert the proposals of an ideation round once (a replayed round returns the same ids)."""
+        self.forget(study=False)
         with db.session(self.url) as s:
             existing = s.exec(
                 select(Node)
@@ -492,6 +517,7 @@ class SqlStorage:
 
     def enqueue(self, study_id: int, node_id: int) -> int:
         """Create the job row of the node's next attempt (idempotent) and mark the node queued."""
+        self.forget()
         with db.session(self.url) as s:
             node = s.get(Node, node_id)
             st = s.get(Study, study_id)
@@ -522,6 +548,7 @@ class SqlStorage:
 
     def record(self, study_id: int, result: Integration) -> None:
         """Store a node's verification and summary; it becomes the node's first-level insight."""
+        self.forget(study=False)
         with db.session(self.url) as s:
             node = s.get(Node, result.node_id)
             assert node is not None
@@ -552,12 +579,14 @@ class SqlStorage:
         """Append insight versions for ancestors."""
         if not updates:
             return
+        self.forget(study=False)
         with db.session(self.url) as s:
             for u in updates:
                 add_insight(s, study_id, u.node_id, u.text, list(u.cites))
 
     def save_state(self, study_id: int, state: dict[str, Any], plateau_level: int) -> None:
         """Store the rewritten improvement state."""
+        self.forget(nodes=False)
         with db.session(self.url) as s:
             st = s.get(Study, study_id)
             assert st is not None
@@ -568,6 +597,7 @@ class SqlStorage:
 
     def prune(self, study_id: int, node_id: int, reason: str, lesson: str) -> None:
         """Prune a node and its prunable descendants; the node keeps its lesson as an insight."""
+        self.forget(study=False)
         with db.session(self.url) as s:
             prune_subtree(s, study_id, node_id, reason, lesson)
 
@@ -578,12 +608,14 @@ class SqlStorage:
 
     def pause(self, study_id: int, reason: str) -> None:
         """Pause a running study with a reason (e.g. its LLM budget is spent)."""
+        self.forget(nodes=False)
         with db.session(self.url) as s:
             if lifecycle.load(s, study_id).status == StudyStatus.RUNNING:
                 lifecycle.pause(s, study_id, reason=reason)
 
     def cancel_active(self, study_id: int) -> None:
         """Cancel proposed, queued and running nodes of a stopping study."""
+        self.forget()
         with db.session(self.url) as s:
             for n in s.exec(select(Node).where(Node.study_id == study_id)):
                 if n.status in (NodeStatus.QUEUED, NodeStatus.RUNNING, NodeStatus.PROPOSED):

@@ -13,6 +13,7 @@ from sqlmodel import Session
 from agents.coordinator.graph import tree_of
 from agents.coordinator.ports import NodeRecord
 from agents.coordinator.records import RecordIndex, index_of
+from agents.policies.base import Proposal
 from agents.tree.status import NodeStatus
 from backend.core import db
 from backend.core.config import Settings
@@ -77,6 +78,7 @@ def test_reading_the_tree_takes_the_same_queries_at_any_size(settings: Settings,
     for more in (0, 20, 200):
         with db.session(settings.db_url) as s:
             grow(s, sid, root, more)
+        storage.forget()  # a new coordinator step
         with counting(settings.db_url) as seen:
             records = storage.nodes(sid)
         counts.append(len([q for q in seen if q.lstrip().upper().startswith("SELECT")]))
@@ -217,3 +219,35 @@ def test_a_coordinator_process_keeps_the_records_of_a_bounded_number_of_studies(
     mine = [key[1] for key in storage._CACHES if key[0] == url]
     assert len(mine) == cap and 2 not in mine and 1 in mine and cap + 1 in mine
     assert storage.cache_of(url, 1) is first
+
+
+def test_a_step_reads_the_study_once_until_something_writes(settings: Settings, tiny_repo: Path) -> None:
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, tiny_files()["grove.toml"], str(tiny_repo))
+        assert study.id is not None and study.trunk_node_id is not None
+        sid, root = study.id, study.trunk_node_id
+    storage = SqlStorage(settings.db_url)
+    first, records = storage.study(sid), storage.nodes(sid)
+    with counting(settings.db_url) as seen:
+        again, same = storage.study(sid), storage.nodes(sid)
+    assert seen == [] and again is first and same is records
+    # Its own writes are read back: a new node, a new job, a new improvement state.
+    [nid] = storage.add_proposals(
+        sid, 1, [Proposal(parent_id=root, title="try", hypothesis={}, prior=0.5, edits={})]
+    )
+    assert nid in {r.evidence.id for r in storage.nodes(sid)}
+    before = storage.study(sid).experiments_used
+    storage.enqueue(sid, nid)
+    assert storage.study(sid).experiments_used == before + 1
+    storage.save_state(sid, {"plan": "next"}, 0)
+    assert storage.study(sid).improvement_state == {"plan": "next"}
+    assert {r.evidence.id: r.evidence.title for r in storage.nodes(sid)}[nid] == "try"
+    # Another process's write is seen once the step ends (`forget`).
+    with db.session(settings.db_url) as s:
+        node = s.get(Node, nid)
+        assert node is not None
+        node.title = "renamed elsewhere"
+        s.add(node)
+    assert {r.evidence.id: r.evidence.title for r in storage.nodes(sid)}[nid] == "try"
+    storage.forget()
+    assert {r.evidence.id: r.evidence.title for r in storage.nodes(sid)}[nid] == "renamed elsewhere"
