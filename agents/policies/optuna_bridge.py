@@ -125,14 +125,19 @@ def preload() -> None:
 
 
 def warm_up() -> None:
-    """Ask a GP once on a small synthetic study, so a process's first GP step runs at full speed.
+    """Keep torch to one thread and ask a GP once, so a process's first GP step runs at full speed.
 
     The first GP asks of a process are several times slower than the rest (torch's thread pool,
     first kernel calls, scipy's quasi-random tables). Call it in the process that will ask: after
-    a fork, not before (a thread pool does not survive one).
+    a fork, not before (a thread pool does not survive one). A GP of at most `HISTORY` points
+    gains nothing from more threads, and threads that contend with the workers for the cores
+    make an ask take about twice as long.
     """
     if not gp_available():
         return
+    import torch
+
+    torch.set_num_threads(1)
     dists: dict[str, BaseDistribution] = {"x": FloatDistribution(0.0, 1.0), "y": FloatDistribution(0.0, 1.0)}
     study = optuna.create_study(sampler=make_sampler("gp", 0))
     for i in range(12):

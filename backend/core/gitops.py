@@ -108,6 +108,14 @@ def toplevel(path: Path) -> Path | None:
 
 
 @dataclass(frozen=True)
+class Change:
+    """What a diff touched: every path (both sides of a rename), and files, insertions and deletions."""
+
+    paths: list[str]
+    stats: dict[str, int]
+
+
+@dataclass(frozen=True)
 class Repo:
     """Grove's own clone of a target repository."""
 
@@ -197,13 +205,27 @@ class Repo:
 
     def diff_stats(self, old: str, new: str) -> dict[str, int]:
         """Return files, insertions and deletions between two commits."""
+        return self.change(old, new).stats
+
+    def change(self, old: str, new: str) -> Change:
+        """Return what changed between two commits: every path touched, and the diff's sizes (one git call)."""
+        out = self.git("diff", "--no-ext-diff", "--no-textconv", "--numstat", "-z", old, new)
+        fields = out.split("\0")
+        paths: list[str] = []
         files = ins = dels = 0
-        for line in self.git("diff", "--no-ext-diff", "--no-textconv", "--numstat", old, new).splitlines():
-            a, d, _ = line.split("\t", 2)
+        i = 0
+        while i < len(fields) and fields[i]:
+            a, d, path = fields[i].split("\t", 2)
+            if path:
+                paths.append(path)
+                i += 1
+            else:  # a rename or copy: its source and destination follow
+                paths += fields[i + 1 : i + 3]
+                i += 3
             files += 1
             ins += int(a) if a.isdigit() else 0
             dels += int(d) if d.isdigit() else 0
-        return {"files": files, "insertions": ins, "deletions": dels}
+        return Change(paths, {"files": files, "insertions": ins, "deletions": dels})
 
     def is_ancestor(self, commit: str, of: str) -> bool:
         """Return whether `commit` is an ancestor of (or equal to) `of`."""

@@ -107,8 +107,8 @@ def run_experiment(site: Site, job_id: int, token: str) -> str:
         if commit is None:
             return finish(NodeStatus.FAILED, failure="the change is empty")
         store.publish(repo, node.branch, commit)
-        violation = workspace.diff_violation(repo, node.base_commit, commit, spec)
-        stats = repo.diff_stats(node.base_commit, commit)
+        change = repo.change(node.base_commit, commit)
+        violation, stats = workspace.violation_of(change.paths, spec), change.stats
         if violation:
             return finish(NodeStatus.REJECTED, commit=commit, diff_stats=stats, failure=violation)
         runs = repeats.dev_runs(

@@ -64,7 +64,12 @@ def prepare(
 
 def diff_violation(repo: Repo, base: str, commit: str, spec: Spec) -> str:
     """Return why a change may not be kept (protected, sealed or non-editable path), or ''."""
-    for path in repo.changed_files(base, commit):
+    return violation_of(repo.changed_files(base, commit), spec)
+
+
+def violation_of(paths: list[str], spec: Spec) -> str:
+    """Return why a change to these paths may not be kept (protected, sealed or non-editable), or ''."""
+    for path in paths:
         if globs.match_any(spec.files.protected, path):
             return f"changed protected file {path}"
         if globs.match_any(spec.files.sealed, path):

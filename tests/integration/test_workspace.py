@@ -69,6 +69,26 @@ def test_diff_outside_editable_or_protected_is_refused(tmp_path: Path, tiny_repo
         repo.remove_worktree(wt)
 
 
+def test_a_change_names_both_sides_of_a_rename_and_counts_like_git(tmp_path: Path, tiny_repo: Path) -> None:
+    spec = parse_spec(tiny_files()["grove.toml"])
+    repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
+    base = repo.rev("main")
+    wt = workspace.prepare(repo, tmp_path / "wt", "grove/t/r", base, sealed=spec.files.sealed, reason="t")
+    (wt / "eval.py").rename(wt / "moved\tname.py")  # the protected evaluator, renamed away
+    (wt / "config.toml").write_text("[knob]\nx = 7\nsleep = 0\n")
+    (wt / "blob.bin").write_bytes(bytes(range(256)))
+    commit = repo.commit_all(wt, "rename")
+    assert commit is not None
+    change = repo.change(base, commit)
+    assert sorted(change.paths) == sorted(["eval.py", "moved\tname.py", "config.toml", "blob.bin"])
+    assert sorted(change.paths) == sorted(repo.changed_files(base, commit))
+    assert change.stats == {"files": 3, "insertions": 1, "deletions": 1}
+    assert workspace.violation_of(change.paths, spec) == "changed blob.bin, which is outside files.editable"
+    no_blob = [p for p in change.paths if p != "blob.bin"]
+    assert workspace.violation_of(no_blob, spec) == "changed protected file eval.py"
+    repo.remove_worktree(wt)
+
+
 def test_concurrent_worktree_creation_is_serialised(tmp_path: Path, tiny_repo: Path) -> None:
     repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
     base = repo.rev("main")
