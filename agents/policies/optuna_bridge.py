@@ -125,19 +125,14 @@ def preload() -> None:
 
 
 def warm_up() -> None:
-    """Keep torch to one thread and ask a GP once, so a process's first GP step runs at full speed.
+    """Ask a GP once on a small synthetic study, so a process's first GP step runs at full speed.
 
     The first GP asks of a process are several times slower than the rest (torch's thread pool,
     first kernel calls, scipy's quasi-random tables). Call it in the process that will ask: after
-    a fork, not before (a thread pool does not survive one). A GP of at most `HISTORY` points
-    gains nothing from more threads, and threads that contend with the workers for the cores
-    make an ask take about twice as long.
+    a fork, not before (a thread pool does not survive one).
     """
     if not gp_available():
         return
-    import torch
-
-    torch.set_num_threads(1)
     dists: dict[str, BaseDistribution] = {"x": FloatDistribution(0.0, 1.0), "y": FloatDistribution(0.0, 1.0)}
     study = optuna.create_study(sampler=make_sampler("gp", 0))
     for i in range(12):
@@ -147,6 +142,19 @@ def warm_up() -> None:
         warnings.simplefilter("ignore")
         for _ in range(2):
             study.ask(dists)
+
+
+def one_thread() -> None:
+    """Keep torch to one thread, in a process that does nothing with it but ask GPs.
+
+    A GP of at most `HISTORY` points gains nothing from more, and threads that contend with the
+    workers for the cores make an ask take about twice as long. Not for a process that also
+    trains (a worker that takes learning jobs beside the coordinator's).
+    """
+    if gp_available():
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def resolve(name: SamplerName) -> SamplerName:

@@ -34,14 +34,16 @@ from backend.worker.celery_app import app
 from backend.worker.dispatch import CeleryDispatcher, enqueue_advance
 
 _coordinating = False  # this worker consumes the coordinator queue (set before the pool forks)
+_only_coordinating = False  # and no other: its processes run no torch but the GP's
 
 
 @celeryd_after_setup.connect
 def _after_setup(instance: object, **_: object) -> None:
-    global _coordinating
+    global _coordinating, _only_coordinating
     queues = getattr(getattr(instance, "app", app).amqp.queues, "consume_from", None) or {}
     if "coordinator" in queues:
         _coordinating = True
+        _only_coordinating = set(queues) == {"coordinator"}
         # Once, before the pool forks: its processes share the modules (nothing runs on a GPU here).
         optuna_bridge.preload()
 
@@ -50,6 +52,8 @@ def _after_setup(instance: object, **_: object) -> None:
 def _init_process(**_: object) -> None:
     fanout.enable(get_settings().redis_url)
     pin_gpu()
+    if _only_coordinating:
+        optuna_bridge.one_thread()
     if _coordinating:
         optuna_bridge.warm_up()  # in each pool process: a study's first GP step is not slowed
 
