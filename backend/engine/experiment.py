@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,12 @@ from backend.services.ledger import StoreLedger
 from backend.services.records import spec_of
 
 
-def run_experiment(site: Site, job_id: int, token: str) -> str:
-    """Implement, commit, police and dev-evaluate one node attempt; return the node's new status."""
+def run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], None] | None = None) -> str:
+    """Implement, commit, police and dev-evaluate one node attempt; return the node's new status.
+
+    `stored` is called once an evaluated or rejected outcome is stored, before the worktree is
+    removed.
+    """
     settings = site.settings
     job, node, study, store = site.claim_experiment(job_id, token)
     spec = spec_of(study)
@@ -52,6 +57,10 @@ def run_experiment(site: Site, job_id: int, token: str) -> str:
 
     def finish(status: str, extra_runs: int = 0, **fields: object) -> str:
         store.finish(status, extra_runs, fields)
+        # Not a failed attempt: its retry may start at once on the node's branch, which this
+        # worktree holds until it is removed.
+        if stored is not None and status != NodeStatus.FAILED:
+            stored()
         return status
 
     def reflection(failure: str, tail: str = "") -> str:

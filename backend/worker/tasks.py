@@ -1,6 +1,7 @@
 """Celery tasks: coordinator steps, experiments on `cpu`/`gpu`, and the reconciler.
 
-Executor tasks never wait on other tasks: they end by enqueueing `coordinator.advance`.
+Executor tasks never wait on other tasks: they enqueue `coordinator.advance` once their outcome
+is stored (an experiment before it cleans its worktree up, so the coordinator's step overlaps it).
 """
 
 from __future__ import annotations
@@ -137,8 +138,13 @@ def site_of(settings: Settings) -> Site:
     return LocalSite(settings)
 
 
-def _job(job_id: int, token: str, study_id: int | None, run: Callable[[Site, int, str], str]) -> str:
-    """Run a job under its lease, then wake the coordinator (a duplicate delivery finds it held)."""
+def _job(
+    job_id: int, token: str, study_id: int | None, run: Callable[[Site, int, str, Callable[[], None]], str]
+) -> str:
+    """Run a job under its lease and wake the coordinator once: when `run` says its outcome is stored, else at the end.
+
+    A duplicate delivery finds the lease held.
+    """
     settings = get_settings()
     if study_id is None and not settings.worker_token:  # a task sent before tasks carried their study
         with db.session(settings.db_url) as s:
@@ -146,18 +152,30 @@ def _job(job_id: int, token: str, study_id: int | None, run: Callable[[Site, int
             study_id = job.study_id if job else None
     if study_id is None:
         return "unknown job"
+    woken = False
+
+    def wake() -> None:
+        nonlocal woken
+        if not woken and study_id is not None:
+            woken = True
+            enqueue_advance(app, study_id)
+
     try:
         with lease(settings.redis_url, f"grove:job:{job_id}", settings.lease_seconds):
-            status = run(site_of(settings), job_id, token)
+            status = run(site_of(settings), job_id, token, wake)
     except Busy:
         return "running elsewhere"
-    enqueue_advance(app, study_id)
+    wake()
     return status
 
 
-def _experiment(site: Site, job_id: int, token: str) -> str:
+def _sealed(site: Site, job_id: int, token: str, stored: Callable[[], None]) -> str:
+    return sealed.run(site, job_id, token)
+
+
+def _experiment(site: Site, job_id: int, token: str, stored: Callable[[], None]) -> str:
     try:
-        return str(experiment.run_experiment(site, job_id, token))
+        return str(experiment.run_experiment(site, job_id, token, stored))
     except Superseded:
         return "superseded"
     except SoftTimeLimitExceeded:
@@ -180,13 +198,13 @@ def experiment_gpu(job_id: int, token: str, study_id: int | None = None) -> str:
 @app.task(name="cpu.sealed")
 def sealed_cpu(job_id: int, token: str, study_id: int | None = None) -> str:
     """Run a study's baseline or gate evaluation on the cpu queue."""
-    return _job(job_id, token, study_id, sealed.run)
+    return _job(job_id, token, study_id, _sealed)
 
 
 @app.task(name="gpu.sealed")
 def sealed_gpu(job_id: int, token: str, study_id: int | None = None) -> str:
     """Run a GPU study's baseline or gate evaluation on the gpu queue."""
-    return _job(job_id, token, study_id, sealed.run)
+    return _job(job_id, token, study_id, _sealed)
 
 
 @app.task(name="gpu.learn", bind=True, max_retries=None)
