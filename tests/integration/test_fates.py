@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlmodel import col, select
 
 from backend.api.main import create_app
 from backend.core import db
@@ -20,7 +22,7 @@ from tests.conftest import drop_postgres_database, make_repo, postgres_database,
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Settings]:
-    name = f"grove_fates_{os.getpid()}"
+    name = f"grove_fates_{os.getpid()}_{uuid.uuid4().hex[:8]}"  # an engine is cached per URL
     url = postgres_database(name) if request.param == "postgres" else None
     s = Settings(data_dir=tmp_path / "data", worktrees_dir=tmp_path / "wt", database_url=url)
     s.ensure_dirs()
@@ -77,3 +79,86 @@ def test_every_fate_reads_the_same_in_the_tree_and_on_the_node(settings: Setting
             assert tree[nid] == want
             assert client.get(f"/api/v1/studies/{sid}/nodes/{nid}", headers=headers).json()["fate"] == want
         assert tree[root] == "the baseline: trunk at the study's start"
+
+
+def test_the_kept_tree_reads_as_a_fresh_one_after_every_kind_of_change(
+    settings: Settings, tmp_path: Path
+) -> None:
+    from sqlalchemy import event
+
+    from backend.api import schemas
+    from backend.services.fates import study_fates
+
+    repo = make_repo(tmp_path / "r", tiny_files(name="kept"))
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, tiny_files(name="kept")["grove.toml"], str(repo))
+    sid, root = study.id or 0, study.trunk_node_id
+    with db.session(settings.db_url) as s:
+        st = s.get(Study, sid)
+        assert st is not None
+        for i in range(30):
+            s.add(Node(study_id=sid, parent_id=root, depth=1, title=f"n{i}", status="evaluated",
+                       base_commit=st.trunk_commit, dev_mean=0.5, dev_n=2, gain=0.1, gain_lcb=0.05))  # fmt: skip
+    fields = [f for f in schemas.NodeSummary.model_fields]
+    headers = {"Authorization": f"Bearer {create_token(settings, ['viewer'], 'v')}"}
+    seen: list[str] = []
+
+    def count(conn, cursor, statement, params, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        seen.append(statement)
+
+    def fresh() -> list[dict[str, object]]:
+        with db.session(settings.db_url) as s:
+            st = s.get(Study, sid)
+            assert st is not None
+            fate = study_fates(s, st)
+            nodes = s.exec(select(Node).where(Node.study_id == sid).order_by(col(Node.id))).all()
+            return [{f: fate[n.id or 0] if f == "fate" else getattr(n, f) for f in fields} for n in nodes]
+
+    with TestClient(create_app(settings)) as client:
+
+        node_reads: list[str] = []
+
+        def read() -> list[dict[str, object]]:
+            seen.clear()
+            nodes: list[dict[str, object]] = client.get(
+                f"/api/v1/studies/{sid}/tree", headers=headers
+            ).json()["nodes"]
+            node_reads[:] = [q for q in seen if "FROM node" in q]
+            assert nodes == fresh()
+            return nodes
+
+        read()
+        event.listen(db.get_engine(settings.db_url), "before_cursor_execute", count)
+        try:
+            read()  # nothing changed: only the stamps are read
+            assert len(node_reads) == 1, node_reads
+            with db.session(settings.db_url) as s:
+                ids = [
+                    n.id or 0 for n in s.exec(select(Node).where(Node.study_id == sid).order_by(col(Node.id)))
+                ]
+                a, b, c = (s.get(Node, i) for i in ids[3:6])
+                assert a is not None and b is not None and c is not None
+                a.status, a.status_by = "merged", "ada"  # its own row changes
+                b.status, b.verification = "rejected", {"decision": "refine", "open_constraints": ["size"]}
+                s.add_all([a, b])
+            read()
+            with db.session(settings.db_url) as s:  # a refine child: its parent's row does not change
+                s.add(
+                    Node(
+                        study_id=sid,
+                        parent_id=b.id,
+                        depth=2,
+                        origin="refine",
+                        origin_ref=b.id,
+                        title="refine",
+                    )
+                )
+            assert any("refined as" in str(n["fate"]) for n in read())
+            with db.session(settings.db_url) as s:  # trunk moves: every evaluated node's fate may change
+                st = s.get(Study, sid)
+                assert st is not None
+                st.trunk_commit = "0" * 40
+                s.add(st)
+            read()
+        finally:
+            event.remove(db.get_engine(settings.db_url), "before_cursor_execute", count)

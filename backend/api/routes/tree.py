@@ -6,11 +6,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
-import pydantic_core
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi import Path as PathParam
 from fastapi.responses import PlainTextResponse, Response
-from sqlalchemy import String, type_coerce
 from sqlmodel import Session, col, select
 
 from agents.policies import configfiles
@@ -20,7 +18,7 @@ from backend.api.deps import MAX_ID, CeleryDep, NodeId, Operator, Reader, Sessio
 from backend.api.routes.studies import get_study
 from backend.core import gitops
 from backend.core.models import Event, InsightVersion, Node, ReceiptRow, Study
-from backend.services import fates
+from backend.services import fates, treebody
 from backend.services.records import add_event, spec_of
 from backend.services.storage import prune_subtree
 from backend.worker.dispatch import enqueue_advance
@@ -41,24 +39,9 @@ def tree(study_id: StudyId, s: SessionDep, settings: SettingsDep, who: Reader) -
     """Return every node of the study's tree."""
     st = get_study(s, study_id)
     fields = [f for f in schemas.NodeSummary.model_fields if f != "fate"]
-    # `updated_at` is only a memo key for fates: read as the driver gives it, not made timezone-aware.
-    columns = [*(getattr(Node, f) for f in fields), type_coerce(Node.updated_at, String), Node.origin_ref]
-    query = select(*columns).where(col(Node.study_id) == study_id).order_by(col(Node.id))
-    rows = s.connection().execute(query).all()
-    k = len(fields)
-    # Rows come straight from typed columns through Core (no ORM loading), in the response model's
-    # fields: they are written as JSON directly, not built into 5,000 models and validated again.
-    nodes = [dict(zip(fields, row[:k], strict=True)) for row in rows]
-    changed = {row[0]: row[k] for row in rows}
-    refined: dict[int, list[int]] = {}
-    for row in rows:
-        if row[k + 1] is not None and row[fields.index("origin")] == "refine":
-            refined.setdefault(row[k + 1], []).append(row[fields.index("number")])
-    fate = fates.bulk_fates(s, settings.db_url, st, nodes, changed, refined)
-    for node in nodes:
-        node["fate"] = fate[node["id"]]
-    body = {"study_id": study_id, "trunk_node_id": st.trunk_node_id, "nodes": nodes}
-    return Response(pydantic_core.to_json(body, inf_nan_mode="null"), media_type="application/json")
+    # Written as JSON directly from the database's tuples, not built into 5,000 models and validated
+    # again; kept per node and rebuilt only where a node changed (`services/treebody.py`).
+    return Response(treebody.tree_body(s, settings.db_url, st, fields), media_type="application/json")
 
 
 @router.get("/nodes/{node_id}", response_model=schemas.NodeDetail)
