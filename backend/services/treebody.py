@@ -73,15 +73,18 @@ def _body(s: Session, url: str, st: Study, fields: list[str], kept: _Kept) -> by
     stamps: dict[int, Any] = dict(
         _rows(s, select(Node.id, type_coerce(Node.updated_at, String)).where(col(Node.study_id) == st.id))
     )
-    for gone in kept.stamps.keys() - stamps.keys():
-        kept.stamps.pop(gone)
-        kept.rows.pop(gone, None)
-        kept.pieces.pop(gone, None)
+    gone = kept.stamps.keys() - stamps.keys()
+    for nid in gone:
+        kept.stamps.pop(nid)
+        kept.rows.pop(nid, None)
+        kept.pieces.pop(nid, None)
     moved = sorted(nid for nid, stamp in stamps.items() if kept.stamps.get(nid) != stamp)
     trunk, min_gain = st.trunk_commit, spec_of(st).plateau.min_gain
     context = (st.trunk_node_id, trunk, min_gain)
-    if not moved and len(stamps) == len(kept.rows) and kept.body is not None and kept.body[0] == context:
+    unchanged = not moved and not gone and len(stamps) == len(kept.rows)
+    if unchanged and kept.body is not None and kept.body[0] == context:
         return kept.body[1]
+    kept.body = None  # a rebuild that fails half-way leaves no body that would look current
     columns = [*(getattr(Node, f) for f in fields), type_coerce(Node.updated_at, String), Node.origin_ref]
     for i in range(0, len(moved), CHUNK):
         query = select(*columns).where(col(Node.study_id) == st.id, col(Node.id).in_(moved[i : i + CHUNK]))

@@ -156,16 +156,22 @@ def _job(
 
     def wake() -> None:
         nonlocal woken
-        if not woken and study_id is not None:
-            woken = True
+        if woken or study_id is None:
+            return
+        try:
             enqueue_advance(app, study_id)
+        except Exception:  # the broker is away: the wake at the end (or the reconciler) tries again
+            traceback.print_exc()
+            return
+        woken = True
 
     try:
         with lease(settings.redis_url, f"grove:job:{job_id}", settings.lease_seconds):
             status = run(site_of(settings), job_id, token, wake)
     except Busy:
         return "running elsewhere"
-    wake()
+    if not woken and study_id is not None:
+        enqueue_advance(app, study_id)
     return status
 
 

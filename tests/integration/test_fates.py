@@ -115,7 +115,6 @@ def test_the_kept_tree_reads_as_a_fresh_one_after_every_kind_of_change(
             return [{f: fate[n.id or 0] if f == "fate" else getattr(n, f) for f in fields} for n in nodes]
 
     with TestClient(create_app(settings)) as client:
-
         node_reads: list[str] = []
 
         def read() -> list[dict[str, object]]:
@@ -160,5 +159,10 @@ def test_the_kept_tree_reads_as_a_fresh_one_after_every_kind_of_change(
                 st.trunk_commit = "0" * 40
                 s.add(st)
             read()
+            with db.session(settings.db_url) as s:  # a node removed, nothing else changed
+                last = s.get(Node, ids[-1])
+                assert last is not None
+                s.delete(last)
+            assert ids[-1] not in {n["id"] for n in read()}
         finally:
             event.remove(db.get_engine(settings.db_url), "before_cursor_execute", count)
