@@ -67,11 +67,16 @@ def grow(s: Session, study_id: int, root: int, count: int) -> None:
     s.commit()
 
 
-def test_reading_the_tree_takes_the_same_queries_at_any_size(settings: Settings, tiny_repo: Path) -> None:
+def new_study(settings: Settings, repo: Path) -> tuple[int, int]:
+    """Create the tiny study; return its id and its root node's."""
     with db.session(settings.db_url) as s:
-        study = create_study(s, settings, tiny_files()["grove.toml"], str(tiny_repo))
+        study = create_study(s, settings, tiny_files()["grove.toml"], str(repo))
         assert study.id is not None and study.trunk_node_id is not None
-        sid, root = study.id, study.trunk_node_id
+        return study.id, study.trunk_node_id
+
+
+def test_reading_the_tree_takes_the_same_queries_at_any_size(settings: Settings, tiny_repo: Path) -> None:
+    sid, root = new_study(settings, tiny_repo)
     storage = SqlStorage(settings.db_url)
     counts = []
     # A first read loads everything; later reads fetch the stamps of what moved, then its rows.
@@ -105,10 +110,7 @@ def test_the_cached_tree_matches_a_full_read_after_every_kind_of_change(
 
     from backend.services.storage import RecordCache, node_records
 
-    with db.session(settings.db_url) as s:
-        study = create_study(s, settings, tiny_files()["grove.toml"], str(tiny_repo))
-        assert study.id is not None and study.trunk_node_id is not None
-        sid, root = study.id, study.trunk_node_id
+    sid, root = new_study(settings, tiny_repo)
     with db.session(settings.db_url) as s:
         grow(s, sid, root, 30)
     # No look-back margin: only what the change markers say changed is read again.
@@ -222,10 +224,7 @@ def test_a_coordinator_process_keeps_the_records_of_a_bounded_number_of_studies(
 
 
 def test_a_step_reads_the_study_once_until_something_writes(settings: Settings, tiny_repo: Path) -> None:
-    with db.session(settings.db_url) as s:
-        study = create_study(s, settings, tiny_files()["grove.toml"], str(tiny_repo))
-        assert study.id is not None and study.trunk_node_id is not None
-        sid, root = study.id, study.trunk_node_id
+    sid, root = new_study(settings, tiny_repo)
     storage = SqlStorage(settings.db_url)
     first, records = storage.study(sid), storage.nodes(sid)
     with counting(settings.db_url) as seen:
