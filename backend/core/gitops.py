@@ -203,10 +203,6 @@ class Repo:
         """Return the unified diff between two commits."""
         return self.git("diff", "--no-ext-diff", "--no-textconv", "--no-color", old, new)
 
-    def diff_stats(self, old: str, new: str) -> dict[str, int]:
-        """Return files, insertions and deletions between two commits."""
-        return self.change(old, new).stats
-
     def change(self, old: str, new: str) -> Change:
         """Return what changed between two commits: every path touched, and the diff's sizes (one git call)."""
         out = self.git("diff", "--no-ext-diff", "--no-textconv", "--numstat", "-z", old, new)

@@ -35,7 +35,7 @@ class _Kept:
     lock: threading.Lock = field(default_factory=threading.Lock)
     loaded_at: float = field(default_factory=time.monotonic)
     stamps: dict[int, Any] = field(default_factory=dict)  # node -> updated_at of the row kept
-    rows: dict[int, dict[str, Any]] = field(default_factory=dict)  # node -> summary fields and origin_ref
+    rows: dict[int, dict[str, Any]] = field(default_factory=dict)  # node -> summary and fate columns
     pieces: dict[int, tuple[tuple[Any, ...], bytes]] = field(default_factory=dict)  # node -> (fate key, JSON)
     body: tuple[tuple[Any, ...], bytes] | None = None  # the last body, with what it was built from
 
@@ -85,37 +85,28 @@ def _body(s: Session, url: str, st: Study, fields: list[str], kept: _Kept) -> by
     if unchanged and kept.body is not None and kept.body[0] == context:
         return kept.body[1]
     kept.body = None  # a rebuild that fails half-way leaves no body that would look current
-    columns = [*(getattr(Node, f) for f in fields), type_coerce(Node.updated_at, String), Node.origin_ref]
+    extra = fates.fate_columns()
+    columns = [*(getattr(Node, f) for f in fields), type_coerce(Node.updated_at, String), *extra.values()]
+    names = [*fields, "updated_at", *extra]
     for i in range(0, len(moved), CHUNK):
         query = select(*columns).where(col(Node.study_id) == st.id, col(Node.id).in_(moved[i : i + CHUNK]))
         for values in _rows(s, query):
-            nid = values[0]
-            kept.rows[nid] = {
-                **dict(zip(fields, values[: len(fields)], strict=True)),
-                "origin_ref": values[-1],
-            }
+            row = dict(zip(names, values, strict=True))
             # The stamp the row was read with: a write between the two queries is read next time.
-            kept.stamps[nid] = values[len(fields)]
+            kept.stamps[row["id"]] = row.pop("updated_at")
+            kept.rows[row["id"]] = row
     refined: dict[int, list[int]] = {}
     for nid in sorted(kept.rows):
         row = kept.rows[nid]
         if row["origin"] == "refine" and row["origin_ref"] is not None:
             refined.setdefault(row["origin_ref"], []).append(row["number"])
-    stale: dict[int, tuple[Any, ...]] = {}
-    for nid in kept.rows:
+    for nid, row in kept.rows.items():
         key = (kept.stamps[nid], trunk, tuple(refined.get(nid, ())), min_gain)
         piece = kept.pieces.get(nid)
         if piece is None or piece[0] != key:
-            stale[nid] = key
-    if stale:
-        rows = [{f: kept.rows[nid][f] for f in fields} for nid in stale]
-        told = fates.bulk_fates(s, url, st, rows, {nid: kept.stamps[nid] for nid in stale}, refined)
-        for row in rows:
-            nid = row["id"]
-            kept.pieces[nid] = (
-                stale[nid],
-                pydantic_core.to_json({**row, "fate": told[nid]}, inf_nan_mode="null"),
-            )
+            told = fates.node_fate(row, refined.get(nid, ()), trunk, min_gain)
+            summary = {f: row[f] for f in fields}
+            kept.pieces[nid] = (key, pydantic_core.to_json({**summary, "fate": told}, inf_nan_mode="null"))
     head = pydantic_core.to_json({"study_id": st.id, "trunk_node_id": st.trunk_node_id})
     body = b"".join(
         [head[:-1], b',"nodes":[', b",".join(kept.pieces[nid][1] for nid in sorted(kept.pieces)), b"]}"]
