@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -101,15 +101,15 @@ def run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], Non
             },
             runtime=SandboxRuntime(settings, study, path, label, repo, node.base_commit),
         )
+        # A human's own words stay; a generated title is rewritten from the real change.
+        edits = dict(node.edits) if node.origin != "human" else {}
+        before = key_values(spec, path, edits)  # the worktree is still at the base commit
         try:
             account = policy.implement(path, inp)
         finally:
             if inp.trajectory:
                 store.save_trajectory(inp.trajectory)
-        # A human's own words stay; a generated title is rewritten from the real diff.
-        title = (
-            node.origin != "human" and diff_title(spec, repo, node.base_commit, path, dict(node.edits))
-        ) or node.title
+        title = diff_title(before, key_values(spec, path, edits)) or node.title
         commit = repo.commit_all(path, f"Grove n{node.number}: {title}\n\n{account}")
         if title != node.title:
             store.relabel(node.title, title)
@@ -236,20 +236,32 @@ def constraint_text(c: Constraint) -> str:
     return f"{c.name} (hard, measured): {bounds}" + (f"; {c.description}" if c.description else "")
 
 
-def diff_title(spec: Spec, repo: gitops.Repo, base_commit: str, worktree: Path, edits: dict[str, Any]) -> str:
-    """Describe a config-edit node by its real change to the commit it sits on: `key old → new, ...`."""
-    changes = []
-    for key in sorted(edits):
+def key_values(spec: Spec, worktree: Path, keys: Iterable[str]) -> dict[str, Any] | None:
+    """Return the values of `[search]` keys in a worktree's files; None if one is not a key or cannot be read."""
+    root = worktree.resolve()
+
+    def read(file: str) -> str:
+        path = (worktree / file).resolve()
+        if not path.is_relative_to(root):
+            raise ValueError(f"{file} resolves outside the worktree")
+        return path.read_text("utf-8")
+
+    values = {}
+    for key in keys:
         if key not in spec.search:
-            return ""
+            return None
         try:
-            old = spec.value_at(key, lambda f: repo.read_followed(base_commit, f))
-            new = spec.value_at(key, lambda f: (worktree / f).read_text("utf-8"))
-        except (configfiles.ConfigKeyError, GitError, OSError, ValueError):
-            return ""
-        if fmt(old) != fmt(new):
-            changes.append(f"{key} {fmt(old)} → {fmt(new)}")
-    return ", ".join(changes)
+            values[key] = spec.value_at(key, read)
+        except (configfiles.ConfigKeyError, OSError, ValueError):
+            return None
+    return values
+
+
+def diff_title(old: dict[str, Any] | None, new: dict[str, Any] | None) -> str:
+    """Describe a config-edit node by its real change: `key old → new, ...` ("" when unknown)."""
+    if not old or not new:
+        return ""
+    return ", ".join(f"{k} {fmt(old[k])} → {fmt(new[k])}" for k in sorted(old) if fmt(old[k]) != fmt(new[k]))
 
 
 def _die_with_parent() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from sqlmodel import select
 
 from agents.policies import configfiles
+from agents.policies.space import fmt
 from backend.cli.runner import run_study
 from backend.core import db, gitops
 from backend.core.config import Settings
@@ -147,6 +148,7 @@ def test_study_tunes_suffixless_yaml_two_targets_hydra_choice_and_float_lr(
     git = gitops.Repo(Path(st.repo_path))
     assert len(nodes) >= 4
     seen_model, seen_lr, seen_alpha = False, False, False
+    titled = 0
     for n in nodes:
         lr = n.edits["conf/config.yaml:train.lr"]
         assert isinstance(lr, float) and 1e-4 <= lr <= 1e-2
@@ -175,5 +177,13 @@ def test_study_tunes_suffixless_yaml_two_targets_hydra_choice_and_float_lr(
                 "- model: mlp   # the model group",
             )
         seen_alpha |= bool(changed_lines(git.read_at(n.base_commit, "MLproject"), ml))
-    assert seen_lr and seen_model and seen_alpha
+        # The title names each key the commit really changed, with its old and new value.
+        moved = []
+        for key in sorted(n.edits):
+            was = fmt(spec.value_at(key, lambda f, n=n: git.read_followed(n.base_commit, f)))
+            now = fmt(spec.value_at(key, lambda f, n=n: git.read_followed(n.commit, f)))
+            moved += [f"{key} {was} → {now}"] if was != now else []
+        assert not moved or n.title == ", ".join(moved)
+        titled += bool(moved)
+    assert seen_lr and seen_model and seen_alpha and titled >= 4
     assert any(n.edits["conf/config.yaml:defaults.model"] == "cnn" for n in nodes)  # the choice was searched

@@ -13,6 +13,7 @@ from agents.policies.search import ImplementationError, SearchPolicy
 from agents.policies.space import Space
 from agents.spec import check_against_tree, parse_spec
 from backend.core import gitops
+from backend.engine.experiment import diff_title, key_values
 from tests.conftest import make_repo, tiny_files
 
 
@@ -93,6 +94,27 @@ def test_links_are_followed_inside_the_repository_only(tmp_path: Path) -> None:
     assert (root / "real/params.yaml").read_text() == "a: 2\n"
     with pytest.raises(ImplementationError, match=r"a link to real/params\.yaml, which is not editable"):
         SearchPolicy().implement(root, ImplementInput(1, "t", {}, {"params.yaml:a": 3}, "", ["params.yaml"]))
+
+
+def test_a_title_reads_key_values_through_links_inside_the_worktree_only(tmp_path: Path) -> None:
+    (tmp_path / "outside.yaml").write_text("a: 7\n")
+    root = make_repo(tmp_path / "r", {"real/params.yaml": "a: 1\n"})
+    (root / "params.yaml").symlink_to("real/params.yaml")
+    files = tiny_files()
+    spec = parse_spec(with_search_file(files["grove.toml"], "params.yaml", "{ values = [0, 1] }"))
+    (root / "config.toml").write_text(files["config.toml"])
+    keys = ["params.yaml:a", "config.toml:knob.x"]
+    before = key_values(spec, root, keys)
+    assert before == {"params.yaml:a": 1, "config.toml:knob.x": 0}
+    (root / "real/params.yaml").write_text("a: 2\n")
+    assert diff_title(before, key_values(spec, root, keys)) == "params.yaml:a 1 → 2"
+    assert diff_title(before, before) == ""
+    # A config that leads out of the worktree is never read: no title is made from it.
+    (root / "params.yaml").unlink()
+    (root / "params.yaml").symlink_to("../outside.yaml")
+    assert key_values(spec, root, keys) is None
+    assert key_values(spec, root, ["not.searched"]) is None
+    assert diff_title(before, None) == ""
 
 
 def test_one_dimension_writes_every_target_and_list_values_reach_optuna(tmp_path: Path) -> None:
