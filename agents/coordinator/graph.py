@@ -45,14 +45,20 @@ from agents.verify.state import ImprovementState
 def start(
     state: CoordinatorState, runtime: Runtime[CoordinatorContext]
 ) -> Command[Literal["start", "observe"]]:
-    """Measure the baseline (waiting for its job where it runs as one), then go to observe."""
+    """Measure the baseline (waiting for its job where it runs as one), then go to observe.
+
+    Where the baseline's held-out run is a job of its own, the study explores while it runs.
+    """
+    # `wait` comes back here when the held-out job ends, with experiments running: they are kept.
+    kept = {"round_no": state.get("round_no", 0), "pending": _active_jobs(state)}
     if runtime.context.storage.study(state["study_id"]).status == "stopping":
-        return Command(update={"round_no": state.get("round_no", 0), "pending": []}, goto="observe")
+        return Command(update=kept, goto="observe")
     pending = runtime.context.gatekeeper.baseline(state["study_id"])
-    if pending is not None:
+    if pending is not None and pending.blocking:
         interrupt({"kind": "await_jobs", "study_id": state["study_id"], "jobs": [pending.job_id]})
         return Command(goto="start")  # look again in a fresh step: at most one interrupt per run
-    return Command(update={"round_no": state.get("round_no", 0), "pending": []}, goto="observe")
+    held = pending.job_id if pending is not None else None
+    return Command(update={**kept, "baseline_job": held}, goto="observe")
 
 
 def observe(
@@ -96,7 +102,7 @@ def observe(
     elif study.plateau_level >= plateau.PlateauLevel.STOP:
         reason = f"plateau: {study.spec.plateau.stop} experiments without improvement"
     if reason:
-        if pending or state.get("gate_job") is not None:
+        if pending or state.get("gate_job") is not None or state.get("baseline_job") is not None:
             return Command(goto="wait")
         if awaiting is not None:  # the last thing left to do
             return Command(update={"stop_reason": reason, "awaiting": awaiting}, goto="approve")
@@ -169,7 +175,7 @@ def select(
     chosen = retries + selection.select(tree_of(records), slots - len(retries), cfg, state.get("round_no", 0))
     if chosen:
         return Command(update={"selected": chosen}, goto="dispatch")
-    if pending or state.get("gate_job") is not None:
+    if pending or state.get("gate_job") is not None or state.get("baseline_job") is not None:
         return Command(goto="wait")
     if state.get("awaiting") is not None:
         return Command(goto="approve")  # nothing left to explore: the open approval decides what follows
@@ -191,11 +197,13 @@ def dispatch(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> C
     return Command(update={"pending": pending, "selected": []}, goto="wait")
 
 
-def wait(state: CoordinatorState) -> Command[Literal["integrate", "gate", "observe"]]:
-    """Interrupt until some jobs finish (or an open approval is decided); go to integrate, gate or observe."""
+def wait(state: CoordinatorState) -> Command[Literal["integrate", "gate", "start", "observe"]]:
+    """Interrupt until some jobs finish (or an open approval is decided); go to integrate, gate, start or observe."""
     pending = _active_jobs(state)
     gate_job = state.get("gate_job")
-    watched = pending + ([gate_job] if gate_job is not None else [])
+    # The baseline's held-out job too, while it runs: `start` reads its outcome.
+    others = [j for j in (gate_job, state.get("baseline_job")) if j is not None]
+    watched = list(dict.fromkeys([*pending, *others]))
     if not watched:
         return Command(goto="observe")
     finished = interrupt(
@@ -213,6 +221,8 @@ def wait(state: CoordinatorState) -> Command[Literal["integrate", "gate", "obser
         return Command(update={**update, "finished": done}, goto="integrate")
     if gated:
         return Command(update=update, goto="gate")
+    if state.get("baseline_job") in finished:
+        return Command(goto="start")  # the held-out baseline is in, or its failure ends the study
     return Command(goto="observe")  # a decision, a stop or a pause: observe acts on it
 
 

@@ -48,9 +48,13 @@ class NodeRecord:
 
 @dataclass(frozen=True)
 class Pending:
-    """A sealed evaluation handed to a job: wait for the job, then ask again."""
+    """A sealed evaluation handed to a job: wait for the job, then ask again.
+
+    A baseline that is not `blocking` (its held-out run) lets the study explore meanwhile.
+    """
 
     job_id: int
+    blocking: bool = True
 
 
 @dataclass(frozen=True)

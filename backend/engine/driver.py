@@ -240,6 +240,8 @@ class Driver:
                     return Waiting(True, [], None, False)
 
     def _fail(self, reason: str) -> None:
+        # Experiments may run beside the baseline's held-out job: nothing of a failed study goes on.
+        self.storage.cancel_active(self.study_id, reason="the study failed")
         with db.session(self.settings.db_url) as s:
             lifecycle.fail(s, self.study_id, reason)
 

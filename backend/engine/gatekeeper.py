@@ -41,13 +41,14 @@ class SealedRunner:
         if self.settings.sandbox == "none":
             self.store.mark_unsandboxed()
 
-    def baseline(self) -> None:
-        """Measure trunk at base on dev and held-out once (idempotent)."""
+    def baseline(self, dev: bool = True, heldout: bool = True) -> None:
+        """Measure trunk at base on dev and (or) held-out once (idempotent)."""
         st = self.store.study()
-        if not (st.baseline_dev and st.baseline_heldout):
+        dev, heldout = dev and not st.baseline_dev, heldout and not st.baseline_heldout
+        if dev or heldout:
             self._unboxed()
         spec = spec_of(st)
-        if not st.baseline_dev:
+        if dev:
             path = workspace.worktree_path(self.settings, st, "baseline-dev")
             workspace.prepare(
                 self.repo, path, f"grove/{st.name}/baseline", st.base_commit, sealed=spec.files.sealed,
@@ -68,7 +69,7 @@ class SealedRunner:
                     f"the dev evaluation fails on the unchanged repository: {bad.reason}\n{bad.stderr_tail[-1500:]}"
                 )
             self.store.baseline_dev([r.objective(spec.objective.metric) or 0.0 for r in rs])
-        if not st.baseline_heldout:
+        if heldout:
             values_t = self._heldout(st, spec, st.base_commit, "baseline-test", node_id=st.trunk_node_id)
             if values_t is None:
                 raise BaselineError("the sealed test evaluation fails on the unchanged repository")

@@ -27,7 +27,7 @@ from backend.core.models import Job, LlmCall, LlmHold, Node, ReceiptRow, Study, 
 from backend.services.records import add_event, latest_insight, mark_unsandboxed, spec_of, transition
 from backend.services.storage import experiments_used
 
-SEALED = ("baseline", "gate")
+SEALED = ("baseline", "heldout", "gate")  # the baseline's dev runs, its held-out runs, a gate
 
 
 class Superseded(RuntimeError):
@@ -80,7 +80,8 @@ CALLS: dict[str, frozenset[str]] = {
         "event", "finish", "crash", "insights", "reflections", "save_trajectory", "relabel", "not_worth_it",
         "keep_trunk_dev", "llm_reserve", "llm_release", "llm_record",
     },
-    "baseline": _COMMON | {"finish_sealed", "baseline_dev", "baseline_heldout", "test_query"},
+    "baseline": _COMMON | {"finish_sealed", "baseline_dev"},
+    "heldout": _COMMON | {"finish_sealed", "baseline_heldout", "test_query"},
     "gate": _COMMON | {"finish_sealed", "gate_crashed", "test_query", "verdict", "keep_trunk_heldout"},
 }  # fmt: skip
 EVENTS = frozenset({"node.repeated"})  # the only events a job writes by name

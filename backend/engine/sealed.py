@@ -1,9 +1,12 @@
 """Sealed evaluations as jobs: the baseline and the held-out gate, run by a worker, not the coordinator.
 
-The coordinator (`SealedJobs`, its `Gatekeeper` under Celery) creates a `baseline` or `gate` job
-and waits; a `cpu` or `gpu` worker (the study's queue) runs it here with the same code the
+The coordinator (`SealedJobs`, its `Gatekeeper` under Celery) creates a `baseline`, `heldout` or
+`gate` job; a `cpu` or `gpu` worker (the study's queue) runs it here with the same code the
 single-process runner calls directly (`LocalGatekeeper`), then wakes the coordinator, which reads
-the verdict from the node. Jobs of these kinds use attempt 0 and never count as experiments.
+the verdict from the node. The study waits for the `baseline` job (trunk's dev runs) before its
+first experiment; the `heldout` job (trunk's held-out runs) then runs beside the experiments, as
+gates do, and only a gate waits for it. Sealed jobs use attempt 0 (`heldout` -1: the same node as
+`baseline`) and never count as experiments.
 """
 
 from __future__ import annotations
@@ -50,8 +53,8 @@ def _run(site: Site, job_id: int, token: str) -> str:
         return store.finish_sealed("failed", {**outcome, "reason": reason})
     try:
         runner = SealedRunner(site.settings, store, site.repo(store.study(), job_id, token))
-        if job.kind == "baseline":
-            runner.baseline()
+        if job.kind in ("baseline", "heldout"):  # the dev runs the study waits for; then, beside it, held-out
+            runner.baseline(dev=job.kind == "baseline", heldout=job.kind == "heldout")
         else:
             outcome["passed"] = runner.gate(job.node_id)
         status = "done"
@@ -79,39 +82,46 @@ class SealedJobs:
         self.local = LocalGatekeeper(settings)  # trunk moves, approvals and the report stay here
 
     def _job(self, study_id: int, node_id: int, kind: str) -> Job:
-        """Return the node's job of this kind, created once (attempt 0)."""
+        """Return the node's job of this kind, created once (attempt 0; -1 for trunk's second, the held-out one)."""
         with db.session(self.settings.db_url) as s:
             job = s.exec(select(Job).where(Job.node_id == node_id, Job.kind == kind)).first()
             if job is None:
-                job = Job(study_id=study_id, node_id=node_id, attempt=0, kind=kind)
+                job = Job(study_id=study_id, node_id=node_id, attempt=-1 if kind == "heldout" else 0, kind=kind)
                 s.add(job)
                 s.flush()
                 add_event(s, study_id, f"{kind}.queued", node_id, job_id=job.id)
             return job
 
     def baseline(self, study_id: int) -> Pending | None:
-        """Measure the baseline in a job; None once it is measured."""
+        """Measure the baseline in jobs: dev first (blocking), then held-out beside the study; None once both are in."""
         with db.session(self.settings.db_url) as s:
             st = s.get(Study, study_id)
             assert st is not None
         if st.baseline_dev and st.baseline_heldout:
             return None
-        with db.session(self.settings.db_url) as s:
-            lifecycle.start(s, study_id)
-        job = self._job(study_id, st.trunk_node_id or 0, "baseline")
+        if not st.baseline_dev:
+            with db.session(self.settings.db_url) as s:
+                lifecycle.start(s, study_id)
+        kind = "heldout" if st.baseline_dev else "baseline"
+        job = self._job(study_id, st.trunk_node_id or 0, kind)
         if job.status in ("done", "failed"):
             raise BaselineError(str(job.outcome.get("reason") or "the baseline job ended without a baseline"))
-        self.submit(job.id or 0)
-        return Pending(job.id or 0)
+        if job.status == "queued":  # a running one is the reconciler's, should its worker die
+            self.submit(job.id or 0)
+        return Pending(job.id or 0, blocking=kind == "baseline")
 
     def gate(self, study_id: int, node_id: int) -> bool | Pending:
         """Gate the node in a job; its verdict once the job has recorded one."""
         with db.session(self.settings.db_url) as s:
-            node = s.get(Node, node_id)
-            assert node is not None
-            gated = node.gated
+            node, st = s.get(Node, node_id), s.get(Study, study_id)
+            assert node is not None and st is not None
+            gated, measured = node.gated, bool(st.baseline_heldout)
         if gated:
             return self.local.gate(study_id, node_id)  # reads the recorded verdict, runs nothing
+        if not measured:  # the held-out baseline first: the gate compares with it
+            pending = self.baseline(study_id)
+            if pending is not None:
+                return Pending(pending.job_id)
         job = self._job(study_id, node_id, "gate")
         if job.status in ("done", "failed"):
             _gate_crashed(

@@ -613,13 +613,13 @@ class SqlStorage:
             if lifecycle.load(s, study_id).status == StudyStatus.RUNNING:
                 lifecycle.pause(s, study_id, reason=reason)
 
-    def cancel_active(self, study_id: int) -> None:
-        """Cancel proposed, queued and running nodes of a stopping study."""
+    def cancel_active(self, study_id: int, reason: str = "study stopped") -> None:
+        """Cancel proposed, queued and running nodes (and their jobs) of a study that stops or failed."""
         self.forget()
         with db.session(self.url) as s:
             for n in s.exec(select(Node).where(Node.study_id == study_id)):
                 if n.status in (NodeStatus.QUEUED, NodeStatus.RUNNING, NodeStatus.PROPOSED):
-                    transition(s, n, NodeStatus.CANCELLED, reason="study stopped")
+                    transition(s, n, NodeStatus.CANCELLED, reason=reason)
             for j in s.exec(
                 select(Job).where(Job.study_id == study_id, col(Job.status).in_(["queued", "running"]))
             ):

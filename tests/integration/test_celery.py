@@ -43,13 +43,14 @@ def test_study_runs_to_the_end_on_workers_with_parallel_executors(service: Servi
     jobs = [j for j in jobs if j.kind == "experiment"]
     assert len(jobs) == 4 and all(j.status == "done" and j.token == f"job-{j.id}-a1" for j in jobs)
     # The baseline and every gate ran as jobs on the cpu queue, not inside the coordinator.
-    assert [j.kind for j in sealed if j.kind == "baseline"] == ["baseline"]
+    assert [j.kind for j in sealed if j.kind != "gate"] == ["baseline", "heldout"]
     gated = [j.node_id for j in sealed if j.kind == "gate"]
     assert merged and {n.id for n in merged} <= set(gated)
-    assert all(j.status == "done" and j.token == f"job-{j.id}-a0" for j in sealed)
+    assert all(j.status == "done" and j.token == f"job-{j.id}-a{j.attempt}" for j in sealed)
+    assert {j.attempt for j in sealed} == {0, -1}
     cpu_log = (service.logs / "cpu.log").read_text()
     coord_log = (service.logs / "coord.log").read_text()
-    assert all(f"cpu.sealed[job-{j.id}-a0]" in cpu_log for j in sealed)
+    assert all(f"cpu.sealed[job-{j.id}-a{j.attempt}]" in cpu_log for j in sealed)
     assert "sealed[" not in coord_log
     assert merged and st.trunk_commit == merged[-1].gate_commit
     spans = sorted((j.started_at, j.finished_at) for j in jobs if j.started_at and j.finished_at)
@@ -77,9 +78,11 @@ def test_a_gpu_studys_sealed_runs_go_to_the_gpu_queue(redis_url: str, tmp_path: 
         sid = run_until(svc, make_repo(tmp_path / "r", files), "finished")
         with db.session(svc.settings.db_url) as s:
             sealed = list(s.exec(select(Job).where(Job.study_id == sid, Job.kind != "experiment")))
-        assert {j.kind for j in sealed} == {"baseline", "gate"} and all(j.status == "done" for j in sealed)
+        assert {j.kind for j in sealed} == {"baseline", "heldout", "gate"} and all(
+            j.status == "done" for j in sealed
+        )
         log = (svc.logs / "gpu.log").read_text()
-        assert all(f"gpu.sealed[job-{j.id}-a0]" in log for j in sealed)
+        assert all(f"gpu.sealed[job-{j.id}-a{j.attempt}]" in log for j in sealed)
     finally:
         svc.stop()
 
@@ -96,6 +99,41 @@ def test_a_baseline_that_fails_in_its_job_fails_the_study_with_the_reason(
     assert st is not None and "fails on the unchanged repository" in st.stop_reason
     assert "cannot load the data" in st.stop_reason
     assert [(j.kind, j.status) for j in jobs] == [("baseline", "failed")]
+
+
+def test_the_held_out_baseline_runs_beside_the_first_experiments(service: Service, tmp_path: Path) -> None:
+    files = tiny_files(name="celery-heldout-beside", experiments=2)
+    files["eval.py"] = files["eval.py"].replace(
+        'if sys.argv[1] == "dev":', 'if sys.argv[1] == "test":\n    time.sleep(4)\nif sys.argv[1] == "dev":'
+    )
+    sid = run_until(service, make_repo(tmp_path / "r", files), "finished")
+    with db.session(service.settings.db_url) as s:
+        st = s.get(Study, sid)
+        jobs = {j.kind: j for j in s.exec(select(Job).where(Job.study_id == sid).order_by(col(Job.id)))}
+    assert st is not None and st.baseline_dev and st.baseline_heldout
+    baseline, heldout, first = jobs["baseline"], jobs["heldout"], jobs["experiment"]
+    assert baseline.finished_at and heldout.started_at and heldout.finished_at and first.started_at
+    # The study waited for trunk's dev runs only: its first experiment started while the held-out ran.
+    assert baseline.finished_at <= first.started_at < heldout.finished_at
+
+
+def test_a_held_out_baseline_that_fails_ends_the_study_and_what_runs_beside_it(
+    service: Service, tmp_path: Path
+) -> None:
+    files = tiny_files(name="celery-bad-heldout", experiments=4, sleep=0.5)
+    files["eval.py"] = files["eval.py"].replace(
+        'if sys.argv[1] == "dev":',
+        'if sys.argv[1] == "test":\n    print("no labels here", file=sys.stderr)\n    sys.exit(3)\nif sys.argv[1] == "dev":',
+    )
+    sid = run_until(service, make_repo(tmp_path / "r", files), "failed")
+    with db.session(service.settings.db_url) as s:
+        st = s.get(Study, sid)
+        jobs = list(s.exec(select(Job).where(Job.study_id == sid).order_by(col(Job.id))))
+        nodes = list(s.exec(select(Node).where(Node.study_id == sid)))
+    assert st is not None and "sealed test evaluation fails on the unchanged repository" in st.stop_reason
+    assert [(j.kind, j.status) for j in jobs[:2]] == [("baseline", "done"), ("heldout", "failed")]
+    assert all(j.status in ("done", "failed") for j in jobs)  # nothing of a failed study runs on
+    assert not [n for n in nodes if n.status in ("queued", "running", "proposed")]
 
 
 def test_a_study_stopped_while_its_baseline_job_runs_finishes(service: Service, tmp_path: Path) -> None:

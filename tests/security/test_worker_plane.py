@@ -216,6 +216,35 @@ def test_the_fleet_token_is_a_worker_token_and_must_be_long(plane: Plane) -> Non
         assert client.get("/api/v1/studies", headers={"Authorization": f"Bearer {fleet}"}).status_code == 403
 
 
+def test_a_baseline_dev_job_cannot_write_or_query_the_held_out_side(plane: Plane) -> None:
+    with db.session(plane.settings.db_url) as s:
+        job = Job(study_id=plane.study.id or 0, node_id=plane.study.trunk_node_id or 0, attempt=0,
+                  kind="baseline", status="running", token="job-base")  # fmt: skip
+        s.add(job)
+        s.flush()
+        job_id = job.id
+
+    def sealed_call(name: str, **args: object) -> int:
+        body = {"token": "job-base", "args": args}
+        return plane.client.post(
+            f"{W}/jobs/{job_id}/call/{name}", json=body, headers=plane.worker
+        ).status_code
+
+    try:
+        # Trunk's dev runs only: the held-out numbers and the sealed-query count are the heldout job's.
+        assert sealed_call("baseline_heldout", values=[123.0]) == 404
+        assert sealed_call("test_query") == 404
+        assert sealed_call("study") == 200
+        with db.session(plane.settings.db_url) as s:
+            st = s.get(Study, plane.study.id)
+            assert st is not None and st.baseline_heldout == [] and st.test_queries == 0
+    finally:
+        with db.session(plane.settings.db_url) as s:
+            row = s.get(Job, job_id)
+            if row is not None:
+                s.delete(row)
+
+
 def test_a_job_makes_only_the_calls_of_its_kind_with_what_it_made(plane: Plane) -> None:
     # An experiment cannot write a gate verdict, a baseline or a sealed ending.
     for name, args in (

@@ -60,7 +60,7 @@ class Held:
             return {own, f"{own}-trunk"}
         if self.kind == "gate":
             return {f"gate-n{self.node_id}", f"gate-n{self.node_id}-trunk"}
-        return {"baseline", "baseline-test"}
+        return {"baseline-test"} if self.kind == "heldout" else {"baseline"}
 
 
 def _dump(row: Any) -> dict[str, Any]:
@@ -105,7 +105,7 @@ def claim(job_id: int, body: Claim, settings: SettingsDep, who: Worker) -> dict[
 
 @router.post("/jobs/{job_id}/claim-sealed")
 def claim_sealed(job_id: int, body: Claim, settings: SettingsDep, who: Worker) -> dict[str, Any]:
-    """Mark a sealed (baseline or gate) job running for this worker; count the try."""
+    """Mark a sealed (baseline, held-out baseline or gate) job running for this worker; count the try."""
     job = jobstore.claim_sealed(settings, job_id, body.token)
     if job is None:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is not ours to run")
