@@ -46,7 +46,9 @@ def lease(url: str, name: str, ttl: float = 30.0) -> Iterator[None]:
             lock.release()
 
 
-def coalesced(url: str, name: str, ttl: float, step: Callable[[], bool], requeue: Callable[[], None]) -> bool:
+def coalesced(
+    url: str, name: str, ttl: float, step: Callable[[], bool], requeue: Callable[[float | None], None]
+) -> bool:
     """Run `step` under the lock `name`, again while others asked for it; return False if it was busy.
 
     A caller that finds the lock held does not retry on a timer: it leaves one request
@@ -54,7 +56,9 @@ def coalesced(url: str, name: str, ttl: float, step: Callable[[], bool], requeue
     number of callers cost the holder one more run. `step` returns True when there is nothing
     left to do. The holder checks for a request once more after letting go, and a caller that
     found the lock busy checks whether it is still held, so a request made in between is never
-    lost: one of the two calls `requeue`.
+    lost: one of the two calls `requeue(None)`. Should the holder have died, its lease runs out
+    unrenewed and nobody serves the request: so the first busy caller of each lease also calls
+    `requeue(delay)` with the seconds the lease has left.
     """
     r = client(url)
     again = f"{name}:again"
@@ -69,9 +73,12 @@ def coalesced(url: str, name: str, ttl: float, step: Callable[[], bool], requeue
                     break
     except Busy:
         r.set(again, "1", ex=max(60, int(10 * ttl)))
-        if not r.exists(name):
-            requeue()
+        left = int(r.pttl(name))  # milliseconds; negative once the lock is gone
+        if left <= 0:
+            requeue(None)
+        elif r.set(f"{name}:later", "1", nx=True, px=left):
+            requeue(left / 1000 + 0.5)
         return False
     if r.exists(again):
-        requeue()
+        requeue(None)
     return True

@@ -234,18 +234,18 @@ class DbStore:
             spec = spec_of(study)
             sign = 1.0 if spec.maximize else -1.0
             others = s.exec(
-                select(Node).where(
+                select(Node.number, Node.dev_mean, Node.verification).where(
                     Node.study_id == self.study_id, Node.id != node.id, Node.base_commit == node.base_commit,
-                    col(Node.status).in_(["evaluated", "awaiting_approval"]),
-                )
+                    col(Node.status).in_(["evaluated", "awaiting_approval"]), col(Node.dev_mean).is_not(None),
+                ).order_by(col(Node.id))
             ).all()  # fmt: skip
             better = [
-                o for o in others
-                if o.dev_mean is not None and sign * o.dev_mean > sign * mean
-                and o.verification.get("decision") == "accept"
+                number for number, dev_mean, verification in others
+                if dev_mean is not None and sign * dev_mean > sign * mean
+                and (verification or {}).get("decision") == "accept"
             ]  # fmt: skip
             if better:
-                return f"n{better[0].number} is better on dev and already a candidate"
+                return f"n{better[0]} is better on dev and already a candidate"
             # This job's own runs so far, and at most `more` of the node's and of trunk's for the next look.
             used = experiments_used(s, self.study_id, spec.evaluate.repeats, pending_runs=spent + 2 * more)
         if used > spec.budget.experiments:

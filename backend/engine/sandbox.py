@@ -170,6 +170,11 @@ def _limiter(limits: Limits):  # type: ignore[no-untyped-def]
     return apply
 
 
+@lru_cache(maxsize=8)
+def _which(program: str) -> str | None:
+    return shutil.which(program)
+
+
 def _prlimit_argv(limits: Limits) -> list[str] | None:
     """Return the commands that exec bwrap with the run's limits; None where util-linux lacks them.
 
@@ -178,7 +183,7 @@ def _prlimit_argv(limits: Limits) -> list[str] | None:
     `prlimit` sets the limits. So the child starts without running Python code after the fork
     (no `preexec_fn`), and a large worker process spawns it cheaply.
     """
-    setpriv, prlimit = shutil.which("setpriv"), shutil.which("prlimit")
+    setpriv, prlimit = _which("setpriv"), _which("prlimit")
     if setpriv is None or prlimit is None:
         return None
     caps = (f"--{name}={value}:{value}" for _, name, value in _rlimits(limits))
@@ -457,6 +462,16 @@ def _dirs(path: str) -> list[str]:
 
 
 def _system_binds(iso: Isolation) -> list[str]:
+    # GPU device nodes are looked up on every run: some appear only once CUDA first starts.
+    return [
+        *_installed_binds(iso),
+        *(a for dev in sorted(glob.glob("/dev/nvidia*")) for a in ("--dev-bind-try", dev, dev)),
+    ]
+
+
+@lru_cache(maxsize=8)
+def _installed_binds(iso: Isolation) -> tuple[str, ...]:
+    """Return the binds of the system and Python installs a box sees (read once per process)."""
     args = ["--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
@@ -470,9 +485,7 @@ def _system_binds(iso: Isolation) -> list[str]:
     for p in sorted(str(Path(x).resolve()) for x in prefixes if x):
         if not p.startswith("/usr/") and os.path.exists(p):
             args += [*_dirs(p), "--ro-bind", p, p]
-    for dev in sorted(glob.glob("/dev/nvidia*")):
-        args += ["--dev-bind-try", dev, dev]
-    return args
+    return tuple(args)
 
 
 def _bwrap_argv(

@@ -86,7 +86,9 @@ class SealedJobs:
         with db.session(self.settings.db_url) as s:
             job = s.exec(select(Job).where(Job.node_id == node_id, Job.kind == kind)).first()
             if job is None:
-                job = Job(study_id=study_id, node_id=node_id, attempt=-1 if kind == "heldout" else 0, kind=kind)
+                job = Job(
+                    study_id=study_id, node_id=node_id, attempt=-1 if kind == "heldout" else 0, kind=kind
+                )
                 s.add(job)
                 s.flush()
                 add_event(s, study_id, f"{kind}.queued", node_id, job_id=job.id)

@@ -124,7 +124,7 @@ def advance(self: Task, study_id: int) -> str:
     # Advances that find the study busy are coalesced into one more step of the holder.
     ran = coalesced(
         settings.redis_url, f"grove:study:{study_id}", 2 * settings.lease_seconds, step,
-        lambda: enqueue_advance(app, study_id),
+        lambda delay: enqueue_advance(app, study_id, countdown=delay),
     )  # fmt: skip
     if not ran:
         return "busy"
