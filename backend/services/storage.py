@@ -6,6 +6,7 @@ import ast
 import math
 import time
 from collections import OrderedDict
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -585,8 +586,10 @@ class SqlStorage:
                 add_insight(s, study_id, u.node_id, u.text, list(u.cites))
 
     def save_state(self, study_id: int, state: dict[str, Any], plateau_level: int) -> None:
-        """Store the rewritten improvement state."""
-        self.forget(nodes=False)
+        """Store the rewritten improvement state (the kept study view gets it too: nothing else changed)."""
+        view = self._views.get(study_id)
+        if view is not None:
+            self._views[study_id] = replace(view, improvement_state=dict(state), plateau_level=plateau_level)
         with db.session(self.url) as s:
             st = s.get(Study, study_id)
             assert st is not None
