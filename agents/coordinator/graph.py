@@ -214,6 +214,10 @@ def wait(state: CoordinatorState) -> Command[Literal["integrate", "gate", "start
             "approval": state.get("awaiting"),
         }
     )
+    if state.get("baseline_job") in finished:
+        # The held-out baseline first: its failure ends the study before anything more is spent.
+        # Whatever else finished is still finished at the next wait.
+        return Command(goto="start")
     done = [j for j in finished if j in pending]
     gated = gate_job is not None and gate_job in finished  # integrate, if it runs first, hands over to gate
     update = {"pending": [j for j in pending if j not in done], "gate_job": None if gated else gate_job}
@@ -221,8 +225,6 @@ def wait(state: CoordinatorState) -> Command[Literal["integrate", "gate", "start
         return Command(update={**update, "finished": done}, goto="integrate")
     if gated:
         return Command(update=update, goto="gate")
-    if state.get("baseline_job") in finished:
-        return Command(goto="start")  # the held-out baseline is in, or its failure ends the study
     return Command(goto="observe")  # a decision, a stop or a pause: observe acts on it
 
 

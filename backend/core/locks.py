@@ -73,11 +73,13 @@ def coalesced(
                     break
     except Busy:
         r.set(again, "1", ex=max(60, int(10 * ttl)))
-        left = int(r.pttl(name))  # milliseconds; negative once the lock is gone
-        if left <= 0:
+        left = int(r.pttl(name))  # milliseconds; -2 once the lock is gone, -1 for a key without expiry
+        if left == -2:
             requeue(None)
-        elif r.set(f"{name}:later", "1", nx=True, px=left):
-            requeue(left / 1000 + 0.5)
+            return False
+        wait = left if left > 0 else int(ttl * 1000)
+        if r.set(f"{name}:later", "1", nx=True, px=wait):
+            requeue(wait / 1000 + 0.5)
         return False
     if r.exists(again):
         requeue(None)

@@ -99,11 +99,15 @@ class SealedRunner:
 
     def gate(self, node_id: int) -> bool:
         """Merge the candidate onto a copy of trunk, test the merged commit, return pass/fail."""
-        st = self.store.study()
-        spec = spec_of(st)
         node = self.store.node(node_id)
         if node.gated:
             return passed_gate(node)
+        if (
+            not self.store.study().baseline_heldout
+        ):  # a study resumed in one process before its held-out job ran
+            self.baseline(dev=False)
+        st = self.store.study()
+        spec = spec_of(st)
         self._unboxed()
         label = f"gate-n{node_id}"
         path = workspace.worktree_path(self.settings, st, f"{label}-merge")

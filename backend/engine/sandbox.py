@@ -464,13 +464,13 @@ def _dirs(path: str) -> list[str]:
 def _system_binds(iso: Isolation) -> list[str]:
     # GPU device nodes are looked up on every run: some appear only once CUDA first starts.
     return [
-        *_installed_binds(iso),
+        *_installed_binds(iso.binds),
         *(a for dev in sorted(glob.glob("/dev/nvidia*")) for a in ("--dev-bind-try", dev, dev)),
     ]
 
 
 @lru_cache(maxsize=8)
-def _installed_binds(iso: Isolation) -> tuple[str, ...]:
+def _installed_binds(extra: tuple[str, ...]) -> tuple[str, ...]:
     """Return the binds of the system and Python installs a box sees (read once per process)."""
     args = ["--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -481,7 +481,7 @@ def _installed_binds(iso: Isolation) -> tuple[str, ...]:
     args += _dirs("/etc/passwd")
     for name in ETC:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, *iso.binds}
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, *extra}
     for p in sorted(str(Path(x).resolve()) for x in prefixes if x):
         if not p.startswith("/usr/") and os.path.exists(p):
             args += [*_dirs(p), "--ro-bind", p, p]

@@ -109,7 +109,9 @@ def test_the_held_out_baseline_runs_beside_the_first_experiments(service: Servic
     sid = run_until(service, make_repo(tmp_path / "r", files), "finished")
     with db.session(service.settings.db_url) as s:
         st = s.get(Study, sid)
-        jobs = {j.kind: j for j in s.exec(select(Job).where(Job.study_id == sid).order_by(col(Job.id)))}
+        jobs: dict[str, Job] = {}
+        for j in s.exec(select(Job).where(Job.study_id == sid).order_by(col(Job.id))):
+            jobs.setdefault(j.kind, j)  # the first of each kind
     assert st is not None and st.baseline_dev and st.baseline_heldout
     baseline, heldout, first = jobs["baseline"], jobs["heldout"], jobs["experiment"]
     assert baseline.finished_at and heldout.started_at and heldout.finished_at and first.started_at
@@ -134,6 +136,10 @@ def test_a_held_out_baseline_that_fails_ends_the_study_and_what_runs_beside_it(
     assert [(j.kind, j.status) for j in jobs[:2]] == [("baseline", "done"), ("heldout", "failed")]
     assert all(j.status in ("done", "failed") for j in jobs)  # nothing of a failed study runs on
     assert not [n for n in nodes if n.status in ("queued", "running", "proposed")]
+    # The first experiment (its runs sleep) was running beside the held-out job: it was cancelled.
+    first = next(j for j in jobs if j.kind == "experiment")
+    assert first.outcome.get("reason") == "cancelled"
+    assert any(n.status == "cancelled" and n.status_reason == "the study failed" for n in nodes)
 
 
 def test_a_study_stopped_while_its_baseline_job_runs_finishes(service: Service, tmp_path: Path) -> None:

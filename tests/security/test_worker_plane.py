@@ -216,33 +216,43 @@ def test_the_fleet_token_is_a_worker_token_and_must_be_long(plane: Plane) -> Non
         assert client.get("/api/v1/studies", headers={"Authorization": f"Bearer {fleet}"}).status_code == 403
 
 
-def test_a_baseline_dev_job_cannot_write_or_query_the_held_out_side(plane: Plane) -> None:
+def test_the_baselines_dev_and_held_out_jobs_make_only_their_own_calls(plane: Plane) -> None:
     with db.session(plane.settings.db_url) as s:
-        job = Job(study_id=plane.study.id or 0, node_id=plane.study.trunk_node_id or 0, attempt=0,
-                  kind="baseline", status="running", token="job-base")  # fmt: skip
-        s.add(job)
+        jobs = [
+            Job(study_id=plane.study.id or 0, node_id=plane.study.trunk_node_id or 0, attempt=attempt,
+                kind=kind, status="running", token=f"job-{kind}")
+            for kind, attempt in (("baseline", 0), ("heldout", -1))
+        ]  # fmt: skip
+        s.add_all(jobs)
         s.flush()
-        job_id = job.id
+        ids = {j.kind: j.id for j in jobs}
 
-    def sealed_call(name: str, **args: object) -> int:
-        body = {"token": "job-base", "args": args}
-        return plane.client.post(
-            f"{W}/jobs/{job_id}/call/{name}", json=body, headers=plane.worker
-        ).status_code
+    def sealed_call(kind: str, name: str, **args: object) -> int:
+        body = {"token": f"job-{kind}", "args": args}
+        r = plane.client.post(f"{W}/jobs/{ids[kind]}/call/{name}", json=body, headers=plane.worker)
+        return r.status_code
 
     try:
         # Trunk's dev runs only: the held-out numbers and the sealed-query count are the heldout job's.
-        assert sealed_call("baseline_heldout", values=[123.0]) == 404
-        assert sealed_call("test_query") == 404
-        assert sealed_call("study") == 200
+        assert sealed_call("baseline", "baseline_heldout", values=[123.0]) == 404
+        assert sealed_call("baseline", "test_query") == 404
+        assert sealed_call("baseline", "study") == 200
+        # And the held-out job writes no dev baseline, no verdict and no trunk numbers of a gate.
+        assert sealed_call("heldout", "baseline_dev", values=[123.0]) == 404
+        verdict = {"passed": True, "reason": "passed", "commit": "", "values": [], "gain": 1.0}
+        assert sealed_call("heldout", "verdict", **verdict) == 404
+        assert sealed_call("heldout", "keep_trunk_heldout", trunk_commit="c" * 40, values=[1.0]) == 404
+        assert sealed_call("heldout", "study") == 200
         with db.session(plane.settings.db_url) as s:
             st = s.get(Study, plane.study.id)
-            assert st is not None and st.baseline_heldout == [] and st.test_queries == 0
+            assert st is not None and st.baseline_heldout == [] and st.baseline_dev == []
+            assert st.test_queries == 0
     finally:
         with db.session(plane.settings.db_url) as s:
-            row = s.get(Job, job_id)
-            if row is not None:
-                s.delete(row)
+            for job_id in ids.values():
+                row = s.get(Job, job_id)
+                if row is not None:
+                    s.delete(row)
 
 
 def test_a_job_makes_only_the_calls_of_its_kind_with_what_it_made(plane: Plane) -> None:

@@ -113,6 +113,9 @@ def test_a_title_reads_key_values_through_links_inside_the_worktree_only(tmp_pat
     (root / "params.yaml").unlink()
     (root / "params.yaml").symlink_to("../outside.yaml")
     assert key_values(spec, root, keys) is None
+    (root / "params.yaml").unlink()
+    (root / "params.yaml").symlink_to("params.yaml")  # a loop: no title, and no crash
+    assert key_values(spec, root, keys) is None
     assert key_values(spec, root, ["not.searched"]) is None
     assert diff_title(before, None) == ""
 

@@ -701,3 +701,77 @@ def test_an_ideator_reads_the_latest_pruned_branches_lessons_first() -> None:
     assert len(got) == PRUNED_LESSONS
     assert got[0].startswith("n10 ") and got[1].startswith("n20 ")  # kept, in node order
     assert got[-1].startswith(f"n{100 + 2 * PRUNED_LESSONS - 1} ")  # then the latest of the rest
+
+
+class HeldOutBeside(Memory):
+    """A gatekeeper whose held-out baseline is job 99, run beside the experiments until told it ended."""
+
+    HELDOUT = 99
+
+    def __init__(self, fails: bool = False) -> None:
+        super().__init__(mode="auto", experiments=6)
+        self.heldout: str = "running"  # running | done | failed
+        self.fails = fails
+
+    def baseline(self, study_id: int) -> Pending | None:  # type: ignore[override]
+        self.events.append("baseline")
+        if self.heldout == "failed":
+            raise RuntimeError("the sealed test evaluation fails on the unchanged repository")
+        return None if self.heldout == "done" else Pending(self.HELDOUT, blocking=False)
+
+    def gate(self, study_id: int, node_id: int) -> bool | Pending:  # type: ignore[override]
+        if self.heldout != "done":
+            self.events.append(f"gate of n{node_id} waits")
+            return Pending(self.HELDOUT)
+        return super().gate(study_id, node_id)
+
+
+def test_experiments_run_beside_the_held_out_baseline_and_a_gate_waits_for_it() -> None:
+    mem = HeldOutBeside()
+    graph = build_graph().compile(checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "t"}}
+    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
+    out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
+    # The first step dispatched experiments (parallel = 2) without waiting for the held-out job.
+    assert sorted(out.interrupts[0].value["jobs"]) == sorted([*mem.jobs, mem.HELDOUT]) and len(mem.jobs) == 2
+    ran_before = 0
+    for _ in range(60):
+        if not out.interrupts:
+            break
+        intr = out.interrupts[0]
+        jobs = intr.value["jobs"]
+        assert mem.HELDOUT in jobs or mem.heldout == "done"  # watched while it runs
+        if mem.heldout == "running" and any(e.startswith("gate of") for e in mem.events):
+            mem.heldout, ran_before = "done", len(mem.completed)  # it ends once a gate waits for it
+        if mem.heldout == "done" and mem.HELDOUT in jobs:  # an ended job resumes the wait at once
+            out = resume(graph, cfg, ctx, intr, [mem.HELDOUT])
+            continue
+        first = next(j for j in jobs if j != mem.HELDOUT)
+        mem.complete(first)
+        out = resume(graph, cfg, ctx, intr, [first])
+    else:
+        raise AssertionError("the graph did not finish")
+    waited_at = next(i for i, e in enumerate(mem.events) if e.startswith("gate of"))
+    assert ran_before >= 1 and mem.events[0] == "baseline"  # experiments ended while it was out
+    assert "merged by auto" in mem.events[waited_at:]  # the waiting gate went on once it was in
+    assert mem.events[-1] == "finished: experiment budget spent (6)"
+
+
+def test_a_held_out_baseline_that_fails_stops_the_graph_before_anything_more_is_spent() -> None:
+    mem = HeldOutBeside()
+    graph = build_graph().compile(checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "t"}}
+    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
+    out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
+    intr = out.interrupts[0]
+    first = next(j for j in intr.value["jobs"] if j != mem.HELDOUT)
+    mem.complete(first)
+    mem.heldout = "failed"  # in the same wake as an experiment's end
+    submitted = len(mem.submitted)
+    try:
+        resume(graph, cfg, ctx, intr, [first, mem.HELDOUT])
+    except RuntimeError as exc:
+        assert "fails on the unchanged repository" in str(exc)
+    else:
+        raise AssertionError("the failure did not reach the driver")
+    assert len(mem.submitted) == submitted and mem.completed == [mem.jobs[first]]
