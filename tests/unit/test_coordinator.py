@@ -708,10 +708,9 @@ class HeldOutBeside(Memory):
 
     HELDOUT = 99
 
-    def __init__(self, fails: bool = False) -> None:
+    def __init__(self) -> None:
         super().__init__(mode="auto", experiments=6)
         self.heldout: str = "running"  # running | done | failed
-        self.fails = fails
 
     def baseline(self, study_id: int) -> Pending | None:  # type: ignore[override]
         self.events.append("baseline")
@@ -728,10 +727,7 @@ class HeldOutBeside(Memory):
 
 def test_experiments_run_beside_the_held_out_baseline_and_a_gate_waits_for_it() -> None:
     mem = HeldOutBeside()
-    graph = build_graph().compile(checkpointer=InMemorySaver())
-    cfg = {"configurable": {"thread_id": "t"}}
-    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
-    out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
+    graph, cfg, ctx, out = started(mem)
     # The first step dispatched experiments (parallel = 2) without waiting for the held-out job.
     assert sorted(out.interrupts[0].value["jobs"]) == sorted([*mem.jobs, mem.HELDOUT]) and len(mem.jobs) == 2
     ran_before = 0
@@ -759,10 +755,7 @@ def test_experiments_run_beside_the_held_out_baseline_and_a_gate_waits_for_it() 
 
 def test_a_held_out_baseline_that_fails_stops_the_graph_before_anything_more_is_spent() -> None:
     mem = HeldOutBeside()
-    graph = build_graph().compile(checkpointer=InMemorySaver())
-    cfg = {"configurable": {"thread_id": "t"}}
-    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
-    out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
+    graph, cfg, ctx, out = started(mem)
     intr = out.interrupts[0]
     first = next(j for j in intr.value["jobs"] if j != mem.HELDOUT)
     mem.complete(first)
