@@ -63,8 +63,8 @@ def start(
 
 def observe(
     state: CoordinatorState, runtime: Runtime[CoordinatorContext]
-) -> Command[Literal["ideate", "wait", "observe", "gate", "approve", "merge", "finish"]]:
-    """Check status, an open approval and budgets; go to ideate, wait, gate, merge, approve or finish."""
+) -> Command[Literal["ideate", "wait", "dispatch", "observe", "gate", "approve", "merge", "finish"]]:
+    """Check status, an open approval and budgets; go to ideate, wait, dispatch, gate, merge, approve or finish."""
     storage, gatekeeper = runtime.context.storage, runtime.context.gatekeeper
     sid = state["study_id"]
     study = storage.study(sid)
@@ -102,6 +102,8 @@ def observe(
     elif study.plateau_level >= plateau.PlateauLevel.STOP:
         reason = f"plateau: {study.spec.plateau.stop} experiments without improvement"
     if reason:
+        if _unsent(state):
+            return Command(goto="dispatch")  # nothing more to run but the held-out baseline: send it
         if pending or state.get("gate_job") is not None or state.get("baseline_job") is not None:
             return Command(goto="wait")
         if awaiting is not None:  # the last thing left to do
@@ -173,7 +175,7 @@ def select(
     retries = retries_of(records, config)[: max(slots, 0)]
     cfg = selection.SelectionConfig(config.exploration, config.per_parent, study.seed)
     chosen = retries + selection.select(tree_of(records), slots - len(retries), cfg, state.get("round_no", 0))
-    if chosen:
+    if chosen or _unsent(state):
         return Command(update={"selected": chosen}, goto="dispatch")
     if pending or state.get("gate_job") is not None or state.get("baseline_job") is not None:
         return Command(goto="wait")
@@ -185,7 +187,7 @@ def select(
 
 
 def dispatch(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Command[Literal["wait"]]:
-    """Enqueue and submit a job per selected node, then go to wait."""
+    """Enqueue and submit a job per selected node (then, once, the held-out baseline's job); go to wait."""
     storage, dispatcher = runtime.context.storage, runtime.context.dispatcher
     sid = state["study_id"]
     pending = _active_jobs(state)
@@ -194,7 +196,11 @@ def dispatch(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> C
         dispatcher.submit(job_id)
         if job_id not in pending:
             pending.append(job_id)
-    return Command(update={"pending": pending, "selected": []}, goto="wait")
+    sent: dict[str, Any] = {}
+    if _unsent(state):  # after the experiments: it takes a worker slot only once they have theirs
+        dispatcher.submit(state["baseline_job"])  # type: ignore[arg-type]
+        sent = {"baseline_sent": True}
+    return Command(update={"pending": pending, "selected": [], **sent}, goto="wait")
 
 
 def wait(state: CoordinatorState) -> Command[Literal["integrate", "gate", "start", "observe"]]:
@@ -401,6 +407,11 @@ def finish(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> dic
 def open_approval(records: list[NodeRecord]) -> int | None:
     """Return the node whose approval is open (there is at most one), or None."""
     return min(index_of(records).by_status.get(NodeStatus.AWAITING_APPROVAL, {}), default=None)
+
+
+def _unsent(state: CoordinatorState) -> bool:
+    """Return whether the held-out baseline's job was created but its task not yet sent."""
+    return state.get("baseline_job") is not None and not state.get("baseline_sent")
 
 
 def _active_jobs(state: CoordinatorState) -> list[int]:

@@ -95,7 +95,14 @@ class SealedJobs:
             return job
 
     def baseline(self, study_id: int) -> Pending | None:
-        """Measure the baseline in jobs: dev first (blocking), then held-out beside the study; None once both are in."""
+        """Measure the baseline in jobs: dev first (blocking), then held-out beside the study; None once both are in.
+
+        The held-out job is created here but sent by the graph after the first experiments
+        (`dispatch`), so that it takes a worker slot only after them.
+        """
+        return self._baseline(study_id, send_held_out=False)
+
+    def _baseline(self, study_id: int, send_held_out: bool) -> Pending | None:
         with db.session(self.settings.db_url) as s:
             st = s.get(Study, study_id)
             assert st is not None
@@ -108,7 +115,9 @@ class SealedJobs:
         job = self._job(study_id, st.trunk_node_id or 0, kind)
         if job.status in ("done", "failed"):
             raise BaselineError(str(job.outcome.get("reason") or "the baseline job ended without a baseline"))
-        if job.status == "queued":  # a running one is the reconciler's, should its worker die
+        if job.status == "queued" and (
+            kind == "baseline" or send_held_out
+        ):  # a running one is the reconciler's
             self.submit(job.id or 0)
         return Pending(job.id or 0, blocking=kind == "baseline")
 
@@ -121,7 +130,7 @@ class SealedJobs:
         if gated:
             return self.local.gate(study_id, node_id)  # reads the recorded verdict, runs nothing
         if not measured:  # the held-out baseline first: the gate compares with it
-            pending = self.baseline(study_id)
+            pending = self._baseline(study_id, send_held_out=True)
             if pending is not None:
                 return Pending(pending.job_id)
         job = self._job(study_id, node_id, "gate")

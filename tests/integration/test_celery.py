@@ -123,6 +123,8 @@ def test_a_held_out_baseline_that_fails_ends_the_study_and_what_runs_beside_it(
     service: Service, tmp_path: Path
 ) -> None:
     files = tiny_files(name="celery-bad-heldout", experiments=4, sleep=0.5)
+    # One experiment at a time on two worker slots: the held-out job runs beside the first.
+    files["grove.toml"] = files["grove.toml"].replace("parallel = 2", "parallel = 1")
     files["eval.py"] = files["eval.py"].replace(
         'if sys.argv[1] == "dev":',
         'if sys.argv[1] == "test":\n    print("no labels here", file=sys.stderr)\n    sys.exit(3)\nif sys.argv[1] == "dev":',

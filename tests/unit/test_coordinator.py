@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from langgraph.checkpoint.memory import InMemorySaver
@@ -728,8 +729,10 @@ class HeldOutBeside(Memory):
 def test_experiments_run_beside_the_held_out_baseline_and_a_gate_waits_for_it() -> None:
     mem = HeldOutBeside()
     graph, cfg, ctx, out = started(mem)
-    # The first step dispatched experiments (parallel = 2) without waiting for the held-out job.
+    # The first step dispatched experiments (parallel = 2) without waiting for the held-out job,
+    # and sent that job's task after theirs.
     assert sorted(out.interrupts[0].value["jobs"]) == sorted([*mem.jobs, mem.HELDOUT]) and len(mem.jobs) == 2
+    assert mem.submitted == [*mem.jobs, mem.HELDOUT]
     ran_before = 0
     for _ in range(60):
         if not out.interrupts:
@@ -768,3 +771,17 @@ def test_a_held_out_baseline_that_fails_stops_the_graph_before_anything_more_is_
     else:
         raise AssertionError("the failure did not reach the driver")
     assert len(mem.submitted) == submitted and mem.completed == [mem.jobs[first]]
+
+
+def test_a_study_with_nothing_left_to_run_still_sends_its_held_out_baseline_and_waits_for_it() -> None:
+    class OutOfTime(HeldOutBeside):
+        def study(self, study_id: int) -> StudyView:
+            return replace(super().study(study_id), elapsed_hours=1e6)  # its time budget is spent at once
+
+    mem = OutOfTime()
+    graph, cfg, ctx, out = started(mem)
+    intr = out.interrupts[0]
+    assert intr.value["jobs"] == [mem.HELDOUT] and mem.submitted == [mem.HELDOUT] and not mem.jobs
+    mem.heldout = "done"
+    out = resume(graph, cfg, ctx, intr, [mem.HELDOUT])
+    assert not out.interrupts and mem.events[-1].startswith("finished: time budget spent")
