@@ -115,9 +115,7 @@ class Job(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     study_id: int = Field(index=True, foreign_key="study.id")
     node_id: int = Field(foreign_key="node.id")
-    attempt: int = (
-        1  # 0 for the sealed jobs, -1 for the baseline's held-out one (the same node as its dev one)
-    )
+    attempt: int = 1  # sealed jobs: 0, and -1 for `heldout` (its node is `baseline`'s)
     kind: str = "experiment"  # experiment | baseline | heldout | gate
     status: str = "queued"  # queued|running|done|failed
     token: str = ""

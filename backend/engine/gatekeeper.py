@@ -102,11 +102,10 @@ class SealedRunner:
         node = self.store.node(node_id)
         if node.gated:
             return passed_gate(node)
-        if (
-            not self.store.study().baseline_heldout
-        ):  # a study resumed in one process before its held-out job ran
-            self.baseline(dev=False)
         st = self.store.study()
+        if not st.baseline_heldout:  # a study resumed in one process before its held-out job ran
+            self.baseline(dev=False)
+            st = self.store.study()
         spec = spec_of(st)
         self._unboxed()
         label = f"gate-n{node_id}"

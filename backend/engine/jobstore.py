@@ -236,7 +236,7 @@ class DbStore:
             others = s.exec(
                 select(Node.number, Node.dev_mean, Node.verification).where(
                     Node.study_id == self.study_id, Node.id != node.id, Node.base_commit == node.base_commit,
-                    col(Node.status).in_(["evaluated", "awaiting_approval"]), col(Node.dev_mean).is_not(None),
+                    col(Node.status).in_(["evaluated", "awaiting_approval"]),
                 ).order_by(col(Node.id))
             ).all()  # fmt: skip
             better = [

@@ -115,24 +115,22 @@ class SealedJobs:
         job = self._job(study_id, st.trunk_node_id or 0, kind)
         if job.status in ("done", "failed"):
             raise BaselineError(str(job.outcome.get("reason") or "the baseline job ended without a baseline"))
-        if job.status == "queued" and (
-            kind == "baseline" or send_held_out
-        ):  # a running one is the reconciler's
+        # A running job is the reconciler's, should its worker die.
+        if job.status == "queued" and (kind == "baseline" or send_held_out):
             self.submit(job.id or 0)
         return Pending(job.id or 0, blocking=kind == "baseline")
 
     def gate(self, study_id: int, node_id: int) -> bool | Pending:
         """Gate the node in a job; its verdict once the job has recorded one."""
         with db.session(self.settings.db_url) as s:
-            node, st = s.get(Node, node_id), s.get(Study, study_id)
-            assert node is not None and st is not None
-            gated, measured = node.gated, bool(st.baseline_heldout)
+            node = s.get(Node, node_id)
+            assert node is not None
+            gated = node.gated
         if gated:
             return self.local.gate(study_id, node_id)  # reads the recorded verdict, runs nothing
-        if not measured:  # the held-out baseline first: the gate compares with it
-            pending = self._baseline(study_id, send_held_out=True)
-            if pending is not None:
-                return Pending(pending.job_id)
+        pending = self._baseline(study_id, send_held_out=True)  # the gate compares with the held-out baseline
+        if pending is not None:
+            return Pending(pending.job_id)
         job = self._job(study_id, node_id, "gate")
         if job.status in ("done", "failed"):
             _gate_crashed(
