@@ -1,6 +1,8 @@
-"""Sending work to Celery: the coordinator's `Dispatcher` port, and `enqueue_advance`."""
+"""Sending work to Celery: the coordinator's `Dispatcher` port, `enqueue_advance` and `nudge`."""
 
 from __future__ import annotations
+
+import logging
 
 from celery import Celery
 
@@ -18,6 +20,22 @@ MODEL_CALL = 120 * 6 + 60 * 5
 def enqueue_advance(app: Celery, study_id: int, countdown: float | None = None) -> None:
     """Ask a coordinator worker to advance a study (after whatever made it ready was committed)."""
     app.send_task("coordinator.advance", args=[study_id], countdown=countdown)
+
+
+def nudge(app: Celery, study_id: int) -> bool:
+    """Enqueue an advance after a committed change; if the broker is away, leave it to the reconciler.
+
+    The reconciler advances every created, running or stopping study, so what the caller already
+    committed is acted on once the broker is back; the caller's request does not fail for it.
+    """
+    try:
+        enqueue_advance(app, study_id)
+    except Exception as exc:  # kombu's connection errors have no common base worth naming here
+        logging.getLogger(__name__).warning(
+            "study %s: the advance could not be queued (%s); the reconciler sends it", study_id, exc
+        )
+        return False
+    return True
 
 
 def job_token(job: Job) -> str:

@@ -243,6 +243,13 @@ def reconcile() -> dict[str, int]:
                 select(Study).where(col(Study.status).in_([StudyStatus.RUNNING, StudyStatus.STOPPING]))
             )
         ]
+        # A created study whose first advance was lost (the broker was away when the API sent it, or
+        # the step failed before the study started) is started here; the API's own advance comes first.
+        active += [
+            st.id
+            for st in s.exec(select(Study).where(Study.status == StudyStatus.CREATED, Study.repo_path != ""))
+            if (now() - st.created_at).total_seconds() > settings.reconcile_seconds
+        ]
         # A clone whose task was lost (broker or worker died) is sent again, once a minute at most.
         cloning = [
             st.id

@@ -1,4 +1,4 @@
-"""Faults: a worker killed mid-experiment, the coordinator killed, Redis restarted mid-study."""
+"""Faults: a worker killed mid-experiment, the coordinator killed, Redis restarted mid-study or away."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 import redis
+from fastapi.testclient import TestClient
 from sqlmodel import select
 
+from backend.api.main import create_app
 from backend.core import db, gitops
 from backend.core.config import Settings
 from backend.core.models import Event, Job, Node, Study
+from backend.core.security import create_token
 from backend.services.studies import create_study
 from backend.worker.celery_app import make_app
 from tests.conftest import Service, free_port, make_repo, tiny_files, wait_for
@@ -149,4 +152,28 @@ def test_redis_restart_mid_study_loses_nothing(faulty: tuple[Service, RedisServe
     # kombu race); a deployment's supervisor (`grove up`, Compose's restart policy) restarts it.
     wait_for(lambda: svc.revive() is not None and finished(svc.settings, sid), timeout=240)
     assert len(rows(svc.settings, Job, Job.study_id == sid, Job.kind == "experiment")) == 4
+    assert_clean_end(svc.settings, sid)
+
+
+def test_a_study_created_while_the_broker_is_away_starts_once_it_is_back(
+    faulty: tuple[Service, RedisServer], tmp_path: Path
+) -> None:
+    svc, server = faulty
+    repo = make_repo(tmp_path / "away", tiny_files(name="broker-away", experiments=2))
+    headers = {"Authorization": f"Bearer {create_token(svc.settings, ['operator'], 'op')}"}
+    server.stop()
+    with TestClient(create_app(svc.settings)) as client:
+        resp = client.post(
+            "/api/v1/studies",
+            json={"spec": (repo / "grove.toml").read_text(), "repository": str(repo)},
+            headers=headers,
+        )
+    # The study is kept and said to be created: its first advance could not be queued, not lost.
+    assert resp.status_code == 201, resp.text
+    sid = int(resp.json()["id"])
+    assert rows(svc.settings, Study, Study.id == sid)[0].status == "created"
+    server.start()
+    # Nothing sends that advance again but the reconciler, which starts a created study it finds.
+    wait_for(lambda: svc.revive() is not None and finished(svc.settings, sid), timeout=240)
+    assert len(rows(svc.settings, Job, Job.study_id == sid, Job.kind == "experiment")) == 2
     assert_clean_end(svc.settings, sid)

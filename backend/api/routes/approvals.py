@@ -13,7 +13,7 @@ from backend.api.deps import MAX_ID, Approver, CeleryDep, NodeId, Reader, Sessio
 from backend.api.routes.tree import get_node
 from backend.core.models import Approval
 from backend.services.approvals import decide_approval
-from backend.worker.dispatch import enqueue_advance
+from backend.worker.dispatch import nudge
 
 router = APIRouter(tags=["approvals"])
 
@@ -56,7 +56,7 @@ def _decide(
         s.refresh(appr)  # what won: a decision or a withdrawal made meanwhile
         raise HTTPException(status.HTTP_409_CONFLICT, f"n{node.number} was already {appr.status}")
     s.commit()
-    enqueue_advance(celery, study_id)
+    nudge(celery, study_id)
     return serializers.approval_public(s, appr)
 
 

@@ -28,7 +28,7 @@ from backend.services.studies import (
     register_study,
 )
 from backend.services.studies import promote as promote_trunk
-from backend.worker.dispatch import enqueue_advance
+from backend.worker.dispatch import nudge
 
 router = APIRouter(prefix="/studies", tags=["studies"])
 
@@ -60,7 +60,7 @@ def _create(
         return serializers.study_public(s, st)
     st = create_study(s, settings, spec, repository, allow_plain_folder=False)
     s.commit()
-    enqueue_advance(celery, st.id or 0)
+    nudge(celery, st.id or 0)
     return serializers.study_public(s, st)
 
 
@@ -161,7 +161,7 @@ def resume(study_id: StudyId, s: SessionDep, celery: CeleryDep, who: Operator) -
     get_study(s, study_id)
     st = lifecycle.resume(s, study_id, by=who.name)
     s.commit()
-    enqueue_advance(celery, study_id)
+    nudge(celery, study_id)
     return serializers.study_public(s, st)
 
 
@@ -174,7 +174,7 @@ def stop(study_id: StudyId, s: SessionDep, celery: CeleryDep, who: Operator) -> 
     if queued:
         celery.control.revoke(queued)
     if st.status == StudyStatus.STOPPING:  # a study stopped while cloning has already ended
-        enqueue_advance(celery, study_id)
+        nudge(celery, study_id)
     return serializers.study_public(s, st)
 
 

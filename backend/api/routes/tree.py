@@ -21,7 +21,7 @@ from backend.core.models import Event, InsightVersion, Node, ReceiptRow, Study
 from backend.services import fates, treebody
 from backend.services.records import add_event, spec_of
 from backend.services.storage import prune_subtree
-from backend.worker.dispatch import enqueue_advance
+from backend.worker.dispatch import nudge
 
 router = APIRouter(prefix="/studies/{study_id}", tags=["tree"])
 
@@ -176,7 +176,7 @@ def add_hypothesis(
     )
     out = serializers.node_summary(node, fates.fate_of(s, node))
     s.commit()
-    enqueue_advance(celery, study_id)
+    nudge(celery, study_id)
     return out
 
 
@@ -198,7 +198,7 @@ def prune(
     reason = body.reason or "no reason given"
     prune_subtree(s, study_id, node_id, reason, n.summary or n.title, by=who.name)
     s.commit()
-    enqueue_advance(celery, study_id)
+    nudge(celery, study_id)
     return schemas.Message(message=f"pruned n{n.number}")
 
 
