@@ -6,7 +6,8 @@ import ast
 import math
 import time
 from collections import OrderedDict
-from dataclasses import replace
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,15 @@ def node_records(s: Session, study_id: int) -> list[NodeRecord]:
 
 
 STALE_BY_ID = 500  # changed node rows a refresh reads by id; more are read by the look-back window
+
+
+@dataclass
+class Written:
+    """Nodes whose rows a coordinator step wrote itself since its storage last read the records."""
+
+    nodes: set[int] = field(default_factory=set)  # node rows (inserted or changed)
+    insights: set[int] = field(default_factory=set)  # nodes given an insight version
+    jobs: set[int] = field(default_factory=set)  # nodes given an experiment job
 
 
 class RecordCache:
@@ -214,6 +224,41 @@ class RecordCache:
             if self.reports.get(jid) != report:
                 self.reports[jid] = report
                 touched.add(nid)
+        self.since = started
+        return self._rebuilt(touched)
+
+    def reread(self, s: Session, study_id: int, own: Written) -> Records:
+        """Return every node's record after reading again only what this process itself wrote.
+
+        For the writes of a coordinator step between two refreshes: the rows it changed are read
+        by key (a node, its newest insight, its experiment jobs), and nothing else is looked at.
+        """
+        touched = own.nodes | own.insights | own.jobs
+        if own.nodes:
+            for n in s.exec(select(Node).where(col(Node.id).in_(sorted(own.nodes)))):
+                assert n.id is not None
+                s.expunge(n)
+                self.nodes[n.id] = n
+        if own.insights:
+            for vid, nid, version, text in s.exec(
+                select(
+                    InsightVersion.id, InsightVersion.node_id, InsightVersion.version, InsightVersion.text
+                ).where(col(InsightVersion.node_id).in_(sorted(own.insights)))
+            ):
+                if (version, vid or 0) > self.insight.get(nid, (0, 0, ""))[:2]:
+                    self.insight[nid] = (version, vid or 0, text)
+        if own.jobs:
+            for jid, nid, attempt in s.exec(
+                select(Job.id, Job.node_id, Job.attempt).where(
+                    col(Job.node_id).in_(sorted(own.jobs)), Job.kind == "experiment"
+                )
+            ):
+                if attempt >= self.last_job.get(nid, (-1, 0))[0]:
+                    self.last_job[nid] = (attempt, jid or 0)
+        return self._rebuilt(touched)
+
+    def _rebuilt(self, touched: set[int]) -> Records:
+        """Rebuild the touched nodes' records; return the list (the same one when nothing changed)."""
         for nid in sorted(touched):  # new nodes have the highest ids: `records` stays in id order
             node = self.nodes.get(nid)
             if node is not None:
@@ -232,7 +277,6 @@ class RecordCache:
                     # this holds only for rows written around the ORM: keep the id order anyway.
                     if out_of_order:
                         self.records = dict(sorted(self.records.items()))
-        self.since = started
         if self.listed is None or self.changed:
             self.listed = Records(self.records.values(), self.index.copy(), self.listed, self.changed)
             self.changed = []
@@ -365,7 +409,8 @@ class SqlStorage:
     The study and its records, once read, are served again until a write through this storage
     changes them or `forget()` is called: a coordinator step reads them in every graph node, and
     the driver forgets them before each run of the graph (and after each call to the gatekeeper,
-    which writes the study and its nodes itself).
+    which writes the study and its nodes itself). After its own writes, only the rows they wrote
+    are read again: what others change meanwhile is seen from the next run of the graph.
     """
 
     def __init__(self, url: str) -> None:
@@ -373,6 +418,7 @@ class SqlStorage:
         self._maps: dict[tuple[int, str], dict[str, Any]] = {}  # repository maps by (study, trunk commit)
         self._views: dict[int, StudyView] = {}
         self._records: dict[int, list[NodeRecord]] = {}
+        self._written: dict[int, Written] = {}  # by study: own writes since the records were read whole
 
     def forget(self, study: bool = True, nodes: bool = True) -> None:
         """Read the study (and, or, its records) from the database again on the next call."""
@@ -380,6 +426,18 @@ class SqlStorage:
             self._views.clear()
         if nodes:
             self._records.clear()
+            self._written.clear()
+
+    def _wrote(
+        self, study_id: int, nodes: Iterable[int] = (), insights: Iterable[int] = (), jobs: Iterable[int] = ()
+    ) -> None:
+        """Note rows this storage wrote: the next `nodes()` reads them again (and nothing else)."""
+        self._records.pop(study_id, None)
+        own = self._written.get(study_id)
+        if own is not None:  # else the records are read whole next time anyway
+            own.nodes.update(nodes)
+            own.insights.update(insights)
+            own.jobs.update(jobs)
 
     def study(self, study_id: int) -> StudyView:
         """Return the study as the coordinator sees it."""
@@ -471,13 +529,22 @@ class SqlStorage:
         records = self._records.get(study_id)
         if records is None:
             cache = cache_of(self.url, study_id)
+            own = self._written.get(study_id)
             with db.session(self.url) as s:
-                records = self._records[study_id] = cache.refresh(s, study_id)
+                if own is not None and cache.since is not None:
+                    records = cache.reread(s, study_id, own)
+                else:
+                    records = cache.refresh(s, study_id)
+            self._records[study_id], self._written[study_id] = records, Written()
         return records
 
     def add_proposals(self, study_id: int, round_no: int, proposals: list[Proposal]) -> list[int]:
         """Insert the proposals of an ideation round once (a replayed round returns the same ids)."""
-        self.forget(study=False)
+        ids = self._add_proposals(study_id, round_no, proposals)
+        self._wrote(study_id, nodes=ids)
+        return ids
+
+    def _add_proposals(self, study_id: int, round_no: int, proposals: list[Proposal]) -> list[int]:
         with db.session(self.url) as s:
             existing = s.exec(
                 select(Node)
@@ -518,7 +585,8 @@ class SqlStorage:
 
     def enqueue(self, study_id: int, node_id: int) -> int:
         """Create the job row of the node's next attempt (idempotent) and mark the node queued."""
-        self.forget()
+        self._views.pop(study_id, None)  # the experiments used count jobs
+        self._wrote(study_id, nodes=[node_id], jobs=[node_id])
         with db.session(self.url) as s:
             node = s.get(Node, node_id)
             st = s.get(Study, study_id)
@@ -549,7 +617,7 @@ class SqlStorage:
 
     def record(self, study_id: int, result: Integration) -> None:
         """Store a node's verification and summary; it becomes the node's first-level insight."""
-        self.forget(study=False)
+        self._wrote(study_id, nodes=[result.node_id], insights=[result.node_id])
         with db.session(self.url) as s:
             node = s.get(Node, result.node_id)
             assert node is not None
@@ -580,7 +648,7 @@ class SqlStorage:
         """Append insight versions for ancestors."""
         if not updates:
             return
-        self.forget(study=False)
+        self._wrote(study_id, insights=[u.node_id for u in updates])
         with db.session(self.url) as s:
             for u in updates:
                 add_insight(s, study_id, u.node_id, u.text, list(u.cites))

@@ -250,3 +250,38 @@ def test_a_step_reads_the_study_once_until_something_writes(settings: Settings, 
     assert {r.evidence.id: r.evidence.title for r in storage.nodes(sid)}[nid] == "try"
     storage.forget()
     assert {r.evidence.id: r.evidence.title for r in storage.nodes(sid)}[nid] == "renamed elsewhere"
+
+
+def test_after_its_own_writes_a_step_reads_back_only_the_rows_it_wrote(
+    settings: Settings, tiny_repo: Path
+) -> None:
+    from agents.coordinator.ports import Integration
+    from agents.tree.insights import InsightUpdate
+
+    sid, root = new_study(settings, tiny_repo)
+    with db.session(settings.db_url) as s:
+        grow(s, sid, root, 6)
+    storage = SqlStorage(settings.db_url)
+    first = storage.nodes(sid)
+    done = first[3].evidence.id
+    [nid] = storage.add_proposals(
+        sid, 1, [Proposal(parent_id=done, title="next", hypothesis={}, prior=0.5, edits={})]
+    )
+    storage.enqueue(sid, nid)
+    storage.record(
+        sid,
+        Integration(
+            node_id=done, status="evaluated", gain=0.5, gain_lcb=0.1, constraints=[],
+            verification={"decision": "accept"}, summary="it helped",
+        ),
+    )  # fmt: skip
+    storage.add_insights(sid, [InsightUpdate(node_id=root, text="the root learned", cites=(done,))])
+    with counting(settings.db_url) as seen:
+        records = storage.nodes(sid)
+    # By key, and only the tables written: no look at receipts or reports, none at the other nodes.
+    assert len(seen) <= 3 and not [q for q in seen if "receipt" in q or "trajectory" in q], seen
+    assert list(records) == node_records_of(settings, sid)  # what a full read says
+    by_id = {r.evidence.id: r.evidence for r in records}
+    assert by_id[nid].status == "queued" and by_id[nid].parent_id == done
+    assert by_id[done].gain == 0.5 and by_id[done].insight == "it helped"
+    assert by_id[root].insight == "the root learned"
