@@ -160,10 +160,11 @@ def _excess(
 
 
 def _root(f: Callable[[float], float], lo: float, hi: float, tol: float = 1e-12) -> float:
-    """Return where a decreasing `f` crosses zero in [lo, hi] (Illinois false position, to `tol`).
+    """Return where a decreasing `f` crosses zero in [lo, hi], from the side where `f <= 0`.
 
-    A boundary's crossing probability is smooth in the boundary: this takes about ten evaluations
-    where halving the bracket to the same width takes forty.
+    Illinois false position, to a bracket of `tol`: a boundary's crossing probability is smooth in
+    the boundary, so this takes about half the evaluations of halving the bracket to that width.
+    The answer is the bracket's upper end, as bisection's was: its crossing is at most the share.
     """
     f_lo, f_hi, side = f(lo), f(hi), 0
     if f_lo <= 0:
@@ -187,7 +188,7 @@ def _root(f: Callable[[float], float], lo: float, hi: float, tol: float = 1e-12)
             side = -1
         if hi - lo <= tol or f_mid == 0:
             break
-    return hi if f_mid <= 0 else lo
+    return hi
 
 
 def _pdf(z: NDArray[np.float64]) -> NDArray[np.float64]:

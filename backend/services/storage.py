@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlmodel import Session, col, func, select
+from sqlmodel import Session, col, func, or_, select
 
 from agents import globs
 from agents.coordinator.ports import Integration, NodeRecord, StudyView
@@ -240,10 +240,16 @@ class RecordCache:
                 s.expunge(n)
                 self.nodes[n.id] = n
         if own.insights:
+            # From each node's known version on: a root's versions grow with the study.
+            newer = [
+                (col(InsightVersion.node_id) == nid)
+                & (col(InsightVersion.version) >= self.insight.get(nid, (0,))[0])
+                for nid in sorted(own.insights)
+            ]
             for vid, nid, version, text in s.exec(
                 select(
                     InsightVersion.id, InsightVersion.node_id, InsightVersion.version, InsightVersion.text
-                ).where(col(InsightVersion.node_id).in_(sorted(own.insights)))
+                ).where(or_(*newer))
             ):
                 if (version, vid or 0) > self.insight.get(nid, (0, 0, ""))[:2]:
                     self.insight[nid] = (version, vid or 0, text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from celery import Celery
+from kombu.exceptions import OperationalError
 
 from agents.executor.tools import RUN_TIMEOUT
 from agents.spec import Spec
@@ -22,15 +23,19 @@ def enqueue_advance(app: Celery, study_id: int, countdown: float | None = None) 
     app.send_task("coordinator.advance", args=[study_id], countdown=countdown)
 
 
+BROKER_AWAY = (OperationalError, OSError)  # what publishing raises when the broker cannot be reached
+
+
 def nudge(app: Celery, study_id: int) -> bool:
     """Enqueue an advance after a committed change; if the broker is away, leave it to the reconciler.
 
-    The reconciler advances every created, running or stopping study, so what the caller already
-    committed is acted on once the broker is back; the caller's request does not fail for it.
+    The reconciler advances running and stopping studies whose lease nobody holds, and created
+    ones older than one reconcile period, so what the caller already committed is acted on once
+    the broker is back; the caller's request does not fail for it.
     """
     try:
         enqueue_advance(app, study_id)
-    except Exception as exc:  # kombu's connection errors have no common base worth naming here
+    except BROKER_AWAY as exc:
         logging.getLogger(__name__).warning(
             "study %s: the advance could not be queued (%s); the reconciler sends it", study_id, exc
         )

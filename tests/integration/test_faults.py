@@ -155,7 +155,7 @@ def test_redis_restart_mid_study_loses_nothing(faulty: tuple[Service, RedisServe
     assert_clean_end(svc.settings, sid)
 
 
-def test_a_study_created_while_the_broker_is_away_starts_once_it_is_back(
+def test_a_study_created_while_the_broker_is_away_starts_once_it_is_back_and_a_learning_job_fails_at_once(
     faulty: tuple[Service, RedisServer], tmp_path: Path
 ) -> None:
     svc, server = faulty
@@ -168,6 +168,13 @@ def test_a_study_created_while_the_broker_is_away_starts_once_it_is_back(
             json={"spec": (repo / "grove.toml").read_text(), "repository": str(repo)},
             headers=headers,
         )
+        # A learning job would never be sent again: it fails at once, with the reason.
+        learn = client.post(
+            "/api/v1/learning/jobs", headers=headers, json={"kind": "sparse_eval", "params": {"docs": 8}}
+        )
+        assert learn.status_code == 503, learn.text
+        [job] = client.get("/api/v1/learning/jobs", headers=headers).json()["data"]
+        assert job["status"] == "failed" and "the task queue was unreachable" in job["error"]
     # The study is kept and said to be created: its first advance could not be queued, not lost.
     assert resp.status_code == 201, resp.text
     sid = int(resp.json()["id"])

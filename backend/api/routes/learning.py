@@ -9,8 +9,9 @@ from sqlmodel import col, func, select
 
 from backend.api import schemas
 from backend.api.deps import MAX_ID, CeleryDep, Operator, Reader, SessionDep
-from backend.core.models import LearningJob, Study
+from backend.core.models import LearningEvent, LearningJob, Study, now
 from backend.engine import learning
+from backend.worker.dispatch import BROKER_AWAY
 
 router = APIRouter(prefix="/learning/jobs", tags=["learning"])
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="a learning job id")]
@@ -40,7 +41,15 @@ def create(
             422, {"message": str(exc), "errors": [{"key": key, "message": str(exc)}]}
         ) from None
     s.commit()
-    celery.send_task("gpu.learn", args=[job.id], task_id=f"learning-{job.id}")
+    try:
+        celery.send_task("gpu.learn", args=[job.id], task_id=f"learning-{job.id}")
+    except BROKER_AWAY as exc:  # nothing would ever send it: the job ends now, with the reason
+        reason = f"the task queue was unreachable: {exc}"[:4000]
+        job.status, job.error, job.finished_at = "failed", reason, now()
+        s.add(job)
+        s.add(LearningEvent(job_id=job.id or 0, type="learning.failed", payload={"error": reason}))
+        s.commit()
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the task queue is unreachable") from None
     return _public(job)
 
 

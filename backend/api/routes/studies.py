@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 from celery import Celery
@@ -28,7 +29,7 @@ from backend.services.studies import (
     register_study,
 )
 from backend.services.studies import promote as promote_trunk
-from backend.worker.dispatch import nudge
+from backend.worker.dispatch import BROKER_AWAY, nudge
 
 router = APIRouter(prefix="/studies", tags=["studies"])
 
@@ -172,7 +173,10 @@ def stop(study_id: StudyId, s: SessionDep, celery: CeleryDep, who: Operator) -> 
     queued = lifecycle.stop(s, study_id, by=who.name)
     s.commit()
     if queued:
-        celery.control.revoke(queued)
+        try:
+            celery.control.revoke(queued)
+        except BROKER_AWAY:  # a revoked task only saves a worker the look at a cancelled job
+            logging.getLogger(__name__).warning("study %s: queued tasks could not be revoked", study_id)
     if st.status == StudyStatus.STOPPING:  # a study stopped while cloning has already ended
         nudge(celery, study_id)
     return serializers.study_public(s, st)
