@@ -11,9 +11,10 @@ from sqlalchemy import event
 from sqlmodel import Session
 
 from agents.coordinator.graph import tree_of
-from agents.coordinator.ports import NodeRecord
+from agents.coordinator.ports import Integration, NodeRecord
 from agents.coordinator.records import RecordIndex, index_of
 from agents.policies.base import Proposal
+from agents.tree.insights import InsightUpdate
 from agents.tree.status import NodeStatus
 from backend.core import db
 from backend.core.config import Settings
@@ -67,12 +68,16 @@ def grow(s: Session, study_id: int, root: int, count: int) -> None:
     s.commit()
 
 
-def new_study(settings: Settings, repo: Path) -> tuple[int, int]:
-    """Create the tiny study; return its id and its root node's."""
+def new_study(settings: Settings, repo: Path, grown: int = 0) -> tuple[int, int]:
+    """Create the tiny study (with `grown` evaluated nodes); return its id and its root node's."""
     with db.session(settings.db_url) as s:
         study = create_study(s, settings, tiny_files()["grove.toml"], str(repo))
         assert study.id is not None and study.trunk_node_id is not None
-        return study.id, study.trunk_node_id
+        sid, root = study.id, study.trunk_node_id
+    if grown:
+        with db.session(settings.db_url) as s:
+            grow(s, sid, root, grown)
+    return sid, root
 
 
 def test_reading_the_tree_takes_the_same_queries_at_any_size(settings: Settings, tiny_repo: Path) -> None:
@@ -110,9 +115,7 @@ def test_the_cached_tree_matches_a_full_read_after_every_kind_of_change(
 
     from backend.services.storage import RecordCache, node_records
 
-    sid, root = new_study(settings, tiny_repo)
-    with db.session(settings.db_url) as s:
-        grow(s, sid, root, 30)
+    sid, _ = new_study(settings, tiny_repo, grown=30)
     # No look-back margin: only what the change markers say changed is read again.
     cache = RecordCache(margin=timedelta(0))
 
@@ -255,12 +258,7 @@ def test_a_step_reads_the_study_once_until_something_writes(settings: Settings, 
 def test_after_its_own_writes_a_step_reads_back_only_the_rows_it_wrote(
     settings: Settings, tiny_repo: Path
 ) -> None:
-    from agents.coordinator.ports import Integration
-    from agents.tree.insights import InsightUpdate
-
-    sid, root = new_study(settings, tiny_repo)
-    with db.session(settings.db_url) as s:
-        grow(s, sid, root, 6)
+    sid, root = new_study(settings, tiny_repo, grown=6)
     storage = SqlStorage(settings.db_url)
     first = storage.nodes(sid)
     done = first[3].evidence.id
