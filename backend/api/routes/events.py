@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Annotated
 
 import redis.asyncio as aioredis
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 from backend.api import schemas, serializers
 from backend.api.deps import Cursor, Reader, SessionDep, SettingsDep, StudyId
 from backend.api.routes.studies import get_study
 from backend.core import db, fanout
 from backend.core.config import Settings
+from backend.core.models import Event, now
 
 router = APIRouter(prefix="/studies/{study_id}", tags=["events"])
 ENDS = frozenset({"study.finished", "study.failed"})  # a stream closes once it has sent one and is drained
+LATE = timedelta(seconds=30)  # how long after its stamp an event's transaction may still commit
 
 
 def _page(
@@ -28,9 +32,25 @@ def _page(
     return [serializers.event_public(e) for e in serializers.events_after(s, study_id, after, limit, newest)]
 
 
-def _poll(settings: Settings, study_id: int, after: int) -> list[schemas.EventPublic]:
+def _poll(
+    settings: Settings, study_id: int, after: int, floor: int, sent: set[int]
+) -> list[schemas.EventPublic]:
+    """Return the events after `after`, and before them any written in the last `LATE` not yet sent.
+
+    PostgreSQL gives an event its id when it is inserted, not when its transaction commits: an
+    event may appear after others with higher ids were already sent. Such a late event is sent
+    when it appears (the stream's ids are then not in order); none older than `floor`, where the
+    client asked to start.
+    """
     with db.session(settings.db_url) as s:
-        return _page(s, study_id, after, 500)
+        late = s.exec(
+            select(Event)
+            .where(Event.study_id == study_id, col(Event.id) > floor, col(Event.id) <= after)
+            .where(col(Event.time) >= now() - LATE)
+            .order_by(col(Event.id))
+        )
+        missed = [serializers.event_public(e) for e in late if e.id not in sent]
+        return missed + _page(s, study_id, after, 500)
 
 
 @router.get("/events/log", response_model=list[schemas.EventPublic])
@@ -87,18 +107,26 @@ async def stream(
     with contextlib.suppress(Exception):
         pubsub = aioredis.Redis.from_url(settings.redis_url).pubsub(ignore_subscribe_messages=True)
         await pubsub.subscribe(fanout.channel(study_id))
-    ended = False
+    ended = drained = False
+    floor = cursor
+    sent: dict[int, float] = {}  # id -> when this stream sent it (monotonic), within the last `LATE`
     try:
         while True:
-            page = await asyncio.to_thread(_poll, settings, study_id, cursor)
+            page = await asyncio.to_thread(_poll, settings, study_id, cursor, floor, set(sent))
             for e in page:
-                cursor = e.id
+                cursor, sent[e.id] = max(cursor, e.id), time.monotonic()
                 ended = ended or e.type in ENDS
                 yield ServerSentEvent(data=e.model_dump(mode="json"), event=e.type, id=str(e.id))
+            oldest = time.monotonic() - 4 * LATE.total_seconds()  # past any late window, with clock skew
+            sent = {i: t for i, t in sent.items() if t >= oldest}
             if page:
                 continue
             if ended:
-                return
+                if drained:
+                    return
+                drained = True  # one more look, for an event committed just after the last one
+                await asyncio.sleep(1.0)
+                continue
             if pubsub is None:
                 await asyncio.sleep(0.5)
                 continue
