@@ -227,6 +227,20 @@ def _record(settings: Settings, job_id: int, event: str, payload: dict[str, Any]
         s.add(LearningEvent(job_id=job_id, type=event, payload=payload))
 
 
+def fail(settings: Settings, job_id: int, reason: str) -> None:
+    """End a job as failed, with the reason on its row and its `learning.failed` event."""
+    message = reason[:4000]
+    _record(
+        settings,
+        job_id,
+        "learning.failed",
+        {"error": message},
+        status="failed",
+        error=message,
+        finished_at=now(),
+    )
+
+
 def _progress(settings: Settings, job_id: int, fraction: float, **payload: Any) -> None:
     _record(settings, job_id, "learning.progress", {"progress": fraction, **payload}, progress=fraction)
 
@@ -401,9 +415,7 @@ def run(settings: Settings, job_id: int) -> str:
             settings, job, out
         )
     except Exception as exc:  # the job's failure is recorded, never lost
-        message = f"{type(exc).__name__}: {exc}"[:4000]
-        _record(settings, job_id, "learning.failed", {"error": message}, status="failed", error=message,
-                finished_at=now())  # fmt: skip
+        fail(settings, job_id, f"{type(exc).__name__}: {exc}")
         return "failed"
     (out / "result.json").write_text(json.dumps(result, indent=1))
     _record(

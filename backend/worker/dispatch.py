@@ -26,7 +26,7 @@ def enqueue_advance(app: Celery, study_id: int, countdown: float | None = None) 
 BROKER_AWAY = (OperationalError, OSError)  # what publishing raises when the broker cannot be reached
 
 
-def nudge(app: Celery, study_id: int) -> bool:
+def nudge(app: Celery, study_id: int) -> None:
     """Enqueue an advance after a committed change; if the broker is away, leave it to the reconciler.
 
     The reconciler advances running and stopping studies whose lease nobody holds, and created
@@ -39,8 +39,6 @@ def nudge(app: Celery, study_id: int) -> bool:
         logging.getLogger(__name__).warning(
             "study %s: the advance could not be queued (%s); the reconciler sends it", study_id, exc
         )
-        return False
-    return True
 
 
 def job_token(job: Job) -> str:

@@ -26,15 +26,13 @@ def test_an_event_committed_after_a_later_one_is_sent_when_it_appears(tmp_path: 
             add_event(s, sid, "study.created")
         start = _poll(settings, sid, 0, 0, set())
         floor = start[-1].id
-        slow = db.session(settings.db_url)
-        s_slow = slow.__enter__()
-        add_event(s_slow, sid, "node.proposed")
-        s_slow.flush()  # its id is taken now; it commits last
-        with db.session(settings.db_url) as s:
-            add_event(s, sid, "node.queued")
-        first = _poll(settings, sid, floor, floor, set())
-        assert [e.type for e in first] == ["node.queued"]  # the slow one is not visible yet
-        slow.__exit__(None, None, None)
+        with db.session(settings.db_url) as slow:
+            add_event(slow, sid, "node.proposed")
+            slow.flush()  # its id is taken now; it commits last
+            with db.session(settings.db_url) as s:
+                add_event(s, sid, "node.queued")
+            first = _poll(settings, sid, floor, floor, set())
+            assert [e.type for e in first] == ["node.queued"]  # the slow one is not visible yet
         cursor = first[0].id
         second = _poll(settings, sid, cursor, floor, {cursor})
         assert [e.type for e in second] == ["node.proposed"] and second[0].id < cursor

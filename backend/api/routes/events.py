@@ -39,8 +39,9 @@ def _poll(
 
     PostgreSQL gives an event its id when it is inserted, not when its transaction commits: an
     event may appear after others with higher ids were already sent. Such a late event is sent
-    when it appears (the stream's ids are then not in order); none older than `floor`, where the
-    client asked to start.
+    when it appears (the stream's ids are then not in order). Only ids above `floor` are looked
+    at: where the client asked to start, or what the stream sent long enough ago that nothing
+    below it can still commit.
     """
     with db.session(settings.db_url) as s:
         late = s.exec(
@@ -108,17 +109,22 @@ async def stream(
         pubsub = aioredis.Redis.from_url(settings.redis_url).pubsub(ignore_subscribe_messages=True)
         await pubsub.subscribe(fanout.channel(study_id))
     ended = drained = False
-    floor = cursor
-    sent: dict[int, float] = {}  # id -> when this stream sent it (monotonic), within the last `LATE`
+    # Ids are given in order: one sent over 2 x LATE ago (clock skew included) bounds every id that
+    # can still commit late, so the look-back reads a window, not the study's whole stream.
+    settled = cursor
+    sent: dict[int, float] = {}  # id -> when this stream sent it (monotonic), those above `settled`
     try:
         while True:
-            page = await asyncio.to_thread(_poll, settings, study_id, cursor, floor, set(sent))
+            page = await asyncio.to_thread(_poll, settings, study_id, cursor, settled, set(sent))
             for e in page:
                 cursor, sent[e.id] = max(cursor, e.id), time.monotonic()
                 ended = ended or e.type in ENDS
                 yield ServerSentEvent(data=e.model_dump(mode="json"), event=e.type, id=str(e.id))
-            oldest = time.monotonic() - 4 * LATE.total_seconds()  # past any late window, with clock skew
-            sent = {i: t for i, t in sent.items() if t >= oldest}
+            back = time.monotonic() - 2 * LATE.total_seconds()
+            old = [i for i, t in sent.items() if t < back]
+            if old:
+                settled = max(settled, *old)
+                sent = {i: t for i, t in sent.items() if i > settled}
             if page:
                 continue
             if ended:

@@ -8,8 +8,8 @@ from fastapi import APIRouter, HTTPException, Path, Query, status
 from sqlmodel import col, func, select
 
 from backend.api import schemas
-from backend.api.deps import MAX_ID, CeleryDep, Operator, Reader, SessionDep
-from backend.core.models import LearningEvent, LearningJob, Study, now
+from backend.api.deps import MAX_ID, CeleryDep, Operator, Reader, SessionDep, SettingsDep
+from backend.core.models import LearningJob, Study
 from backend.engine import learning
 from backend.worker.dispatch import BROKER_AWAY
 
@@ -28,7 +28,7 @@ def _public(job: LearningJob, events: list[Any] | None = None) -> schemas.Learni
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=schemas.LearningJobPublic)
 def create(
-    body: schemas.LearningJobCreate, s: SessionDep, celery: CeleryDep, who: Operator
+    body: schemas.LearningJobCreate, s: SessionDep, settings: SettingsDep, celery: CeleryDep, who: Operator
 ) -> schemas.LearningJobPublic:
     """Queue a distillation job or a sparse-attention evaluation on the gpu queue."""
     if body.study_id is not None and s.get(Study, body.study_id) is None:
@@ -44,11 +44,7 @@ def create(
     try:
         celery.send_task("gpu.learn", args=[job.id], task_id=f"learning-{job.id}")
     except BROKER_AWAY as exc:  # nothing would ever send it: the job ends now, with the reason
-        reason = f"the task queue was unreachable: {exc}"[:4000]
-        job.status, job.error, job.finished_at = "failed", reason, now()
-        s.add(job)
-        s.add(LearningEvent(job_id=job.id or 0, type="learning.failed", payload={"error": reason}))
-        s.commit()
+        learning.fail(settings, job.id or 0, f"the task queue was unreachable: {exc}")
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the task queue is unreachable") from None
     return _public(job)
 
