@@ -302,12 +302,24 @@ class Repo:
         return [w for w in out if w.get("worktree") != main]
 
     def commit_all(self, worktree: Path, message: str) -> str | None:
-        """Stage everything in a worktree and commit; return the new commit or None if clean."""
+        """Stage everything in a worktree and commit; return the new commit or None if clean.
+
+        The commit starts no automatic maintenance (a `git gc --auto` on a job's critical path):
+        call `maintain` once the result is stored.
+        """
         git("add", "-A", cwd=worktree)
-        if not git("status", "--porcelain", "--ignore-submodules=all", cwd=worktree).strip():
+        staged = ["diff", "--cached", "--quiet", "--ignore-submodules=all", "HEAD"]
+        proc = subprocess.run(["git", *staged], cwd=worktree, env=git_env(), capture_output=True, text=True)
+        if proc.returncode == 0:
             return None  # nothing, or only nested repositories, changed
-        git("commit", "-q", "--no-verify", "-m", message, cwd=worktree)
+        if proc.returncode != 1:
+            raise GitError(staged, proc.returncode, proc.stderr)
+        git("-c", "maintenance.auto=false", "commit", "-q", "--no-verify", "-m", message, cwd=worktree)
         return git("rev-parse", "HEAD", cwd=worktree).strip()
+
+    def maintain(self) -> None:
+        """Run git's automatic maintenance if it is due (packs loose objects now and then)."""
+        self.git("maintenance", "run", "--auto", "--quiet", check=False)
 
     def merge_into(self, worktree: Path, branch: str, message: str) -> str:
         """Merge `branch` into the worktree's HEAD with `--no-ff`; abort and raise on conflict."""

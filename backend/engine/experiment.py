@@ -150,6 +150,7 @@ def run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], Non
         try:
             if repo is not None:
                 repo.remove_worktree(path)
+                repo.maintain()  # deferred by the commit: the outcome is stored by now
         except GitError:
             traceback.print_exc()
 

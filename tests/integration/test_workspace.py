@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import shutil
 import threading
 from pathlib import Path
@@ -163,6 +164,34 @@ def test_commit_all_commits_every_change_and_nothing_when_clean(tmp_path: Path, 
     with pytest.raises(gitops.GitError):
         repo.commit_all(wt, "locked")
     lock.unlink()
+
+
+def _loose_objects(repo: gitops.Repo) -> int:
+    fields = dict(line.split(": ", 1) for line in repo.git("count-objects", "-v").splitlines())
+    return int(fields["count"])
+
+
+def test_a_commit_leaves_maintenance_for_later_and_maintain_packs_when_due(
+    tmp_path: Path, tiny_repo: Path
+) -> None:
+    repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
+    # Due at more than one loose object in objects/17 (git estimates from that one folder).
+    repo.git("config", "gc.auto", "1")
+    repo.git("config", "gc.autoDetach", "false")
+    wt = repo.add_worktree(tmp_path / "wts" / "n1", "grove/t/n1", repo.rev("main"))
+    planted = 0
+    for i in range(100_000):
+        body = f"filler {i}\n".encode()
+        if hashlib.sha1(b"blob %d\0" % len(body) + body).hexdigest().startswith("17"):
+            (wt / f"filler{planted}.txt").write_bytes(body)
+            planted += 1
+            if planted == 3:
+                break
+    assert repo.commit_all(wt, "three blobs in objects/17") is not None
+    assert _loose_objects(repo) >= 3  # gc was due, but the commit did not start one
+    repo.remove_worktree(wt)
+    repo.maintain()
+    assert _loose_objects(repo) == 0
 
 
 def test_a_worktree_git_no_longer_recognises_is_still_removed_and_its_branch_freed(
