@@ -86,6 +86,18 @@ _PATHS = 100_000  # simulated null studies that calibrate the t approximation
 _SEED = 20261130
 
 
+# `nominal_levels` of the plans that default settings give (`repeats` r, up to 3r seeds), as it
+# computes them: 0.1 to 0.2 s each, otherwise paid by every process on its first look at a plan.
+# `tests/unit/test_sequential.py` checks each entry against the computation.
+TABULATED: dict[tuple[tuple[int, ...], float], tuple[float, ...]] = {
+    ((1, 2, 3), 0.05): (0.028867499694378206, 0.01989892501393231, 0.01936491279490582),
+    ((2, 4, 6), 0.05): (0.02573553955514065, 0.017489334883284524, 0.016930159728780092),
+    ((3, 6, 9), 0.05): (0.026580882065637586, 0.018135376226842137, 0.017581284866149183),
+    ((4, 8, 12), 0.05): (0.027503116441952857, 0.01884386192555665, 0.018296762094800467),
+    ((5, 10, 15), 0.05): (0.027897968423871773, 0.01914835618646049, 0.01860470827773797),
+}
+
+
 @lru_cache(maxsize=64)
 def nominal_levels(looks: tuple[int, ...], alpha: float) -> tuple[float, ...]:
     """Return each look's one-sided nominal level for t tests, with `alpha` spent across the looks.
@@ -96,6 +108,12 @@ def nominal_levels(looks: tuple[int, ...], alpha: float) -> tuple[float, ...]:
     of 5% for looks at 3, 6 and 9 seeds). The spending is therefore scaled down until the t tests,
     run on a fixed set of simulated null studies, reject at most `alpha` of them.
     """
+    known = TABULATED.get((looks, alpha))
+    return known if known is not None else computed_levels(looks, alpha)
+
+
+def computed_levels(looks: tuple[int, ...], alpha: float) -> tuple[float, ...]:
+    """Compute `nominal_levels` (by simulation: 0.1 s and more)."""
     if len(looks) == 1:
         return (alpha,)
     rng = np.random.default_rng(_SEED)

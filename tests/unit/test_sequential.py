@@ -8,7 +8,7 @@ from statistics import NormalDist
 
 import pytest
 
-from agents.tree.sequential import Plan, Step, z_levels
+from agents.tree.sequential import TABULATED, Plan, Step, computed_levels, z_levels
 from agents.tree.stats import gain_over, t95, t_quantile
 
 
@@ -35,6 +35,13 @@ def test_the_looks_spend_exactly_alpha() -> None:
     assert all(s < a < b for s, a, b in zip([0.0, *shares], levels, z, strict=True))
     assert Plan(3, 3).alpha_at(3) == 0.05  # no adaptive repeats: the usual 95% test
     assert Plan(2, 5).looks() == [2, 4, 5] and plan.next_n(3) == 6 and plan.next_n(9) == 9
+
+
+@pytest.mark.parametrize("key", sorted(TABULATED))
+def test_tabulated_levels_are_what_the_computation_gives(key: tuple[tuple[int, ...], float]) -> None:
+    looks, alpha = key
+    assert Plan(looks[0], looks[-1]).looks() == list(looks)  # the plans default settings make
+    assert TABULATED[key] == pytest.approx(computed_levels(looks, alpha), rel=1e-6)
 
 
 def null_rejection(plan: Plan, levels: list[float]) -> float:
