@@ -308,7 +308,7 @@ class Repo:
         call `maintain` once the result is stored.
         """
         git("add", "-A", cwd=worktree)
-        staged = ["diff", "--cached", "--quiet", "--ignore-submodules=all", "HEAD"]
+        staged = ["diff", "--cached", "--quiet", "--ignore-submodules=all", "HEAD", "--"]
         proc = subprocess.run(["git", *staged], cwd=worktree, env=git_env(), capture_output=True, text=True)
         if proc.returncode == 0:
             return None  # nothing, or only nested repositories, changed

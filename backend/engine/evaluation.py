@@ -86,17 +86,24 @@ def parse_metrics(
 def fingerprint(root: Path, patterns: list[str]) -> str:
     """Return a SHA-256 over the files under `root` that match the patterns (path and content)."""
     h = hashlib.sha256()
+    if not patterns:
+        return h.hexdigest()[:16]  # nothing to walk the tree for
+    # Names are matched before anything is looked at on disk: a large tree costs one listing.
     # Links are hashed by their target's name, never followed: one may point at any host file.
+    named = ((p, p.relative_to(root)) for p in root.rglob("*"))
     entries = sorted(
-        p
-        for p in root.rglob("*")
-        if (p.is_symlink() or p.is_file()) and ".git" not in p.relative_to(root).parts
+        (
+            (p, rel.as_posix())
+            for p, rel in named
+            if ".git" not in rel.parts
+            and globs.match_any(patterns, rel.as_posix())
+            and (p.is_symlink() or p.is_file())
+        ),
+        key=lambda e: e[0],
     )
-    for p in entries:
-        rel = p.relative_to(root).as_posix()
-        if globs.match_any(patterns, rel):
-            body = os.readlink(p).encode() if p.is_symlink() else p.read_bytes()
-            h.update(rel.encode() + b"\0" + body + b"\0")
+    for p, rel in entries:
+        body = os.readlink(p).encode() if p.is_symlink() else p.read_bytes()
+        h.update(rel.encode() + b"\0" + body + b"\0")
     return h.hexdigest()[:16]
 
 

@@ -130,10 +130,7 @@ def run_repeats(
     fp = evaluation.fingerprint(worktree, patterns)
     # The evaluator's files (and, in a sealed run, the sealed files) are read-only in every run:
     # code under test cannot rewrite the labels, nor the evaluator for the next seed.
-    files = repo.files_at(commit)
-    readonly = tuple(
-        globs.select(spec.files.protected + (spec.files.sealed if kind == "test" else []), files)
-    )
+    readonly = tuple(globs.select(patterns, repo.files_at(commit))) if patterns else ()
     iso = environment.ensure(settings, study, spec, repo, commit, isolation_of(settings))
     receipts = []
     for seed in seeds if seeds is not None else range(n):
