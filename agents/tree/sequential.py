@@ -87,7 +87,7 @@ _SEED = 20261130
 
 
 # `nominal_levels` of the plans that default settings give (`repeats` r, up to 3r seeds), as it
-# computes them: 0.1 to 0.2 s each, otherwise paid by every process on its first look at a plan.
+# computes them: 0.1 s or more each, otherwise paid by every process on its first look at a plan.
 # `tests/unit/test_sequential.py` checks each entry against the computation.
 TABULATED: dict[tuple[tuple[int, ...], float], tuple[float, ...]] = {
     ((1, 2, 3), 0.05): (0.028867499694378206, 0.01989892501393231, 0.01936491279490582),

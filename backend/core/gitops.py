@@ -309,17 +309,26 @@ class Repo:
         """
         git("add", "-A", cwd=worktree)
         staged = ["diff", "--cached", "--quiet", "--ignore-submodules=all", "HEAD", "--"]
-        proc = subprocess.run(["git", *staged], cwd=worktree, env=git_env(), capture_output=True, text=True)
-        if proc.returncode == 0:
+        try:
+            proc = subprocess.run(
+                ["git", *staged], cwd=worktree, env=git_env(), capture_output=True, text=True, timeout=300
+            )
+        except subprocess.TimeoutExpired:
+            raise GitError(staged, -1, "timed out after 300s") from None
+        if proc.returncode not in (0, 1):  # no HEAD yet: ask for the status instead
+            changed = bool(git("status", "--porcelain", "--ignore-submodules=all", cwd=worktree).strip())
+        else:
+            changed = proc.returncode == 1
+        if not changed:
             return None  # nothing, or only nested repositories, changed
-        if proc.returncode != 1:
-            raise GitError(staged, proc.returncode, proc.stderr)
         git("-c", "maintenance.auto=false", "commit", "-q", "--no-verify", "-m", message, cwd=worktree)
         return git("rev-parse", "HEAD", cwd=worktree).strip()
 
     def maintain(self) -> None:
-        """Run git's automatic maintenance if it is due (packs loose objects now and then)."""
-        self.git("maintenance", "run", "--auto", "--quiet", check=False)
+        """Run git's automatic maintenance if it is due (packs loose objects now and then), unless turned off."""
+        auto = self.git("config", "--type=bool", "--default=true", "--get", "maintenance.auto", check=False)
+        if auto.strip() != "false":
+            self.git("maintenance", "run", "--auto", "--quiet", check=False)
 
     def merge_into(self, worktree: Path, branch: str, message: str) -> str:
         """Merge `branch` into the worktree's HEAD with `--no-ff`; abort and raise on conflict."""

@@ -605,6 +605,12 @@ def _probe(iso: Isolation) -> str:
     return f"bubblewrap cannot create namespaces here: {(res.stderr_tail or res.stdout_tail).strip()[-500:]}"
 
 
+def warm(iso: Isolation) -> None:
+    """Test now whether boxes can be created, keeping only a success (a failure is tested again)."""
+    if iso.boxed and _probe(iso):
+        _probe.cache_clear()
+
+
 def check(iso: Isolation) -> None:
     """Raise SandboxUnavailable, saying how to fix it, unless boxes can be created here."""
     if not iso.boxed:

@@ -6,7 +6,6 @@ is stored (an experiment before it cleans its worktree up, so the coordinator's 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import traceback
 from collections.abc import Callable
@@ -49,24 +48,19 @@ def _after_setup(instance: object, **_: object) -> None:
         # Once, before the pool forks: its processes share the modules (nothing runs on a GPU here).
         optuna_bridge.preload()
     if not _only_coordinating:
-        # Once, before the pool forks: its processes inherit the answer instead of each testing a box
-        # on its first job. A machine that cannot sandbox is reported by each job, saying how to fix it.
-        with contextlib.suppress(sandbox.SandboxUnavailable):
-            sandbox.check(workspace.isolation_of(get_settings()))
+        # Once, before the pool forks: its processes inherit a success instead of each testing a box
+        # on its first job. A failure is not kept: each job tests again, and says how to fix it.
+        sandbox.warm(workspace.isolation_of(get_settings()))
 
 
 @worker_process_init.connect
 def _init_process(**_: object) -> None:
-    settings = get_settings()
-    fanout.enable(settings.redis_url)
+    fanout.enable(get_settings().redis_url)
     pin_gpu()
     if _only_coordinating:
         optuna_bridge.one_thread()
     if _coordinating:
         optuna_bridge.warm_up()  # in each pool process: a study's first GP step is not slowed
-    # Opened now, the database does not lengthen the first job (about 0.1 s); a remote worker has none.
-    if not settings.worker_token:
-        db.get_engine(settings.db_url)
 
 
 def pin_gpu() -> None:

@@ -190,6 +190,21 @@ def test_check_refuses_a_machine_without_bubblewrap() -> None:
     sandbox.check(BOXED)
 
 
+def test_a_worker_warms_the_check_with_a_success_only(tmp_path: Path) -> None:
+    real = subprocess.run(["sh", "-c", "command -v bwrap"], capture_output=True, text=True).stdout.strip()
+    bwrap = tmp_path / "bwrap"
+    refuse = "#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n"
+    bwrap.write_text(refuse)
+    bwrap.chmod(0o755)
+    iso = sandbox.Isolation(bwrap=str(bwrap))
+    sandbox.warm(iso)  # boxes cannot be made now: nothing is kept
+    bwrap.write_text(f'#!/bin/sh\nexec {real} "$@"\n')  # the operator fixed the machine
+    sandbox.check(iso)  # tested again, and kept
+    bwrap.write_text(refuse)
+    sandbox.check(iso)
+    sandbox.warm(iso)
+
+
 def test_an_interpreter_under_the_hosts_tmp_still_runs_in_the_box(tmp_path: Path) -> None:
     # CI clones the project (and its venv) under /tmp; the box's own /tmp must not hide it.
     venv = tmp_path / "venv"

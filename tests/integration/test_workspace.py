@@ -190,8 +190,21 @@ def test_a_commit_leaves_maintenance_for_later_and_maintain_packs_when_due(
     assert repo.commit_all(wt, "three blobs in objects/17") is not None
     assert _loose_objects(repo) >= 3  # gc was due, but the commit did not start one
     repo.remove_worktree(wt)
+    repo.git("config", "maintenance.auto", "false")  # an operator who turned it off is obeyed
+    repo.maintain()
+    assert _loose_objects(repo) >= 3
+    repo.git("config", "--unset", "maintenance.auto")
     repo.maintain()
     assert _loose_objects(repo) == 0
+
+
+def test_commit_all_commits_on_a_branch_with_no_commit_yet(tmp_path: Path) -> None:
+    git("init", "-q", "-b", "main", "new", cwd=tmp_path)
+    (tmp_path / "new" / "a.txt").write_text("a\n")
+    repo = gitops.Repo(tmp_path / "new")
+    commit = repo.commit_all(repo.path, "first")
+    assert commit is not None and repo.rev("main") == commit
+    assert repo.commit_all(repo.path, "again") is None
 
 
 def test_a_worktree_git_no_longer_recognises_is_still_removed_and_its_branch_freed(
