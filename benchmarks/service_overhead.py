@@ -12,7 +12,11 @@
 
 (a) is measured `--repeat` times, the bare loop and both studies side by side in each round (a
 bare loop of 20 takes about a second, and one run of it swings by a fifth on a busy machine);
-the medians are compared.
+the medians are compared. Each round also prints what the `parallel = 1` study ran: its nodes
+and its evaluations (the nodes' dev runs; trunk's dev runs: the baseline's and extra seeds; the
+held-out runs of the baseline and the gates). The budget of 20 counts each node once and each
+extra dev seed, a node's or trunk's, once more (with `repeats = 1` a node's gain is unclear after
+one seed, so most nodes get a second).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from backend.api.main import create_app
 from backend.cli.up import Stack, free_port
 from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
-from backend.core.models import Job, Node, Study
+from backend.core.models import Job, Node, ReceiptRow, Study
 from backend.core.security import create_token
 from backend.services.studies import create_study
 
@@ -112,6 +116,9 @@ def bare_loop(repo: Path, n: int, work: Path) -> float:
     return time.monotonic() - started
 
 
+RUNS: dict[str, int] = {}  # evaluations of the last study by kind, for the printout
+
+
 def run_study(settings: Settings, repo: Path, app: object) -> tuple[float, float]:
     """Submit a study to the running stack; return (study wall time, experiments' wall time).
 
@@ -131,6 +138,20 @@ def run_study(settings: Settings, repo: Path, app: object) -> tuple[float, float
                 break
         time.sleep(0.02)  # the end is seen within 20 ms (a bare loop's end is exact)
     wall = time.monotonic() - started
+    with db.session(settings.db_url) as s:
+        st = s.get(Study, study.id)
+        assert st is not None
+        RUNS.clear()
+        RUNS["nodes"] = len(jobs)
+        for r in s.exec(select(ReceiptRow).where(ReceiptRow.study_id == study.id)):
+            kind = (
+                "held-out"
+                if r.kind == "test"
+                else "trunk dev"
+                if r.node_id == st.trunk_node_id
+                else "node dev"
+            )
+            RUNS[kind] = RUNS.get(kind, 0) + 1
     first = min(j.started_at for j in jobs if j.started_at)
     last = max(j.finished_at for j in jobs if j.finished_at)
     return wall, (last - first).total_seconds()
@@ -212,8 +233,10 @@ def main() -> None:
                         0.0,
                     )
                     walls[parallel].append(run_study(settings, trivial, app)[0])
-                print(f"    round {r + 1}: bare loop {bares[-1]:.2f} s, parallel = 1 {walls[1][-1]:.2f} s, "
-                      f"parallel = 4 {walls[4][-1]:.2f} s")  # fmt: skip
+                    if parallel == 1:
+                        runs = ", ".join(f"{v} {k}" for k, v in RUNS.items())
+                print(f"    round {r + 1}: bare loop {bares[-1]:.2f} s, parallel = 1 {walls[1][-1]:.2f} s "
+                      f"({runs} runs), parallel = 4 {walls[4][-1]:.2f} s")  # fmt: skip
             bare = statistics.median(bares)
             for parallel in (1, 4):
                 wall = statistics.median(walls[parallel])
