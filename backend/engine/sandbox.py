@@ -49,12 +49,25 @@ ETC = (
     "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "ssl", "ca-certificates",
     "passwd", "group", "nsswitch.conf", "hosts", "mime.types", "fonts", "timezone", "os-release",
 )  # fmt: skip
-# Runs as pid 2 of the box: the command gets /dev/null as stdin; fd 0 is Grove's status pipe.
-# Counting /proc after the command tells how many processes it left behind (pid 1 and 2 are ours).
-WRAPPER = (
-    '("$@" </dev/null); rc=$?; n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; '
-    'echo "grove-exit $rc $n" >&0; exit $rc'
-)
+
+
+def wrapper(lifeline: int) -> str:
+    """Return the script that runs as pid 2 of a box around the command (its arguments).
+
+    The command gets /dev/null as stdin; fd 0 is Grove's status pipe. A watcher reads the
+    `lifeline` descriptor, a pipe whose only writer is the Grove process that started the box: it
+    ends when that process dies, however it dies and however early (even before bubblewrap's own
+    parent-death signal is in place), and the watcher then kills every process of the box. Once
+    the command ends the watcher is stopped, and counting /proc tells how many processes the
+    command left behind (pid 1 and 2 are ours).
+    """
+    return (
+        f"(read _ <&{lifeline}; kill -KILL -1) </dev/null & w=$!; "
+        f'("$@" </dev/null {lifeline}<&-); rc=$?; kill $w 2>/dev/null; wait $w; '
+        'n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo "grove-exit $rc $n" >&0; exit $rc'
+    )
+
+
 FIX = (
     "install bubblewrap (apt install bubblewrap) and allow unprivileged user namespaces "
     "(sysctl kernel.unprivileged_userns_clone=1, and on Ubuntu "
@@ -498,6 +511,7 @@ def _bwrap_argv(
     readonly: tuple[str, ...] = (),
     seccomp_fd: int | None = None,
     info_fd: int | None = None,
+    lifeline: int = 0,
 ) -> list[str]:
     # As root, bwrap sets the box up with root's rights and `setpriv` then drops to the leased uid;
     # otherwise a user namespace maps Grove's own uid into the box.
@@ -540,7 +554,7 @@ def _bwrap_argv(
             "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
             "--bounding-set=-all", "--no-new-privs", "--",
         ]  # fmt: skip
-    return [*args, "/bin/sh", "-c", WRAPPER, "grove-sandbox", *argv]
+    return [*args, "/bin/sh", "-c", wrapper(lifeline), "grove-sandbox", *argv]
 
 
 def _pidfd(pid: int) -> int | None:
@@ -708,7 +722,8 @@ def _run(
             _chown_tree(Path(iso.env_dir), uid, uid)
     status_r, status_w = os.pipe()
     info_r, info_w = os.pipe()  # bwrap writes the box's first process id here
-    keep: list[int] = [info_w] if boxed else []
+    life_r, life_w = os.pipe()  # the box's lifeline: this process holds the only writer until the end
+    keep: list[int] = [info_w, life_r] if boxed else []
     try:
         if boxed:
             program = seccomp.program()
@@ -718,7 +733,7 @@ def _run(
                 os.write(filter_w, program)
                 os.close(filter_w)
                 keep.append(seccomp_fd)
-            argv = _bwrap_argv(iso, limits, tree, exchange, inner, uid, readonly, seccomp_fd, info_w)
+            argv = _bwrap_argv(iso, limits, tree, exchange, inner, uid, readonly, seccomp_fd, info_w, life_r)
             stdin: int = status_w
             prlimit = _prlimit_argv(limits)
             if prlimit is not None:
@@ -741,11 +756,13 @@ def _run(
     except BaseException:
         os.close(status_r)
         os.close(info_r)
+        os.close(life_w)
         raise
     finally:
         os.close(status_w)
         if not boxed:
             os.close(info_w)
+            os.close(life_r)
         for fd in keep:
             os.close(fd)
     _running.add(proc.pid)
@@ -773,6 +790,7 @@ def _run(
     finally:
         # The whole group goes (and, boxed, the PID namespace with it), so nothing outlives the run.
         _kill_group(proc.pid)
+        os.close(life_w)  # and whatever of the box is left is killed from inside
         proc.wait()
         if pidfd is not None:
             os.close(pidfd)
