@@ -51,23 +51,21 @@ ETC = (
 )  # fmt: skip
 
 
-def wrapper(lifeline: int) -> str:
-    """Return the script that runs as pid 2 of a box around the command (its arguments).
-
-    The command gets /dev/null as stdin; fd 0 is Grove's status pipe. A watcher reads the
-    `lifeline` descriptor, a pipe whose only writer is the Grove process that started the box: it
-    ends when that process dies, however it dies and however early (even before bubblewrap's own
-    parent-death signal is in place), and the watcher then kills every process of the box. Once
-    the command ends the watcher is stopped, and counting /proc tells how many processes the
-    command left behind (pid 1 and 2 are ours).
-    """
-    return (
-        f"(read _ <&{lifeline}; kill -KILL -1) </dev/null & w=$!; "
-        f'("$@" </dev/null {lifeline}<&-); rc=$?; kill $w 2>/dev/null; wait $w; '
-        'n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo "grove-exit $rc $n" >&0; exit $rc'
-    )
-
-
+LIFELINE = 3  # the descriptor the wrapper reads: dash names only 0 to 9 in a redirection
+# Run first in the box, with the box's setup rights (before the uid is dropped): the lifeline,
+# passed at whatever number it had in Grove's process, is opened again as descriptor 3.
+REOPEN = f'exec {LIFELINE}</proc/self/fd/"$1" && shift && exec "$@"'
+# Runs as pid 2 of the box around the command (its arguments). The command gets /dev/null as
+# stdin; fd 0 is Grove's status pipe. A watcher reads the lifeline, a pipe whose only writer is
+# the Grove process that started the box: it ends when that process dies, however it dies and
+# however early (even before bubblewrap's own parent-death signal is in place), and the watcher
+# then kills every process of the box. Once the command ends the watcher is killed and reaped,
+# and counting /proc tells how many processes the command left behind (pid 1 and 2 are ours).
+WRAPPER = (
+    f"(read _ <&{LIFELINE}; kill -KILL -1) </dev/null & w=$!; "
+    f'("$@" </dev/null {LIFELINE}<&-); rc=$?; kill -KILL $w 2>/dev/null; wait $w 2>/dev/null; '
+    'n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo "grove-exit $rc $n" >&0; exit $rc'
+)
 FIX = (
     "install bubblewrap (apt install bubblewrap) and allow unprivileged user namespaces "
     "(sysctl kernel.unprivileged_userns_clone=1, and on Ubuntu "
@@ -548,13 +546,24 @@ def _bwrap_argv(
         args += ["--seccomp", str(seccomp_fd)]
     if info_fd is not None:
         args += ["--info-fd", str(info_fd)]
-    args += ["--remount-ro", "/", "--chdir", TREE, "--"]
+    args += [
+        "--remount-ro",
+        "/",
+        "--chdir",
+        TREE,
+        "--",
+        "/bin/sh",
+        "-c",
+        REOPEN,
+        "grove-lifeline",
+        str(lifeline),
+    ]
     if uid is not None:
         args += [
             "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
             "--bounding-set=-all", "--no-new-privs", "--",
         ]  # fmt: skip
-    return [*args, "/bin/sh", "-c", wrapper(lifeline), "grove-sandbox", *argv]
+    return [*args, "/bin/sh", "-c", WRAPPER, "grove-sandbox", *argv]
 
 
 def _pidfd(pid: int) -> int | None:

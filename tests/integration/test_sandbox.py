@@ -281,8 +281,9 @@ def test_a_boxed_run_dies_with_the_process_that_started_it(tmp_path: Path) -> No
 def test_a_box_dies_with_the_process_that_started_it_even_while_it_starts(tmp_path: Path) -> None:
     # Killed within milliseconds of starting the box: before bubblewrap's own parent-death signal
     # is in place, about one start in three used to leave the box running with nobody to end it.
-    script = (
+    script = (  # a worker holds many descriptors: the lifeline gets a number above 9
         "import os; from pathlib import Path; from backend.engine import sandbox\n"
+        "spare = [os.open('/dev/null', os.O_RDONLY) for _ in range(20)]\n"
         "sandbox.run('sleep ' + os.environ['MARK'], cwd=Path(os.environ['TREE']), output_dir=Path(os.environ['OUT']),\n"
         "            limits=sandbox.Limits(timeout=600), isolation=sandbox.Isolation())\n"
     )
@@ -305,3 +306,20 @@ def test_a_box_dies_with_the_process_that_started_it_even_while_it_starts(tmp_pa
         for marker in markers:
             for pid in host_processes_with(f"sleep {marker}"):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_command_runs_as_given_whatever_descriptors_grove_holds(tmp_path: Path) -> None:
+    spare = [os.open("/dev/null", os.O_RDONLY) for _ in range(20)]  # the box's lifeline gets a high number
+    try:
+        res = sandbox.run(
+            'cat; echo "args $# $0"',
+            cwd=tmp_path,
+            output_dir=tmp_path / "out",
+            limits=sandbox.Limits(timeout=60),
+        )
+    finally:
+        for fd in spare:
+            os.close(fd)
+    # stdin is /dev/null (cat ends at once), nothing was added to the command, nothing complained
+    assert res.ok and res.stdout_tail == "args 0 /bin/sh\n" and res.stderr_tail == "", res
+    assert res.strays == 0
