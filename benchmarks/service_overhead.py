@@ -116,11 +116,8 @@ def bare_loop(repo: Path, n: int, work: Path) -> float:
     return time.monotonic() - started
 
 
-RUNS: dict[str, int] = {}  # evaluations of the last study by kind, for the printout
-
-
-def run_study(settings: Settings, repo: Path, app: object) -> tuple[float, float]:
-    """Submit a study to the running stack; return (study wall time, experiments' wall time).
+def run_study(settings: Settings, repo: Path, app: object) -> tuple[float, float, dict[str, int]]:
+    """Submit a study to the running stack; return its wall time, its experiments' and what it ran.
 
     The experiments' wall time runs from the first experiment job's start to the last one's end:
     the sealed jobs (the baseline's, the gates) are left out, as they are not what (b) compares.
@@ -138,11 +135,10 @@ def run_study(settings: Settings, repo: Path, app: object) -> tuple[float, float
                 break
         time.sleep(0.02)  # the end is seen within 20 ms (a bare loop's end is exact)
     wall = time.monotonic() - started
+    runs = {"nodes": len(jobs)}  # and its evaluations by kind
     with db.session(settings.db_url) as s:
         st = s.get(Study, study.id)
         assert st is not None
-        RUNS.clear()
-        RUNS["nodes"] = len(jobs)
         for r in s.exec(select(ReceiptRow).where(ReceiptRow.study_id == study.id)):
             kind = (
                 "held-out"
@@ -151,10 +147,10 @@ def run_study(settings: Settings, repo: Path, app: object) -> tuple[float, float
                 if r.node_id == st.trunk_node_id
                 else "node dev"
             )
-            RUNS[kind] = RUNS.get(kind, 0) + 1
+            runs[kind] = runs.get(kind, 0) + 1
     first = min(j.started_at for j in jobs if j.started_at)
     last = max(j.finished_at for j in jobs if j.finished_at)
-    return wall, (last - first).total_seconds()
+    return wall, (last - first).total_seconds(), runs
 
 
 def tree_latency(
@@ -232,9 +228,10 @@ def main() -> None:
                         score,
                         0.0,
                     )
-                    walls[parallel].append(run_study(settings, trivial, app)[0])
+                    wall, _, ran = run_study(settings, trivial, app)
+                    walls[parallel].append(wall)
                     if parallel == 1:
-                        runs = ", ".join(f"{v} {k}" for k, v in RUNS.items())
+                        runs = ", ".join(f"{v} {k}" for k, v in ran.items())
                 print(f"    round {r + 1}: bare loop {bares[-1]:.2f} s, parallel = 1 {walls[1][-1]:.2f} s "
                       f"({runs} runs), parallel = 4 {walls[4][-1]:.2f} s")  # fmt: skip
             bare = statistics.median(bares)
@@ -243,10 +240,10 @@ def main() -> None:
                 print(f"(a) {args.n} trivial experiments, parallel = {parallel}: service {wall:.2f} s, bare loop "
                       f"{bare:.2f} s (medians of {args.repeat}) -> service/bare {wall / bare:.2f}x, per experiment "
                       f"{(wall - bare) / args.n * 1000:+.0f} ms")  # fmt: skip
-            one_w, one_p = run_study(
+            one_w, one_p, _ = run_study(
                 settings, make_repo(root / "one", "sleep-one", 1, 1, "1.0", args.sleep), app
             )
-            four_w, four_p = run_study(
+            four_w, four_p, _ = run_study(
                 settings, make_repo(root / "four", "sleep-four", 4, 4, "1.0", args.sleep), app
             )
             print(f"(b) sleep-bound ({args.sleep:g} s per run): 1 experiment {one_p:.2f} s, 4 experiments on 4 slots "

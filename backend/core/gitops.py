@@ -80,14 +80,19 @@ class MergeConflict(GitError):
     """A merge stopped on conflicts and was aborted."""
 
 
-def git(*args: str, cwd: Path | None = None, check: bool = True, timeout: float = 300) -> str:
-    """Run a git command and return its stdout."""
+def run_git(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run a git command in Grove's environment and return it, whatever its exit code."""
     try:
-        proc = subprocess.run(
+        return subprocess.run(
             ["git", *args], cwd=cwd, env=git_env(), capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired:
         raise GitError(list(args), -1, f"timed out after {timeout:g}s") from None
+
+
+def git(*args: str, cwd: Path | None = None, check: bool = True, timeout: float = 300) -> str:
+    """Run a git command and return its stdout."""
+    proc = run_git(*args, cwd=cwd, timeout=timeout)
     if check and proc.returncode != 0:
         raise GitError(list(args), proc.returncode, proc.stderr or proc.stdout)
     return proc.stdout
@@ -308,13 +313,7 @@ class Repo:
         call `maintain` once the result is stored.
         """
         git("add", "-A", cwd=worktree)
-        staged = ["diff", "--cached", "--quiet", "--ignore-submodules=all", "HEAD", "--"]
-        try:
-            proc = subprocess.run(
-                ["git", *staged], cwd=worktree, env=git_env(), capture_output=True, text=True, timeout=300
-            )
-        except subprocess.TimeoutExpired:
-            raise GitError(staged, -1, "timed out after 300s") from None
+        proc = run_git("diff", "--cached", "--quiet", "--ignore-submodules=all", "HEAD", "--", cwd=worktree)
         if proc.returncode not in (0, 1):  # no HEAD yet: ask for the status instead
             changed = bool(git("status", "--porcelain", "--ignore-submodules=all", cwd=worktree).strip())
         else:

@@ -91,13 +91,12 @@ def fingerprint(root: Path, patterns: list[str]) -> str:
     # Names are matched before anything is looked at on disk: a large tree costs one listing.
     # Links are hashed by their target's name, never followed: one may point at any host file.
     named = ((p, p.relative_to(root)) for p in root.rglob("*"))
+    matched = ((p, rel.as_posix()) for p, rel in named if ".git" not in rel.parts)
     entries = sorted(
         (
-            (p, rel.as_posix())
-            for p, rel in named
-            if ".git" not in rel.parts
-            and globs.match_any(patterns, rel.as_posix())
-            and (p.is_symlink() or p.is_file())
+            (p, rel)
+            for p, rel in matched
+            if globs.match_any(patterns, rel) and (p.is_symlink() or p.is_file())
         ),
         key=lambda e: e[0],
     )

@@ -509,7 +509,8 @@ def _bwrap_argv(
     readonly: tuple[str, ...] = (),
     seccomp_fd: int | None = None,
     info_fd: int | None = None,
-    lifeline: int = 0,
+    *,
+    lifeline: int,
 ) -> list[str]:
     # As root, bwrap sets the box up with root's rights and `setpriv` then drops to the leased uid;
     # otherwise a user namespace maps Grove's own uid into the box.
@@ -546,18 +547,8 @@ def _bwrap_argv(
         args += ["--seccomp", str(seccomp_fd)]
     if info_fd is not None:
         args += ["--info-fd", str(info_fd)]
-    args += [
-        "--remount-ro",
-        "/",
-        "--chdir",
-        TREE,
-        "--",
-        "/bin/sh",
-        "-c",
-        REOPEN,
-        "grove-lifeline",
-        str(lifeline),
-    ]
+    args += ["--remount-ro", "/", "--chdir", TREE, "--"]
+    args += ["/bin/sh", "-c", REOPEN, "grove-lifeline", str(lifeline)]
     if uid is not None:
         args += [
             "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
@@ -742,7 +733,9 @@ def _run(
                 os.write(filter_w, program)
                 os.close(filter_w)
                 keep.append(seccomp_fd)
-            argv = _bwrap_argv(iso, limits, tree, exchange, inner, uid, readonly, seccomp_fd, info_w, life_r)
+            argv = _bwrap_argv(
+                iso, limits, tree, exchange, inner, uid, readonly, seccomp_fd, info_w, lifeline=life_r
+            )
             stdin: int = status_w
             prlimit = _prlimit_argv(limits)
             if prlimit is not None:

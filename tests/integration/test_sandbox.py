@@ -201,8 +201,7 @@ def test_a_worker_warms_the_check_with_a_success_only(tmp_path: Path) -> None:
     bwrap.write_text(f'#!/bin/sh\nexec {real} "$@"\n')  # the operator fixed the machine
     sandbox.check(iso)  # tested again, and kept
     bwrap.write_text(refuse)
-    sandbox.check(iso)
-    sandbox.warm(iso)
+    sandbox.check(iso)  # the success is what later jobs see
 
 
 def test_an_interpreter_under_the_hosts_tmp_still_runs_in_the_box(tmp_path: Path) -> None:
