@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -61,6 +61,9 @@ REOPEN = f'exec {LIFELINE}</proc/self/fd/"$1" && shift && exec "$@"'
 # however early (even before bubblewrap's own parent-death signal is in place), and the watcher
 # then kills every process of the box. Once the command ends the watcher is killed and reaped,
 # and counting /proc tells how many processes the command left behind (pid 1 and 2 are ours).
+# The wrapper, its watcher and the shell that runs a command line count against the box's process
+# limit too: it is raised by them, so that `processes` is what the command itself may run at once.
+WRAPPER_PROCESSES = 3
 WRAPPER = (
     f"(read _ <&{LIFELINE}; kill -KILL -1) </dev/null & w=$!; "
     f'("$@" </dev/null {LIFELINE}<&-); rc=$?; kill -KILL $w 2>/dev/null; wait $w 2>/dev/null; '
@@ -737,6 +740,8 @@ def _run(
                 iso, limits, tree, exchange, inner, uid, readonly, seccomp_fd, info_w, lifeline=life_r
             )
             stdin: int = status_w
+            if limits.processes:
+                limits = replace(limits, processes=limits.processes + WRAPPER_PROCESSES)
             prlimit = _prlimit_argv(limits)
             if prlimit is not None:
                 argv = [*prlimit, *argv]

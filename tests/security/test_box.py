@@ -7,6 +7,8 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import pytest
+
 from backend.core import gitops
 from backend.core.config import Settings
 from backend.core.models import Study
@@ -125,8 +127,26 @@ def test_the_boxed_command_runs_under_every_resource_limit(tmp_path: Path) -> No
     assert res.exit_code == 0, res.stderr_tail
     got = {line.split()[0]: line.split()[1:] for line in res.stdout_tail.splitlines()}
     # The shell prints -v in KiB and -f in 512-byte blocks; soft and hard limits are the same.
-    want = {"t": "7", "v": str(300 * 1024), "f": str(3 * 2048), "c": "0", "p": "33"}
+    # The process limit also holds the box's wrapper, its watcher and the shell running the command.
+    want = {
+        "t": "7",
+        "v": str(300 * 1024),
+        "f": str(3 * 2048),
+        "c": "0",
+        "p": str(33 + sandbox.WRAPPER_PROCESSES),
+    }
     assert got == {k: [v, v] for k, v in want.items()}
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_process_limit_is_what_the_command_itself_may_run(tmp_path: Path, processes: int) -> None:
+    def children(n: int) -> str:
+        return "".join("sleep 0.3 & " for _ in range(n)) + "wait; echo ran"
+
+    fits = box(children(processes), tmp_path, timeout=30, processes=processes)
+    assert fits.exit_code == 0 and fits.stdout_tail.strip() == "ran", fits.stderr_tail
+    over = box(children(processes + 1), tmp_path, timeout=30, processes=processes)
+    assert over.exit_code != 0 and "fork" in over.stderr_tail.lower()
 
 
 def test_fork_bomb_and_process_flood_are_contained(tmp_path: Path) -> None:
