@@ -777,12 +777,13 @@ def _run(
         _Capture(proc.stdout, out_path, output_cap, tail_bytes),
         _Capture(proc.stderr, err_path, output_cap, tail_bytes),
     ]
-    for c in caps:
-        c.start()
     timed_out = disk_exceeded = False
     deadline = started + limits.timeout
-    pidfd = _pidfd(proc.pid)
+    pidfd: int | None = None
     try:
+        for c in caps:
+            c.start()
+        pidfd = _pidfd(proc.pid)
         while True:
             try:
                 _wait(proc, max(0.0, min(0.5, deadline - time.monotonic())), pidfd)
@@ -795,7 +796,8 @@ def _run(
                     disk_exceeded = True
                     break
     finally:
-        # The whole group goes (and, boxed, the PID namespace with it), so nothing outlives the run.
+        # The whole group goes (and, boxed, the PID namespace with it), so nothing outlives the run,
+        # and no descriptor of it stays open, even when this wait is interrupted (a time limit).
         _kill_group(proc.pid)
         os.close(life_w)  # and whatever of the box is left is killed from inside
         proc.wait()
@@ -803,10 +805,13 @@ def _run(
             os.close(pidfd)
         _running.discard(proc.pid)
         _await_box_end(info_r)
-    for c in caps:
-        c.join(timeout=10)
-    with os.fdopen(status_r, "rb") as fh:
-        status = fh.read(200).decode("ascii", "replace").split()
+        for c in caps:
+            if c.ident is not None:
+                c.join(timeout=10)
+            if not c.is_alive():
+                c.stream.close()
+        with os.fdopen(status_r, "rb") as fh:
+            status = fh.read(200).decode("ascii", "replace").split()
     reported = len(status) == 3 and status[0] == "grove-exit"
     strays = int(status[2]) - 2 if reported else None
     code = proc.returncode

@@ -322,3 +322,39 @@ def test_the_command_runs_as_given_whatever_descriptors_grove_holds(tmp_path: Pa
     # stdin is /dev/null (cat ends at once), nothing was added to the command, nothing complained
     assert res.ok and res.stdout_tail == "args 0 /bin/sh\n" and res.stderr_tail == "", res
     assert res.strays == 0
+
+
+@pytest.mark.parametrize("iso", [BOXED, NONE], ids=["bwrap", "none"])
+def test_a_run_cut_short_in_grove_leaves_no_process_and_no_descriptor(
+    tmp_path: Path, iso: sandbox.Isolation
+) -> None:
+    """A worker's time limit raises inside the wait (a signal handler): the run is ended and closed all the same."""
+    import threading
+
+    class CutShort(Exception):
+        pass
+
+    def cut(signum: int, frame: object) -> None:
+        raise CutShort
+
+    marker = f"31{uuid.uuid4().int % 10**6}"
+
+    def interrupt_once_running() -> None:
+        wait_for(lambda: bool(host_processes_with(f"sleep {marker}")), timeout=30)
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
+
+    before = sorted(os.listdir("/proc/self/fd"))
+    previous = signal.signal(signal.SIGUSR1, cut)
+    try:
+        sender = threading.Thread(target=interrupt_once_running)
+        sender.start()
+        with pytest.raises(CutShort):
+            sandbox.run(
+                f"sleep {marker}", cwd=tmp_path, output_dir=tmp_path / "out", limits=sandbox.Limits(timeout=120),
+                isolation=iso,
+            )  # fmt: skip
+        sender.join()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    wait_for(lambda: not host_processes_with(f"sleep {marker}"), timeout=10)
+    assert sorted(os.listdir("/proc/self/fd")) == before
