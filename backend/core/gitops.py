@@ -230,13 +230,7 @@ class Repo:
 
     def is_ancestor(self, commit: str, of: str) -> bool:
         """Return whether `commit` is an ancestor of (or equal to) `of`."""
-        proc = subprocess.run(
-            ["git", "merge-base", "--is-ancestor", commit, of],
-            cwd=self.path,
-            capture_output=True,
-            env=git_env(),
-        )
-        return proc.returncode == 0
+        return run_git("merge-base", "--is-ancestor", commit, of, cwd=self.path).returncode == 0
 
     # worktrees ---------------------------------------------------------------
 
@@ -332,13 +326,7 @@ class Repo:
     def merge_into(self, worktree: Path, branch: str, message: str) -> str:
         """Merge `branch` into the worktree's HEAD with `--no-ff`; abort and raise on conflict."""
         with self.lock():
-            proc = subprocess.run(
-                ["git", "merge", "--no-ff", "--no-edit", "-m", message, branch],
-                cwd=worktree,
-                capture_output=True,
-                text=True,
-                env=git_env(),
-            )
+            proc = run_git("merge", "--no-ff", "--no-edit", "-m", message, branch, cwd=worktree)
             if proc.returncode != 0:
                 git("merge", "--abort", cwd=worktree, check=False)
                 raise MergeConflict(["merge", branch], proc.returncode, proc.stdout + proc.stderr)
