@@ -26,7 +26,7 @@ from optuna.distributions import (
     FloatDistribution,
     IntDistribution,
 )
-from optuna.trial import TrialState, create_trial
+from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from agents.policies.base import NodeEvidence
 from agents.policies.space import Assignment, Space
@@ -215,16 +215,39 @@ def window(nodes: Sequence[NodeEvidence], maximize: bool) -> Sequence[NodeEviden
         return nodes
     sign = 1.0 if maximize else -1.0
     ordered = sorted(nodes, key=operator.attrgetter("id"))
-    keep = {n.id for n in ordered if n.status in PENDING or n.parent_id is None}  # and the root
-    scored = [
-        (-sign * n.dev_mean, n.id)
-        for n in ordered
-        if n.dev_mean is not None and n.status != "failed" and math.isfinite(n.dev_mean)
-    ]
-    keep.update(i for _, i in heapq.nsmallest(HISTORY // 2, scored))
-    rest = [n.id for n in ordered if n.id not in keep]
-    keep.update(rest[len(rest) - max(HISTORY - len(keep), 0) :])
-    return [n for n in ordered if n.id in keep]
+    keep: dict[int, NodeEvidence] = {}
+    scored: list[tuple[float, int, NodeEvidence]] = []
+    for n in ordered:  # one pass: a long study's tree is walked at every step
+        if n.status in PENDING or n.parent_id is None:
+            keep[n.id] = n
+        if n.dev_mean is not None and n.status != "failed" and math.isfinite(n.dev_mean):
+            scored.append((-sign * n.dev_mean, n.id, n))
+    for _, i, n in heapq.nsmallest(HISTORY // 2, scored):  # ids differ: nodes are never compared
+        keep[i] = n
+    room = HISTORY - len(keep)
+    for n in reversed(ordered):
+        if room <= 0:
+            break
+        if n.id not in keep:
+            keep[n.id] = n
+            room -= 1
+    return sorted(keep.values(), key=operator.attrgetter("id"))
+
+
+class _Replayed(FrozenTrial):
+    """A trial built for one replayed study alone, which a study may keep without copying it.
+
+    A study deep-copies every trial it is given, and replaying a window of 128 trials spent half
+    of an ideation step in those copies; nothing else ever holds these trials.
+    """
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Replayed:
+        return self
+
+
+def _replayed(trial: FrozenTrial) -> FrozenTrial:
+    trial.__class__ = _Replayed
+    return trial
 
 
 def _trials(
@@ -262,14 +285,16 @@ def _trials(
             trial = create_trial(state=TrialState.FAIL, params=params, distributions=dists)
         else:
             continue
-        out.append(trial)
+        out.append(_replayed(trial))
     return out
 
 
 def pending_trial(space: Space, a: Assignment) -> optuna.trial.FrozenTrial:
     """Return a running trial for an assignment that is proposed but not yet measured."""
-    return create_trial(
-        state=TrialState.RUNNING, params=_params(space.full(a)), distributions=distributions(space)
+    return _replayed(
+        create_trial(
+            state=TrialState.RUNNING, params=_params(space.full(a)), distributions=distributions(space)
+        )
     )
 
 
