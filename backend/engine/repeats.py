@@ -1,16 +1,14 @@
 """Adaptive dev repeats inside an experiment job (`agents/tree/sequential.py` holds the rule).
 
 An unclear node is re-run on more seeds, and so is trunk where it has fewer paired seeds than
-the node needs (on a tree of its own, at the same time as the node's runs, except in a GPU study);
-trunk's extra values are kept on the study, so the next node pairs with them for free. Every extra run is a receipt (the node's own, or trunk's) and is charged to the
+the node needs; trunk's extra values are kept on the study, so the next node pairs with them
+for free. Every extra run is a receipt (the node's own, or trunk's) and is charged to the
 experiment budget through the job's outcome.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import partial
 
 from agents.spec import Spec
 from agents.tree.sequential import Plan, Step
@@ -61,23 +59,12 @@ def dev_runs(
         target = plan.next_n(n)
         if store.not_worth_it(sum(values) / n, run.extra_runs, target - n):
             break
-        more: list[evaluation.Receipt] | None = None
         if len(trunk) < target:
-            extend = partial(_extend_trunk, settings, store, repo, study, spec, node, job, len(trunk), target)
-            if spec.resources.gpu:  # one device: trunk's runs first, then the node's
-                ran, added = extend()
-            else:  # trunk's runs on a tree of their own, beside the node's
-                with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trunk-seeds") as pool:
-                    trunk_runs = pool.submit(extend)
-                    more = evaluate(range(n, target))
-                    ran, added = trunk_runs.result()
+            ran, added = _extend_trunk(settings, store, repo, study, spec, node, job, len(trunk), target)
             run.extra_runs += ran
             if added < target - len(trunk):
-                run.receipts += more or []
-                run.extra_runs += len(more or [])
                 break  # trunk's own run failed on a new seed: judge on what is paired
-        if more is None:
-            more = evaluate(range(n, target))
+        more = evaluate(range(n, target))
         run.receipts += more
         run.extra_runs += len(more)
         store.event("node.repeated", node.id, {"seeds": target, "reason": f"gain unclear at {n} seeds"})

@@ -432,45 +432,6 @@ def test_extra_seeds_stop_where_they_would_overspend_the_budget(settings: Settin
     assert jobs[0].extra_runs == 4 and len(jobs) == 1
 
 
-# The unclear gain above; seeds 2 and later take a while and say when they ran.
-TIMED_EVAL = UNCLEAR_EVAL.replace("import json,", "import time, json,").replace(
-    'print(json.dumps({"score"',
-    't0 = time.time()\ntime.sleep(0.5 if seed >= 2 else 0)\nprint(json.dumps({"t0": t0, "t1": time.time(), "score"',
-)
-
-
-@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
-def test_trunks_extra_seeds_run_beside_the_nodes_except_on_a_gpu(
-    settings: Settings, tmp_path: Path, gpu: bool
-) -> None:
-    files = tiny_files(experiments=3, margin=0.0, max_size=5)
-    files["eval.py"] = TIMED_EVAL
-    files["grove.toml"] = (
-        files["grove.toml"]
-        .replace("repeats = 2\n", "repeats = 2\nmax_repeats = 6\n", 1)
-        .replace("parallel = 2\n", "parallel = 1\n")
-    ) + ("\n[resources]\ngpu = true\n" if gpu else "")
-    res = grove(settings, "run", str(make_repo(tmp_path / "r", files)), "--auto-approve", "--quiet")
-    assert res.returncode == 0, res.stderr
-    st = the_study(settings)
-    first = min((n for n in rows(settings, Node) if n.parent_id is not None), key=lambda n: n.id)
-    assert first.dev_n == 4 and len(st.trunk_dev) == 4
-
-    def span(node_id: int | None, seed: int) -> tuple[float, float]:
-        (r,) = rows(
-            settings,
-            ReceiptRow,
-            ReceiptRow.node_id == node_id,
-            ReceiptRow.kind == "dev",
-            ReceiptRow.seed == seed,
-        )
-        return r.metrics["t0"], r.metrics["t1"]
-
-    (n0, n1), (t0, t1) = span(first.id, 2), span(st.trunk_node_id, 2)
-    overlapping = n0 < t1 and t0 < n1
-    assert overlapping is not gpu, ((n0, n1), (t0, t1))
-
-
 def test_a_changed_spec_is_refused_on_resume_and_a_comment_is_not_a_change(
     settings: Settings, tmp_path: Path
 ) -> None:
