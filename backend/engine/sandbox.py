@@ -810,8 +810,14 @@ def _run(
                 c.join(timeout=10)
             if not c.is_alive():
                 c.stream.close()
-        with os.fdopen(status_r, "rb") as fh:
-            status = fh.read(200).decode("ascii", "replace").split()
+        os.set_blocking(status_r, False)  # a process stuck in the kernel may still hold the writer
+        try:
+            raw = os.read(status_r, 200)  # the wrapper's one short write, if it made it
+        except BlockingIOError:
+            raw = b""
+        finally:
+            os.close(status_r)
+        status = raw.decode("ascii", "replace").split()
     reported = len(status) == 3 and status[0] == "grove-exit"
     strays = int(status[2]) - 2 if reported else None
     code = proc.returncode
