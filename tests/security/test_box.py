@@ -140,6 +140,9 @@ def test_the_boxed_command_runs_under_every_resource_limit(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("processes", [1, 2])
 def test_the_process_limit_is_what_the_command_itself_may_run(tmp_path: Path, processes: int) -> None:
+    if os.geteuid() != 0:  # CI runs as root; an ordinary user's limit also counts Grove's processes
+        pytest.skip("as an ordinary user the kernel counts Grove's own processes too (docs/security.md)")
+
     def children(n: int) -> str:
         return "".join("sleep 0.3 & " for _ in range(n)) + "wait; echo ran"
 
