@@ -727,62 +727,61 @@ def _run(
     info_r, info_w = os.pipe()  # bwrap writes the box's first process id here
     life_r, life_w = os.pipe()  # the box's lifeline: this process holds the only writer until the end
     keep: list[int] = [info_w, life_r] if boxed else []
-    try:
-        if boxed:
-            program = seccomp.program()
-            seccomp_fd = None
-            if program is not None:
-                seccomp_fd, filter_w = os.pipe()
-                os.write(filter_w, program)
-                os.close(filter_w)
-                keep.append(seccomp_fd)
-            argv = _bwrap_argv(
-                iso, limits, tree, exchange, inner, uid, readonly, seccomp_fd, info_w, lifeline=life_r
-            )
-            stdin: int = status_w
-            if limits.processes:
-                limits = replace(limits, processes=limits.processes + WRAPPER_PROCESSES)
-            prlimit = _prlimit_argv(limits)
-            if prlimit is not None:
-                argv = [*prlimit, *argv]
-        else:
-            argv, stdin, prlimit = inner, subprocess.DEVNULL, None
-        baseline = usage(tree, exchange) if disk_base is None and limits.disk_mb else disk_base or 0
-        started = time.monotonic()
-        proc = subprocess.Popen(
-            argv,
-            cwd=tree if not boxed else "/",
-            env=full_env,
-            stdin=stdin,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=_limiter(limits) if prlimit is None else None,
-            pass_fds=tuple(keep),
-        )
-    except BaseException:
-        os.close(status_r)
-        os.close(info_r)
-        os.close(life_w)
-        raise
-    finally:
-        os.close(status_w)
-        if not boxed:
-            os.close(info_w)
-            os.close(life_r)
-        for fd in keep:
-            os.close(fd)
-    _running.add(proc.pid)
-    caps = [
-        _Capture(proc.stdout, out_path, output_cap, tail_bytes),
-        _Capture(proc.stderr, err_path, output_cap, tail_bytes),
-    ]
+    proc: subprocess.Popen[bytes] | None = None
+    caps: list[_Capture] = []
     timed_out = disk_exceeded = False
-    deadline = started + limits.timeout
     pidfd: int | None = None
+    # One guarded block from before the box starts to its end: wherever an exception lands (a
+    # worker's time limit raising from a signal handler), the box is ended and every descriptor closed.
     try:
+        try:
+            if boxed:
+                program = seccomp.program()
+                seccomp_fd = None
+                if program is not None:
+                    seccomp_fd, filter_w = os.pipe()
+                    os.write(filter_w, program)
+                    os.close(filter_w)
+                    keep.append(seccomp_fd)
+                argv = _bwrap_argv(
+                    iso, limits, tree, exchange, inner, uid, readonly, seccomp_fd, info_w, lifeline=life_r
+                )
+                stdin: int = status_w
+                if limits.processes:
+                    limits = replace(limits, processes=limits.processes + WRAPPER_PROCESSES)
+                prlimit = _prlimit_argv(limits)
+                if prlimit is not None:
+                    argv = [*prlimit, *argv]
+            else:
+                argv, stdin, prlimit = inner, subprocess.DEVNULL, None
+            baseline = usage(tree, exchange) if disk_base is None and limits.disk_mb else disk_base or 0
+            started = time.monotonic()
+            proc = subprocess.Popen(
+                argv,
+                cwd=tree if not boxed else "/",
+                env=full_env,
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=_limiter(limits) if prlimit is None else None,
+                pass_fds=tuple(keep),
+            )
+        finally:
+            os.close(status_w)
+            if not boxed:
+                os.close(info_w)
+                os.close(life_r)
+            for fd in keep:
+                os.close(fd)
+        _running.add(proc.pid)
+        caps = [
+            _Capture(proc.stdout, out_path, output_cap, tail_bytes),
+            _Capture(proc.stderr, err_path, output_cap, tail_bytes),
+        ]
         for c in caps:
             c.start()
+        deadline = started + limits.timeout
         pidfd = _pidfd(proc.pid)
         while True:
             try:
@@ -796,20 +795,25 @@ def _run(
                     disk_exceeded = True
                     break
     finally:
-        # The whole group goes (and, boxed, the PID namespace with it), so nothing outlives the run,
-        # and no descriptor of it stays open, even when this wait is interrupted (a time limit).
-        _kill_group(proc.pid)
-        os.close(life_w)  # and whatever of the box is left is killed from inside
-        proc.wait()
+        # The whole group goes (and, boxed, the PID namespace with it), so nothing outlives the run.
+        if proc is not None:
+            _kill_group(proc.pid)
+        os.close(life_w)  # and whatever of the box is left (or was starting) is killed from inside
+        if proc is not None:
+            proc.wait()
+            _running.discard(proc.pid)
         if pidfd is not None:
             os.close(pidfd)
-        _running.discard(proc.pid)
         _await_box_end(info_r)
         for c in caps:
             if c.ident is not None:
                 c.join(timeout=10)
             if not c.is_alive():
                 c.stream.close()
+        if proc is not None and not caps:  # cut short before its output was taken up
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
         os.set_blocking(status_r, False)  # a process stuck in the kernel may still hold the writer
         try:
             raw = os.read(status_r, 200)  # the wrapper's one short write, if it made it
