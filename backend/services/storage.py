@@ -597,7 +597,13 @@ class SqlStorage:
             node = s.get(Node, node_id)
             st = s.get(Study, study_id)
             assert node is not None and st is not None
-            if node.status in ACTIVE:
+            # A dispatch replayed after a crash finds the node's job made, and maybe ended since (its
+            # outcome not yet integrated): that job is the answer. Only a proposed node, or a failed
+            # one whose failure was integrated (a retry), gets a new attempt.
+            replayed = node.status not in (NodeStatus.PROPOSED, NodeStatus.FAILED) or (
+                node.status == NodeStatus.FAILED and not node.completed_order
+            )
+            if replayed:
                 job = s.exec(select(Job).where(Job.node_id == node_id, Job.attempt == node.attempts)).first()
                 if job is not None and job.id is not None:
                     return job.id

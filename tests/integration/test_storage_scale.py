@@ -8,7 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from sqlalchemy import event
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from agents.coordinator.graph import tree_of
 from agents.coordinator.ports import Integration, NodeRecord
@@ -283,3 +283,38 @@ def test_after_its_own_writes_a_step_reads_back_only_the_rows_it_wrote(
     assert by_id[nid].status == "queued" and by_id[nid].parent_id == done
     assert by_id[done].gain == 0.5 and by_id[done].insight == "it helped"
     assert by_id[root].insight == "the root learned"
+
+
+def test_a_dispatch_replayed_after_a_crash_gets_the_job_it_made_even_once_it_ended(
+    settings: Settings, tiny_repo: Path
+) -> None:
+    sid, root = new_study(settings, tiny_repo)
+    storage = SqlStorage(settings.db_url)
+    made = {}
+    for x, title in enumerate(("evaluated", "failed"), start=1):
+        proposal = Proposal(parent_id=root, title=title, hypothesis={}, prior=0.5, edits={})
+        [nid] = storage.add_proposals(sid, x, [proposal])  # one round each
+        made[title] = (nid, storage.enqueue(sid, nid))
+    # The coordinator died before its dispatch was checkpointed; the jobs ran to their end meanwhile.
+    with db.session(settings.db_url) as s:
+        for title, (nid, job_id) in made.items():
+            node, job = s.get(Node, nid), s.get(Job, job_id)
+            assert node is not None and job is not None
+            node.status, job.status = title, "done" if title == "evaluated" else "failed"
+            s.add(node)
+            s.add(job)
+    storage.forget()
+    for nid, job_id in made.values():
+        assert storage.enqueue(sid, nid) == job_id  # not a second attempt, nor an illegal transition
+    with db.session(settings.db_url) as s:
+        assert len(list(s.exec(select(Job).where(Job.study_id == sid, Job.kind == "experiment")))) == 2
+        failed = s.get(Node, made["failed"][0])
+        assert failed is not None and failed.status == "failed" and failed.attempts == 1
+        failed.completed_order = 7  # its failure integrated: now a retry is a new attempt
+        s.add(failed)
+    storage.forget()
+    retry = storage.enqueue(sid, made["failed"][0])
+    assert retry != made["failed"][1]
+    with db.session(settings.db_url) as s:
+        node = s.get(Node, made["failed"][0])
+        assert node is not None and node.status == "queued" and node.attempts == 2
