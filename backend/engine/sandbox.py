@@ -808,12 +808,10 @@ def _run(
         for c in caps:
             if c.ident is not None:
                 c.join(timeout=10)
-            if not c.is_alive():
-                c.stream.close()
-        if proc is not None and not caps:  # cut short before its output was taken up
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
+        reading = [c.stream for c in caps if c.is_alive()]
+        for stream in (proc.stdout, proc.stderr) if proc is not None else ():
+            if stream is not None and all(stream is not r for r in reading):
+                stream.close()
         os.set_blocking(status_r, False)  # a process stuck in the kernel may still hold the writer
         try:
             raw = os.read(status_r, 200)  # the wrapper's one short write, if it made it

@@ -600,10 +600,10 @@ class SqlStorage:
             # A dispatch replayed after a crash finds the node's job made, and maybe ended since (its
             # outcome not yet integrated): that job is the answer. Only a proposed node, or a failed
             # one whose failure was integrated (a retry), gets a new attempt.
-            replayed = node.status not in (NodeStatus.PROPOSED, NodeStatus.FAILED) or (
-                node.status == NodeStatus.FAILED and not node.completed_order
+            fresh = node.status == NodeStatus.PROPOSED or (
+                node.status == NodeStatus.FAILED and node.completed_order > 0
             )
-            if replayed:
+            if not fresh:
                 job = s.exec(select(Job).where(Job.node_id == node_id, Job.attempt == node.attempts)).first()
                 if job is not None and job.id is not None:
                     return job.id

@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -329,7 +330,6 @@ def test_a_run_cut_short_in_grove_leaves_no_process_and_no_descriptor(
     tmp_path: Path, iso: sandbox.Isolation
 ) -> None:
     """A worker's time limit raises inside the wait (a signal handler): the run is ended and closed all the same."""
-    import threading
 
     class CutShort(Exception):
         pass
