@@ -112,7 +112,7 @@ def _sqlite_saver(path: Path) -> SqliteSaver:
 
 
 @cache
-def _compiled() -> Any:
+def compiled() -> Any:
     """Return the coordinator graph compiled once per process; each advance binds its checkpointer."""
     return build_graph().compile()
 
@@ -206,7 +206,7 @@ class Driver:
     @contextmanager
     def _graph(self) -> Iterator[Any]:
         with checkpointer(self.settings) as saver:
-            yield _compiled().copy({"checkpointer": saver})
+            yield compiled().copy({"checkpointer": saver})
 
     def advance(self) -> Waiting:
         """Run the graph until every pending interrupt must keep waiting (or it ends)."""

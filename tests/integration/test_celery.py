@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sqlite3
 from pathlib import Path
 
 from sqlmodel import col, select
@@ -179,3 +180,24 @@ def test_a_gate_job_that_uses_the_last_sealed_query_still_merges(service: Servic
     assert st is not None and st.test_queries == 2  # the baseline and the one gate
     assert len(gated) == 1 and gated[0].gate_reason.startswith("passed")
     assert gated[0].status == "merged" and st.trunk_commit == gated[0].gate_commit
+
+
+def test_pool_processes_open_the_database_before_their_first_task(redis_url: str, tmp_path: Path) -> None:
+    svc = sqlite_service(tmp_path / "svc", redis_url, db_number=10)
+    db_file = Path(svc.settings.db_url.removeprefix("sqlite:///"))
+    assert not db_file.exists() and not svc.settings.checkpoint_path.exists()
+    svc.start_worker("warm", "coordinator,cpu", 2)
+    try:
+        # No task was sent: the schema and the coordinator's checkpointer come from the pool's start.
+        def migrated() -> bool:
+            if not db_file.exists():
+                return False
+            with sqlite3.connect(db_file) as conn:
+                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            return {"alembic_version", "study", "job"} <= tables
+
+        wait_for(migrated, timeout=60)
+        wait_for(svc.settings.checkpoint_path.exists, timeout=60)
+        assert b"Traceback" not in (svc.logs / "warm.log").read_bytes()
+    finally:
+        svc.stop()
