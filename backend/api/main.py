@@ -13,7 +13,17 @@ from agents.spec import SpecError
 from agents.tree.status import IllegalStudyTransition
 from backend.api.docs_policy import OfflineDocs
 from backend.api.limits import BodyLimit
-from backend.api.routes import approvals, events, health, learning, memory, studies, tree, worker
+from backend.api.routes import (
+    approvals,
+    events,
+    health,
+    learning,
+    learning_worker,
+    memory,
+    studies,
+    tree,
+    worker,
+)
 from backend.core import fanout
 from backend.core.config import Settings, get_settings
 from backend.core.gitops import GitError
@@ -47,7 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.celery = make_app(settings)
     fanout.enable(settings.redis_url)
     api = APIRouter(prefix=API_PREFIX)
-    for module in (studies, tree, approvals, events, learning, memory, health, worker):
+    for module in (studies, tree, approvals, events, learning, memory, health, worker, learning_worker):
         api.include_router(module.router)
     app.include_router(api)
 

@@ -268,6 +268,7 @@ class LearningJobPublic(BaseModel):
     status: str
     progress: float
     device: str
+    host: str = Field(description="the machine that ran the job, which keeps its artifact folder")
     artifact: str
     result: dict[str, Any]
     error: str

@@ -268,6 +268,8 @@ class LearningJob(SQLModel, table=True):
     kind: str  # distill | sparse_eval
     params: dict[str, Any] = _json({})
     status: str = "queued"  # queued|running|done|failed
+    token: str = ""  # what the worker that runs it presents (sent with its task)
+    host: str = ""  # the machine that ran it, which keeps its artifact
     progress: float = 0.0
     device: str = ""
     artifact: str = ""

@@ -1,17 +1,21 @@
 """Learning-module jobs on the `gpu` queue: self-distillation of a causal LM, sparse-attention evaluation.
 
-Each job is a `learning_job` row with `learning_event` rows for its progress and a result artifact
-folder under the data directory. torch and transformers are imported inside the job, never at
-module import, so a worker's parent process never initialises CUDA before it forks.
+Each job is a `learning_job` row with `learning_event` rows for its progress, and a result artifact
+folder under the data directory of the machine that ran it (the row's `host`). A job reads and
+writes its records through a `LearningStore`: the database beside it (`DbLearningStore`), or the
+API from a worker on another machine (`backend.worker.remote.ApiLearningStore`), which presents
+the job's token. torch and transformers are imported inside the job, never at module import, so a
+worker's parent process never initialises CUDA before it forks.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from sqlmodel import Session, col, select
@@ -19,7 +23,9 @@ from sqlmodel import Session, col, select
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import LearningEvent, LearningJob, Trajectory, now
+from backend.engine import jobstore
 from backend.engine.checker import Checker, TaskError, load_tasks
+from backend.engine.jobstore import Superseded
 from backend.services.trajectories import export_records
 
 
@@ -193,7 +199,7 @@ def submit(s: Session, kind: str, params: dict[str, Any], study_id: int | None =
                     "params.method: CANON needs several rollouts of the same prompt, and every record's "
                     "prompt is different (sample them: on_policy = true)"
                 )
-    job = LearningJob(study_id=study_id, kind=kind, params=checked.model_dump())
+    job = LearningJob(study_id=study_id, kind=kind, params=checked.model_dump(), token=secrets.token_hex(16))
     s.add(job)
     s.flush()
     s.add(LearningEvent(job_id=job.id or 0, type="learning.queued", payload={"kind": kind}))
@@ -208,6 +214,107 @@ def events(s: Session, job_id: int) -> list[LearningEvent]:
     )
 
 
+class LearningStore(Protocol):
+    """Where a running learning job reads its inputs and writes its progress and end."""
+
+    def claim(self, host: str, pid: int) -> LearningJob | None:
+        """Mark the job running on this machine and return it; an ended job is returned as it is."""
+        ...
+
+    def progress(self, fraction: float, payload: dict[str, Any]) -> None:
+        """Record how far the job is (a `learning.progress` event)."""
+        ...
+
+    def fail(self, reason: str) -> None:
+        """End the job as failed with the reason."""
+        ...
+
+    def finish(self, result: dict[str, Any], artifact: str) -> None:
+        """End the job as done with its result and where its artifact lies on its host."""
+        ...
+
+    def records(self) -> list[dict[str, Any]]:
+        """Return the job's study's executor records (`grove export-trajectories`), oldest first."""
+        ...
+
+
+class DbLearningStore:
+    """A learning job's records in the database (a worker beside it)."""
+
+    def __init__(self, settings: Settings, job_id: int) -> None:
+        self.settings, self.job_id = settings, job_id
+
+    def claim(self, host: str, pid: int) -> LearningJob | None:
+        """Mark the job running on this machine and return it; an ended job is returned as it is."""
+        return claim(self.settings, self.job_id, host, pid)
+
+    def progress(self, fraction: float, payload: dict[str, Any]) -> None:
+        """Record how far the job is (a `learning.progress` event)."""
+        progress(self.settings, self.job_id, fraction, payload)
+
+    def fail(self, reason: str) -> None:
+        """End the job as failed with the reason."""
+        fail(self.settings, self.job_id, reason)
+
+    def finish(self, result: dict[str, Any], artifact: str) -> None:
+        """End the job as done with its result and where its artifact lies on its host."""
+        finish(self.settings, self.job_id, result, artifact)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Return the job's study's executor records, oldest first (none for a job without a study)."""
+        with db.session(self.settings.db_url) as s:
+            job = s.get(LearningJob, self.job_id)
+            study_id = job.study_id if job is not None else None
+        return export_records(self.settings, study_id) if study_id is not None else []
+
+
+def claim(
+    settings: Settings, job_id: int, host: str, pid: int, token: str | None = None
+) -> LearningJob | None:
+    """Mark a queued (or re-delivered running) job running on `host`; None if there is none (or not this token).
+
+    A job that has ended is returned unchanged: its task was delivered again, nothing runs.
+    """
+    with db.session(settings.db_url) as s:
+        job = s.get(LearningJob, job_id)
+        if job is None or (
+            token is not None and not (job.token and secrets.compare_digest(job.token, token))
+        ):
+            return None
+        if job.status not in ("done", "failed"):
+            job.status, job.started_at, job.host = "running", now(), host[:255]
+            s.add(job)
+            s.add(
+                LearningEvent(
+                    job_id=job_id, type="learning.started", payload={"pid": pid, "host": host[:255]}
+                )
+            )
+            s.flush()
+            s.refresh(job)
+        s.expunge(job)
+        return job
+
+
+def progress(
+    settings: Settings, job_id: int, fraction: float, payload: dict[str, Any], token: str | None = None
+) -> None:
+    """Record a running job's progress (a fraction from 0 to 1) with what the step reports."""
+    _record(
+        settings, job_id, "learning.progress", {**payload, "progress": fraction}, token, progress=fraction
+    )
+
+
+def finish(
+    settings: Settings, job_id: int, result: dict[str, Any], artifact: str, token: str | None = None
+) -> None:
+    """End a job as done with its result and its artifact's folder (on the job's host)."""
+    _record(
+        settings, job_id, "learning.finished", {**result, "artifact": artifact}, token, status="done",
+        progress=1.0, device=str(result.get("device", ""))[:64], artifact=artifact, result=result,
+        finished_at=now(),
+    )  # fmt: skip
+
+
 def _device(wanted: str) -> str:
     import torch
 
@@ -216,10 +323,19 @@ def _device(wanted: str) -> str:
     return wanted
 
 
-def _record(settings: Settings, job_id: int, event: str, payload: dict[str, Any], **fields: Any) -> None:
-    """Change the job's row and append its event in one transaction."""
+def _record(
+    settings: Settings,
+    job_id: int,
+    event: str,
+    payload: dict[str, Any],
+    token: str | None = None,
+    **fields: Any,
+) -> None:
+    """Change the job's row and append its event in one transaction (only while `token` holds it, if given)."""
     with db.session(settings.db_url) as s:
         job = s.get(LearningJob, job_id)
+        if token is not None and (job is None or not holds(job, token)):
+            raise Superseded(f"learning job {job_id} is not running under this token")
         assert job is not None
         for k, v in fields.items():
             setattr(job, k, v)
@@ -227,22 +343,25 @@ def _record(settings: Settings, job_id: int, event: str, payload: dict[str, Any]
         s.add(LearningEvent(job_id=job_id, type=event, payload=payload))
 
 
-def fail(settings: Settings, job_id: int, reason: str) -> None:
+def fail(settings: Settings, job_id: int, reason: str, token: str | None = None) -> None:
     """End a job as failed, with the reason on its row and its `learning.failed` event."""
     message = reason[:4000]
     _record(
-        settings,
-        job_id,
-        "learning.failed",
-        {"error": message},
-        status="failed",
-        error=message,
+        settings, job_id, "learning.failed", {"error": message}, token, status="failed", error=message,
         finished_at=now(),
-    )
+    )  # fmt: skip
 
 
-def _progress(settings: Settings, job_id: int, fraction: float, **payload: Any) -> None:
-    _record(settings, job_id, "learning.progress", {"progress": fraction, **payload}, progress=fraction)
+def holds(job: LearningJob, token: str) -> bool:
+    """Return whether a worker presenting `token` runs this job now."""
+    return job.status == "running" and bool(job.token) and secrets.compare_digest(job.token, token)
+
+
+def held(settings: Settings, job_id: int, token: str) -> LearningJob | None:
+    """Return the job if it is running under `token`, else None."""
+    with db.session(settings.db_url) as s:
+        job = s.get(LearningJob, job_id)
+        return job if job is not None and holds(job, token) else None
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -257,14 +376,11 @@ def _by_prompt(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return list(groups.values())
 
 
-def _records(settings: Settings, job: LearningJob, path: str) -> list[dict[str, Any]]:
-    if path:
-        return _read_jsonl(Path(path))
-    assert job.study_id is not None
-    return export_records(settings, job.study_id)
+def _records(store: LearningStore, path: str) -> list[dict[str, Any]]:
+    return _read_jsonl(Path(path)) if path else store.records()
 
 
-def _distill(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:
+def _distill(settings: Settings, store: LearningStore, job: LearningJob, out: Path) -> dict[str, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -273,6 +389,7 @@ def _distill(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:
     from agents.learning.distillation.sdpo import SdpoConfig, SelfDistiller, canon_records
 
     p = DistillParams.model_validate(job.params)
+    _files_here(p)
     device = _device(p.device)
     tokenizer = AutoTokenizer.from_pretrained(p.model, local_files_only=True)
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
@@ -289,9 +406,9 @@ def _distill(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:
     opt = torch.optim.AdamW(model.parameters(), lr=p.lr)
     started = time.monotonic()
     if p.on_policy:
-        history, result = _on_policy(settings, job, p, distiller, opt)
+        history, result = _on_policy(settings, store, p, distiller, opt)
     else:
-        records = [r for r in _records(settings, job, p.trajectories) if r.get("rollout") and r.get("prompt")]
+        records = [r for r in _records(store, p.trajectories) if r.get("rollout") and r.get("prompt")]
         if p.method == "canon":
             groups = [g for g in _by_prompt(records) if len(g) > 1]
             if not groups:
@@ -305,7 +422,7 @@ def _distill(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:
             batch = [records[(step * size + i) % len(records)] for i in range(min(size, len(records)))]
             diag = distiller.step(batch, opt)
             history.append({"step": step + 1, **diag})
-            _progress(settings, job.id or 0, (step + 1) / steps, step=step + 1, loss=diag["loss"])
+            store.progress((step + 1) / steps, {"step": step + 1, "loss": diag["loss"]})
         result = {"records": len(records), "steps": steps, "first_loss": history[0]["loss"],
                   "last_loss": history[-1]["loss"]}  # fmt: skip
     result = {"device": device, **result, "seconds": time.monotonic() - started}
@@ -316,8 +433,21 @@ def _distill(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:
     return result
 
 
+def _files_here(p: DistillParams) -> None:
+    """Raise, naming the field, if a file the job names is missing on this machine (not the one it was checked on)."""
+    where = jobstore.host()[0]
+    if not (Path(p.model) / "config.json").is_file():
+        raise LearningJobError(
+            f"params.model: {p.model!r} is not a local Hugging Face model folder on {where}"
+        )
+    for name in ("trajectories", "tasks"):
+        path = getattr(p, name)
+        if path and not Path(path).is_file():
+            raise LearningJobError(f"params.{name}: {path!r} does not exist on {where}")
+
+
 def _on_policy(
-    settings: Settings, job: LearningJob, p: DistillParams, distiller: Any, opt: Any
+    settings: Settings, store: LearningStore, p: DistillParams, distiller: Any, opt: Any
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run the on-policy rounds; return the history (one row per round) and the result."""
     from agents.learning.distillation.online import Prompt, run_round, without_dropout
@@ -332,7 +462,7 @@ def _on_policy(
     else:
         prompts = [
             Prompt(as_text(g[0]["prompt"]), feedback=str(g[-1].get("feedback", "")))
-            for g in _by_prompt([r for r in _records(settings, job, p.trajectories) if r.get("prompt")])
+            for g in _by_prompt([r for r in _records(store, p.trajectories) if r.get("prompt")])
         ]
     if not prompts:
         raise LearningJobError("params.trajectories: no record has a prompt")
@@ -341,10 +471,10 @@ def _on_policy(
         row = run_round(distiller, opt, prompts, samples=p.samples, steps=p.steps, batch_size=p.batch_size,
                         max_new_tokens=p.max_new_tokens, temperature=p.temperature)  # fmt: skip
         history.append({"round": n, **row})
-        _progress(
-            settings, job.id or 0, n / p.rounds, round=n, loss=row["loss"], pass_rate=row["pass_rate"],
-            divergence_before=row["divergence_before"], divergence_after=row["divergence_after"],
-        )  # fmt: skip
+        store.progress(n / p.rounds, {
+            "round": n, "loss": row["loss"], "pass_rate": row["pass_rate"],
+            "divergence_before": row["divergence_before"], "divergence_after": row["divergence_after"],
+        })  # fmt: skip
     result = {
         "prompts": len(prompts),
         "rounds": p.rounds,
@@ -357,7 +487,7 @@ def _on_policy(
     return history, result
 
 
-def _sparse_train(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:
+def _sparse_train(settings: Settings, store: LearningStore, job: LearningJob, out: Path) -> dict[str, Any]:
     import torch
 
     from agents.learning.sparse_attention.needle import train_router
@@ -370,7 +500,7 @@ def _sparse_train(settings: Settings, job: LearningJob, out: Path) -> dict[str, 
     def on_step(step: int, loss: float) -> None:
         history.append({"step": step, "loss": loss})
         if step % every == 0 or step == p.steps:
-            _progress(settings, job.id or 0, step / p.steps, step=step, loss=loss)
+            store.progress(step / p.steps, {"step": step, "loss": loss})
 
     trained = train_router({**p.model_dump(), "tied": False}, device, on_step)
     model = trained.pop("model")
@@ -380,7 +510,7 @@ def _sparse_train(settings: Settings, job: LearningJob, out: Path) -> dict[str, 
     return {"device": device, **trained}
 
 
-def _sparse_eval(settings: Settings, job: LearningJob, out: Path) -> dict[str, Any]:
+def _sparse_eval(settings: Settings, store: LearningStore, job: LearningJob, out: Path) -> dict[str, Any]:
     from agents.learning.sparse_attention.needle import needle_recall
 
     p = SparseEvalParams.model_validate(job.params)
@@ -388,38 +518,33 @@ def _sparse_eval(settings: Settings, job: LearningJob, out: Path) -> dict[str, A
     result = needle_recall(
         p.model_dump(),
         device,
-        lambda n: _progress(settings, job.id or 0, n / p.trials, trial=n) if n % 8 == 0 else None,
+        lambda n: store.progress(n / p.trials, {"trial": n}) if n % 8 == 0 else None,
     )
     result["device"] = device
     return result
 
 
-def run(settings: Settings, job_id: int) -> str:
-    """Run a queued learning job to its end; return its final status (a finished job is left alone)."""
-    with db.session(settings.db_url) as s:
-        job = s.get(LearningJob, job_id)
-        if job is None:
-            return "unknown job"
-        if job.status in ("done", "failed"):
-            return job.status
-        job.status, job.started_at = "running", now()
-        s.add(job)
-        s.add(LearningEvent(job_id=job_id, type="learning.started", payload={"pid": os.getpid()}))
-        s.flush()
-        s.refresh(job)
-        s.expunge(job)
+def run(settings: Settings, job_id: int, store: LearningStore | None = None) -> str:
+    """Run a queued learning job to its end; return its final status (a finished job is left alone).
+
+    Its records go through `store` (the database by default); its artifact folder is made under
+    this machine's data directory.
+    """
+    store = store or DbLearningStore(settings, job_id)
+    job = store.claim(*jobstore.host())
+    if job is None:
+        return "unknown job"
+    if job.status in ("done", "failed"):
+        return job.status
     out = settings.data_dir / "learning" / f"job-{job_id}"
     out.mkdir(parents=True, exist_ok=True)
     try:
         result = {"distill": _distill, "sparse_eval": _sparse_eval, "sparse_train": _sparse_train}[job.kind](
-            settings, job, out
+            settings, store, job, out
         )
     except Exception as exc:  # the job's failure is recorded, never lost
-        fail(settings, job_id, f"{type(exc).__name__}: {exc}")
+        store.fail(f"{type(exc).__name__}: {exc}")
         return "failed"
     (out / "result.json").write_text(json.dumps(result, indent=1))
-    _record(
-        settings, job_id, "learning.finished", {"artifact": str(out), **result}, status="done", progress=1.0,
-        device=result.get("device", ""), artifact=str(out), result=result, finished_at=now(),
-    )  # fmt: skip
+    store.finish(result, str(out))
     return "done"

@@ -20,7 +20,7 @@ import httpx
 
 from backend.core.config import Settings
 from backend.core.gitops import GitError, Repo, git, git_env
-from backend.core.models import Job, Node, Study
+from backend.core.models import Job, LearningJob, Node, Study
 from backend.engine import jobstore
 from backend.engine.jobstore import JobStore, Refused, Superseded, Unreachable
 
@@ -300,3 +300,35 @@ class ApiStore:
                 params={"token": self.token, "ref": ref, "commit": commit},
                 content=bundle.read_bytes(),
             )
+
+
+class ApiLearningStore:
+    """A learning job's records through the API (`LearningStore`), with the job's token."""
+
+    def __init__(self, site: RemoteSite, job_id: int, token: str) -> None:
+        self.api, self.job_id, self.token = site.api, job_id, token
+
+    def _call(self, name: str, **body: Any) -> Any:
+        return self.api.post(f"/learning/{self.job_id}/{name}", json={"token": self.token, **body})
+
+    def claim(self, host: str, pid: int) -> LearningJob | None:
+        """Mark the job running on this machine and return it; an ended job is returned as it is."""
+        got = self._call("claim", host=host, pid=pid)["job"]
+        return LearningJob(id=got["id"], study_id=got["study_id"], kind=got["kind"], params=got["params"],
+                           status=got["status"], host=got["host"])  # fmt: skip
+
+    def progress(self, fraction: float, payload: dict[str, Any]) -> None:
+        """Record how far the job is."""
+        self._call("progress", fraction=fraction, payload=payload)
+
+    def fail(self, reason: str) -> None:
+        """End the job as failed with the reason."""
+        self._call("fail", reason=reason[:4000])
+
+    def finish(self, result: dict[str, Any], artifact: str) -> None:
+        """End the job as done with its result and its artifact's folder on this machine."""
+        self._call("finish", result=result, artifact=artifact)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Return the job's study's executor records, oldest first."""
+        return list(self._call("records"))

@@ -237,17 +237,29 @@ def sealed_gpu(job_id: int, token: str, study_id: int | None = None) -> str:
 
 
 @app.task(name="gpu.learn", bind=True, max_retries=None)
-def learn(self: Task, job_id: int) -> str:
-    """Run a learning-module job (self-distillation or a sparse-attention evaluation)."""
+def learn(self: Task, job_id: int, token: str = "") -> str:
+    """Run a learning-module job (self-distillation or a sparse-attention evaluation).
+
+    A worker on another machine runs it through the API with the job's token; a task sent before
+    learning jobs had tokens goes back to the queue for a worker beside the database.
+    """
     settings = get_settings()
-    if settings.worker_token:  # learning jobs read and write the database: leave it to a worker beside it
-        print(f"learning job {job_id} needs a gpu worker beside the database; sent back to the queue")
-        raise self.retry(countdown=60)
+    store: learning.LearningStore | None = None
+    if settings.worker_token:
+        if not token:
+            print(f"learning job {job_id} has no token: it needs a gpu worker beside the database")
+            raise self.retry(countdown=60)
+        store = remote.ApiLearningStore(remote.site(settings), job_id, token)
     try:
         with lease(settings.redis_url, f"grove:learning:{job_id}", settings.lease_seconds):
-            return learning.run(settings, job_id)
+            return learning.run(settings, job_id, store)
     except Busy:
         return "running elsewhere"
+    except Superseded:
+        return "superseded"  # not this token's job (any more): nothing was written
+    except remote.RemoteError as exc:  # the API is out of reach: the job runs again once it is back
+        print(f"learning job {job_id}: {exc}; tried again in 30 s")
+        raise self.retry(countdown=30) from None
 
 
 @app.task(name="coordinator.reconcile")

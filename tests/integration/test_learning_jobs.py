@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,8 +15,12 @@ import torch
 from fastapi.testclient import TestClient
 
 from backend.api.main import create_app
+from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
+from backend.core.models import LearningJob
 from backend.core.security import create_token
+from backend.engine import learning
+from backend.worker.celery_app import make_app
 from tests.conftest import Service, sqlite_service, wait_for
 from tests.learning_fixtures import records, tiny_model_dir
 
@@ -233,3 +238,26 @@ def test_a_trained_router_finds_the_needle_on_documents_it_never_saw(gpu_queue: 
     assert len(json.loads((out / "history.json").read_text())) == 200
     state = torch.load(out / "layer.pt")
     assert {"router_q.weight", "router_k.weight"} <= set(state)
+
+
+def test_a_file_missing_where_the_job_runs_fails_it_naming_the_field_and_the_machine(
+    gpu_queue: Service, tmp_path: Path
+) -> None:
+    settings = gpu_queue.settings
+    params = learning.DistillParams(model=str(tmp_path / "gone"), trajectories=str(tmp_path / "t.jsonl"))
+    with db.session(settings.db_url) as s:  # checked where it was submitted, then moved away
+        job = LearningJob(kind="distill", params=params.model_dump(), token="t")
+        s.add(job)
+        s.flush()
+        job_id = job.id or 0
+    make_app(settings).send_task("gpu.learn", args=[job_id, "t"])
+
+    def ended() -> LearningJob | None:
+        with db.session(settings.db_url) as s:
+            row = s.get(LearningJob, job_id)
+            return row if row is not None and row.status in ("done", "failed") else None
+
+    row = wait_for(ended, timeout=120)
+    assert isinstance(row, LearningJob) and row.status == "failed"
+    assert "params.model" in row.error and f"on {socket.gethostname()}" in row.error
+    assert row.host == socket.gethostname()

@@ -14,10 +14,11 @@ from sqlmodel import select
 
 from backend.core import db, security
 from backend.core.config import PROJECT_ROOT
-from backend.core.models import Event, Job, Node, Study
+from backend.core.models import Event, Job, Node, Study, Trajectory
 from backend.services.studies import create_study
 from backend.worker.celery_app import make_app
 from tests.conftest import Service, free_port, make_repo, sqlite_service, tiny_files, wait_for
+from tests.learning_fixtures import records, tiny_model_dir
 
 FAST = {"GROVE_LEASE_SECONDS": "4", "GROVE_RECONCILE_SECONDS": "2"}
 
@@ -46,8 +47,8 @@ class Stack:
         except httpx.HTTPError:
             return False
 
-    def add_worker(self, name: str, root: Path, api: str = "") -> Path:
-        """Start a cpu worker that knows only the API's URL, its token and Redis; return its data directory."""
+    def add_worker(self, name: str, root: Path, api: str = "", queues: str = "cpu") -> Path:
+        """Start a worker that knows only the API's URL, its token and Redis; return its data directory."""
         data = root / name
         data.mkdir(parents=True)
         env = {
@@ -56,7 +57,7 @@ class Stack:
             "GROVE_REDIS_URL": self.svc.settings.redis_url, "GROVE_DATA_DIR": str(data), **FAST,
         }  # fmt: skip
         worker = Service(self.svc.settings.model_copy(update={"data_dir": data / "_test"}), env)
-        worker.start_worker(name, "cpu", 1)
+        worker.start_worker(name, queues, 1)
         self.workers[name] = worker
         return data
 
@@ -157,3 +158,48 @@ def test_grove_worker_checks_its_api_and_token_before_taking_jobs(stack: Stack, 
             env={**base, **extra}, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert proc.returncode == 2 and message in " ".join(proc.stderr.split()), (queues, proc.stderr)
+
+
+def test_a_learning_job_runs_on_a_gpu_worker_on_another_machine(stack: Stack, tmp_path: Path) -> None:
+    gpu = stack.add_worker("g1", tmp_path / "gpu-machine", queues="gpu")
+    settings = stack.svc.settings
+    # A study whose executor records the distillation reads: they live only in the API's database.
+    repo = make_repo(tmp_path / "src", tiny_files(name="distilled"))
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, (repo / "grove.toml").read_text(), str(repo))
+        sid = study.id or 0
+        for i, rec in enumerate(r for r in records() if isinstance(r["prompt"], list)):
+            node = Node(
+                study_id=sid, parent_id=study.trunk_node_id, depth=1, title=f"n{i}", status="evaluated"
+            )
+            s.add(node)
+            s.flush()
+            job = Job(study_id=sid, node_id=node.id or 0, attempt=1, status="done")
+            s.add(job)
+            s.flush()
+            s.add(Trajectory(study_id=sid, node_id=node.id or 0, job_id=job.id or 0,
+                             messages=[*rec["prompt"], *rec["rollout"]], feedback=[rec["feedback"]]))  # fmt: skip
+    model = tiny_model_dir(tmp_path / "tiny-lm")  # the same path on both machines here
+    operator = {"Authorization": f"Bearer {security.create_token(settings, ['operator'], 'learn')}"}
+    params = {"model": str(model), "steps": 2, "batch_size": 1, "support": "full", "save_model": False}
+    made = httpx.post(f"{stack.url}/api/v1/learning/jobs", headers=operator,
+                      json={"kind": "distill", "params": params, "study_id": sid}, timeout=30)  # fmt: skip
+    assert made.status_code == 201, made.text
+    job_id = made.json()["id"]
+
+    def ended() -> dict | None:  # type: ignore[type-arg]
+        body = httpx.get(f"{stack.url}/api/v1/learning/jobs/{job_id}", headers=operator, timeout=10).json()
+        return body if body["status"] in ("done", "failed") else None
+
+    job = wait_for(ended, timeout=240)
+    assert job["status"] == "done", job["error"]  # type: ignore[index]
+    assert job["result"]["records"] == 1 and job["result"]["steps"] == 2  # type: ignore[index]
+    types = [e["type"] for e in job["events"]]  # type: ignore[index]
+    assert types == ["learning.queued", "learning.started", "learning.progress", "learning.progress",
+                     "learning.finished"]  # fmt: skip
+    # It ran on the gpu worker, whose data directory holds the artifact; nothing of it is on the server's.
+    artifact = Path(job["artifact"])  # type: ignore[index]
+    assert artifact.is_relative_to(gpu) and (artifact / "result.json").is_file()
+    assert job["host"] and not (settings.data_dir / "learning").exists()  # type: ignore[index]
+    assert not (gpu / "grove.db").exists()
+    assert "Traceback" not in (stack.workers["g1"].logs / "g1.log").read_text()

@@ -11,15 +11,17 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlmodel import select
 
 from backend.api.main import create_app
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.gitops import git_env
-from backend.core.models import Job, Node, Study
+from backend.core.models import Job, LearningEvent, LearningJob, Node, Study
 from backend.core.security import create_token
 from backend.services.studies import create_study
 from tests.conftest import free_port, make_repo, serve, tiny_files
@@ -288,3 +290,52 @@ def test_a_job_makes_only_the_calls_of_its_kind_with_what_it_made(plane: Plane) 
 
         rows = list(s.exec(select(ReceiptRow).where(ReceiptRow.job_id == plane.job.id)))
     assert rows and all(r.stdout_path == "" and r.stderr_path == "" for r in rows)
+
+
+def test_a_worker_touches_a_learning_job_only_with_its_token(plane: Plane) -> None:
+    settings = plane.settings
+    with db.session(settings.db_url) as s:
+        mine = LearningJob(kind="sparse_eval", params={}, token="mine-token")
+        theirs = LearningJob(kind="sparse_eval", params={}, token="their-token")
+        tokenless = LearningJob(kind="sparse_eval", params={})  # queued before jobs had tokens
+        s.add_all([mine, theirs, tokenless])
+        s.flush()
+        ids = (mine.id, theirs.id, tokenless.id)
+    base = f"{W}/learning"
+
+    def post(job_id: int | None, name: str, **body: object) -> Any:
+        return plane.client.post(f"{base}/{job_id}/{name}", headers=plane.worker, json=body)
+
+    mine_id, theirs_id, tokenless_id = ids
+    for job_id, token in ((theirs_id, "mine-token"), (tokenless_id, ""), (tokenless_id, "x"), (mine_id, "x")):
+        assert post(job_id, "claim", token=token).status_code in (409, 422)
+    assert post(mine_id, "progress", token="mine-token", fraction=0.5).status_code == 409  # not claimed yet
+    claimed = post(mine_id, "claim", token="mine-token", host="gpu-7", pid=1)
+    assert claimed.status_code == 200 and "token" not in claimed.json()["job"]
+    assert claimed.json()["job"]["status"] == "running" and claimed.json()["job"]["host"] == "gpu-7"
+    # Its token reaches its job only; the worker token alone reaches none; an operator token no route.
+    assert post(theirs_id, "progress", token="mine-token", fraction=0.5).status_code == 409
+    assert post(theirs_id, "records", token="mine-token").status_code == 409
+    operator = {"Authorization": f"Bearer {create_token(settings, ['operator'], 'op')}"}
+    assert plane.client.post(f"{base}/{mine_id}/progress", headers=operator,
+                             json={"token": "mine-token", "fraction": 0.5}).status_code == 403  # fmt: skip
+    assert post(mine_id, "progress", token="mine-token", fraction=1.5).status_code == 422
+    big = {"k": "x" * 20_000}
+    assert post(mine_id, "progress", token="mine-token", fraction=0.5, payload=big).status_code == 422
+    assert post(mine_id, "records", token="mine-token").json() == []  # a job without a study reads none
+    ok = post(mine_id, "progress", token="mine-token", fraction=0.5, payload={"progress": 9, "step": 1})
+    assert ok.status_code == 200
+    assert (
+        post(mine_id, "finish", token="mine-token", result={"device": "cpu"}, artifact="/w/x").status_code
+        == 200
+    )
+    # Once it has ended, nothing more is written through it.
+    assert post(mine_id, "fail", token="mine-token", reason="late").status_code == 409
+    with db.session(settings.db_url) as s:
+        row = s.get(LearningJob, mine_id)
+        assert row is not None and row.status == "done" and row.host == "gpu-7" and row.artifact == "/w/x"
+        events = list(s.exec(select(LearningEvent).where(LearningEvent.job_id == mine_id)))
+        others = list(s.exec(select(LearningJob).where(LearningJob.id != mine_id)))
+    assert [e.type for e in events] == ["learning.started", "learning.progress", "learning.finished"]
+    assert events[1].payload == {"progress": 0.5, "step": 1}  # the worker cannot misstate its progress
+    assert all(j.status == "queued" and j.host == "" for j in others)

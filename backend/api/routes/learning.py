@@ -20,7 +20,7 @@ JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="a learning job id")]
 def _public(job: LearningJob, events: list[Any] | None = None) -> schemas.LearningJobPublic:
     return schemas.LearningJobPublic(
         id=job.id or 0, study_id=job.study_id, kind=job.kind, params=job.params, status=job.status,
-        progress=job.progress, device=job.device, artifact=job.artifact, result=job.result, error=job.error,
+        progress=job.progress, device=job.device, host=job.host, artifact=job.artifact, result=job.result, error=job.error,
         created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at,
         events=[schemas.LearningEventPublic(type=e.type, payload=e.payload, time=e.time) for e in events or []],
     )  # fmt: skip
@@ -42,7 +42,7 @@ def create(
         ) from None
     s.commit()
     try:
-        celery.send_task("gpu.learn", args=[job.id], task_id=f"learning-{job.id}")
+        celery.send_task("gpu.learn", args=[job.id, job.token], task_id=f"learning-{job.id}")
     except BROKER_AWAY as exc:  # nothing would ever send it: the job ends now, with the reason
         learning.fail(settings, job.id or 0, f"the task queue was unreachable: {exc}")
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the task queue is unreachable") from None
