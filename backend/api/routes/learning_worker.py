@@ -8,6 +8,7 @@ through a running job of that study.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, status
@@ -67,6 +68,15 @@ def _not_held(job_id: int) -> HTTPException:
     return HTTPException(status.HTTP_409_CONFLICT, f"learning job {job_id} is not running under this token")
 
 
+def _through(job_id: int, write: Callable[[], None]) -> dict[str, bool]:
+    """Make a write that holds only while the job runs under the caller's token; 409 once it does not."""
+    try:
+        write()
+    except Superseded:
+        raise _not_held(job_id) from None
+    return {"ok": True}
+
+
 @router.post("/{job_id}/claim")
 def claim(job_id: JobId, body: LearningClaim, settings: SettingsDep, who: Worker) -> dict[str, Any]:
     """Mark a learning job running on this worker's machine and return it (an ended job as it is)."""
@@ -79,31 +89,21 @@ def claim(job_id: JobId, body: LearningClaim, settings: SettingsDep, who: Worker
 @router.post("/{job_id}/progress")
 def progress(job_id: JobId, body: Progress, settings: SettingsDep, who: Worker) -> dict[str, bool]:
     """Record how far the job is."""
-    try:
-        learning.progress(settings, job_id, body.fraction, body.payload, token=body.token)
-    except Superseded:
-        raise _not_held(job_id) from None
-    return {"ok": True}
+    return _through(
+        job_id, lambda: learning.progress(settings, job_id, body.fraction, body.payload, body.token)
+    )
 
 
 @router.post("/{job_id}/fail")
 def fail(job_id: JobId, body: Failure, settings: SettingsDep, who: Worker) -> dict[str, bool]:
     """End the job as failed with the reason."""
-    try:
-        learning.fail(settings, job_id, body.reason, token=body.token)
-    except Superseded:
-        raise _not_held(job_id) from None
-    return {"ok": True}
+    return _through(job_id, lambda: learning.fail(settings, job_id, body.reason, body.token))
 
 
 @router.post("/{job_id}/finish")
 def finish(job_id: JobId, body: Finish, settings: SettingsDep, who: Worker) -> dict[str, bool]:
     """End the job as done with its result and its artifact's folder on the worker's machine."""
-    try:
-        learning.finish(settings, job_id, body.result, body.artifact, token=body.token)
-    except Superseded:
-        raise _not_held(job_id) from None
-    return {"ok": True}
+    return _through(job_id, lambda: learning.finish(settings, job_id, body.result, body.artifact, body.token))
 
 
 @router.post("/{job_id}/records")
