@@ -145,6 +145,7 @@ class LearningJob(TypedDict):
     status: str
     progress: float
     device: str
+    host: str
     artifact: str
     result: dict[str, Any]
     error: str

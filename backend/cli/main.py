@@ -647,7 +647,7 @@ def learn_cmd(
         err.print(f"[red]failed:[/] {job['error']}")
         raise typer.Exit(1)
     if job["status"] == "done":
-        console.print(f"artifact: {job['artifact']}")
+        console.print(f"artifact: {job['artifact']} (on {job.get('host') or 'the worker that ran it'})")
 
 
 token_app = typer.Typer(help="Manage API tokens.", no_args_is_help=True)

@@ -11,6 +11,7 @@ worker's parent process never initialises CUDA before it forks.
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import time
@@ -25,7 +26,7 @@ from backend.core.config import Settings
 from backend.core.models import LearningEvent, LearningJob, Trajectory, now
 from backend.engine import jobstore
 from backend.engine.checker import Checker, TaskError, load_tasks
-from backend.engine.jobstore import Superseded
+from backend.engine.jobstore import Refused, Superseded, Unreachable
 from backend.services.trajectories import export_records
 
 
@@ -250,7 +251,7 @@ class DbLearningStore:
 
     def progress(self, fraction: float, payload: dict[str, Any]) -> None:
         """Record how far the job is (a `learning.progress` event)."""
-        progress(self.settings, self.job_id, fraction, payload)
+        progress(self.settings, self.job_id, fraction, finite(payload))
 
     def fail(self, reason: str) -> None:
         """End the job as failed with the reason."""
@@ -258,7 +259,7 @@ class DbLearningStore:
 
     def finish(self, result: dict[str, Any], artifact: str) -> None:
         """End the job as done with its result and where its artifact lies on its host."""
-        finish(self.settings, self.job_id, result, artifact)
+        finish(self.settings, self.job_id, finite(result), artifact)
 
     def records(self) -> list[dict[str, Any]]:
         """Return the job's study's executor records, oldest first (none for a job without a study)."""
@@ -277,9 +278,7 @@ def claim(
     """
     with db.session(settings.db_url) as s:
         job = s.get(LearningJob, job_id)
-        if job is None or (
-            token is not None and not (job.token and secrets.compare_digest(job.token, token))
-        ):
+        if job is None or (token is not None and not (job.token and _same(job.token, token))):
             return None
         if job.status not in ("done", "failed"):
             job.status, job.started_at, job.host = "running", now(), host[:255]
@@ -354,7 +353,22 @@ def fail(settings: Settings, job_id: int, reason: str, token: str | None = None)
 
 def holds(job: LearningJob, token: str) -> bool:
     """Return whether a worker presenting `token` runs this job now."""
-    return job.status == "running" and bool(job.token) and secrets.compare_digest(job.token, token)
+    return job.status == "running" and bool(job.token) and _same(job.token, token)
+
+
+def _same(token: str, given: str) -> bool:
+    return secrets.compare_digest(token.encode(), given.encode())
+
+
+def finite(value: Any) -> Any:
+    """Return `value` with every NaN or infinite float made None (JSON has none; a diverged loss does)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
 
 
 def held(settings: Settings, job_id: int, token: str) -> LearningJob | None:
@@ -542,9 +556,16 @@ def run(settings: Settings, job_id: int, store: LearningStore | None = None) -> 
         result = {"distill": _distill, "sparse_eval": _sparse_eval, "sparse_train": _sparse_train}[job.kind](
             settings, store, job, out
         )
+    except (Unreachable, Superseded):
+        raise  # the API is out of reach (the job runs again), or the job is not this worker's any more
     except Exception as exc:  # the job's failure is recorded, never lost
         store.fail(f"{type(exc).__name__}: {exc}")
         return "failed"
+    result = finite(result)
     (out / "result.json").write_text(json.dumps(result, indent=1))
-    store.finish(result, str(out))
+    try:
+        store.finish(result, str(out))
+    except Refused as exc:  # a result the server will not keep (too large): the job still ends
+        store.fail(f"its result was refused: {exc}")
+        return "failed"
     return "done"

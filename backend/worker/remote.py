@@ -21,7 +21,7 @@ import httpx
 from backend.core.config import Settings
 from backend.core.gitops import GitError, Repo, git, git_env
 from backend.core.models import Job, LearningJob, Node, Study
-from backend.engine import jobstore
+from backend.engine import jobstore, learning
 from backend.engine.jobstore import JobStore, Refused, Superseded, Unreachable
 
 WORKER_PREFIX = "/api/v1/worker"
@@ -319,7 +319,7 @@ class ApiLearningStore:
 
     def progress(self, fraction: float, payload: dict[str, Any]) -> None:
         """Record how far the job is."""
-        self._call("progress", fraction=fraction, payload=payload)
+        self._call("progress", fraction=fraction, payload=learning.finite(payload))
 
     def fail(self, reason: str) -> None:
         """End the job as failed with the reason."""
@@ -327,7 +327,7 @@ class ApiLearningStore:
 
     def finish(self, result: dict[str, Any], artifact: str) -> None:
         """End the job as done with its result and its artifact's folder on this machine."""
-        self._call("finish", result=result, artifact=artifact)
+        self._call("finish", result=learning.finite(result), artifact=artifact)
 
     def records(self) -> list[dict[str, Any]]:
         """Return the job's study's executor records, oldest first."""

@@ -307,7 +307,9 @@ def test_a_worker_touches_a_learning_job_only_with_its_token(plane: Plane) -> No
         return plane.client.post(f"{base}/{job_id}/{name}", headers=plane.worker, json=body)
 
     mine_id, theirs_id, tokenless_id = ids
-    for job_id, token in ((theirs_id, "mine-token"), (tokenless_id, ""), (tokenless_id, "x"), (mine_id, "x")):
+    for job_id, token in (
+        (theirs_id, "mine-token"), (tokenless_id, ""), (tokenless_id, "x"), (mine_id, "x"), (mine_id, "mïne-token"),
+    ):  # fmt: skip
         assert post(job_id, "claim", token=token).status_code in (409, 422)
     assert post(mine_id, "progress", token="mine-token", fraction=0.5).status_code == 409  # not claimed yet
     claimed = post(mine_id, "claim", token="mine-token", host="gpu-7", pid=1)
@@ -339,3 +341,25 @@ def test_a_worker_touches_a_learning_job_only_with_its_token(plane: Plane) -> No
     assert [e.type for e in events] == ["learning.started", "learning.progress", "learning.finished"]
     assert events[1].payload == {"progress": 0.5, "step": 1}  # the worker cannot misstate its progress
     assert all(j.status == "queued" and j.host == "" for j in others)
+
+
+def test_a_remote_learning_store_sends_non_finite_numbers_as_null(plane: Plane, tmp_path: Path) -> None:
+    from backend.worker import remote
+
+    with db.session(plane.settings.db_url) as s:
+        job = LearningJob(kind="distill", params={}, token="nan-token")
+        s.add(job)
+        s.flush()
+        job_id = job.id or 0
+    fleet = plane.worker["Authorization"].removeprefix("Bearer ")
+    settings = Settings(data_dir=tmp_path / "w", api_url=plane.url, worker_token=fleet)
+    store = remote.ApiLearningStore(remote.RemoteSite(settings), job_id, "nan-token")
+    claimed = store.claim("gpu-9", 1)
+    assert claimed is not None and claimed.status == "running" and claimed.host == "gpu-9"
+    store.progress(0.5, {"loss": float("nan")})  # a diverged step: JSON has no NaN
+    store.finish({"first_loss": 1.0, "last_loss": float("inf")}, "/w/learning/job")
+    with db.session(plane.settings.db_url) as s:
+        row = s.get(LearningJob, job_id)
+        events = list(s.exec(select(LearningEvent).where(LearningEvent.job_id == job_id)))
+    assert row is not None and row.status == "done" and row.result == {"first_loss": 1.0, "last_loss": None}
+    assert events[1].payload == {"loss": None, "progress": 0.5}
