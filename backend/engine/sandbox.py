@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
 
 from backend.engine import seccomp
 
@@ -172,12 +172,13 @@ def _rlimits(limits: Limits) -> list[tuple[int, str, int]]:
     return [(k, name, v if hard[k] == resource.RLIM_INFINITY else min(v, hard[k])) for k, name, v in out]
 
 
-def _limiter(limits: Limits):  # type: ignore[no-untyped-def]
+def _limiter(limits: Limits, die_with_parent: bool = True):  # type: ignore[no-untyped-def]
     caps = _rlimits(limits)
 
     def apply() -> None:
-        with contextlib.suppress(OSError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if die_with_parent:
+            with contextlib.suppress(OSError):
+                ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         for kind, _, value in caps:
             resource.setrlimit(kind, (value, value))
 
@@ -190,18 +191,18 @@ def _which(program: str) -> str | None:
 
 
 def _prlimit_argv(limits: Limits) -> list[str] | None:
-    """Return the commands that exec bwrap with the run's limits; None where util-linux lacks them.
+    """Return the command that execs bwrap with the run's limits; None where util-linux lacks it.
 
-    `setpriv --pdeathsig KILL` asks for the kill when Grove's process dies (what the pre-exec
-    hook did; bwrap's own `--die-with-parent` starts only once its box is set up), then
-    `prlimit` sets the limits. So the child starts without running Python code after the fork
-    (no `preexec_fn`), and a large worker process spawns it cheaply.
+    So the child starts without running Python code after the fork (no `preexec_fn`), and a large
+    worker process spawns it cheaply. Nothing kills bwrap when Grove's process dies before its own
+    `--die-with-parent` is in place: bwrap killed between making the box's first process and letting
+    it go on leaves that process waiting forever. The lifeline ends such a box once it runs.
     """
-    setpriv, prlimit = _which("setpriv"), _which("prlimit")
-    if setpriv is None or prlimit is None:
+    prlimit = _which("prlimit")
+    if prlimit is None:
         return None
     caps = (f"--{name}={value}:{value}" for _, name, value in _rlimits(limits))
-    return [setpriv, "--pdeathsig", "KILL", "--", prlimit, *caps, "--"]
+    return [prlimit, *caps, "--"]
 
 
 class _Capture(threading.Thread):
@@ -582,10 +583,24 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float, fd: int | None) -> None
     proc.wait(timeout=timeout)
 
 
-def _await_box_end(info_r: int, timeout: float = 10.0) -> None:
-    """Wait until the box's first process (and so its whole PID namespace) is gone; close the pipe."""
-    with os.fdopen(info_r, "rb") as fh:
-        raw = fh.read(4096)
+def _end_box(proc: subprocess.Popen[bytes], fd: int | None, grace: float = 5.0) -> None:
+    """Reap bubblewrap once the box's lifeline is closed: its watcher ends the box, then bubblewrap exits.
+
+    bubblewrap is not killed at once: killed while it sets the box up, it would leave the box's
+    first process waiting for it forever. A box that outlives its lifeline (its watcher was killed
+    from inside) has bubblewrap killed after `grace` seconds, and `--die-with-parent` ends the rest.
+    """
+    try:
+        _wait(proc, grace, fd)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        proc.wait()
+
+
+def _await_box_end(info: IO[bytes], timeout: float = 10.0) -> None:
+    """Wait until the box's first process (and so its whole PID namespace) is gone."""
+    info.seek(0)
+    raw = info.read(4096)
     try:
         pid = int(json.loads(raw or b"{}").get("child-pid", 0))
     except (ValueError, AttributeError):
@@ -724,9 +739,11 @@ def _run(
         if iso.env_dir and iso.env_writable:
             _chown_tree(Path(iso.env_dir), uid, uid)
     status_r, status_w = os.pipe()
-    info_r, info_w = os.pipe()  # bwrap writes the box's first process id here
+    # bwrap writes the box's first process id here: a file, not a pipe, so that the write cannot fail
+    # (and leave the box's first process waiting for bwrap forever) once Grove's process is gone.
+    info = tempfile.TemporaryFile()  # noqa: SIM115  (closed at the end of the guarded block below)
     life_r, life_w = os.pipe()  # the box's lifeline: this process holds the only writer until the end
-    keep: list[int] = [info_w, life_r] if boxed else []
+    keep: list[int] = [info.fileno(), life_r] if boxed else []
     proc: subprocess.Popen[bytes] | None = None
     caps: list[_Capture] = []
     timed_out = disk_exceeded = False
@@ -744,14 +761,22 @@ def _run(
                     os.close(filter_w)
                     keep.append(seccomp_fd)
                 argv = _bwrap_argv(
-                    iso, limits, tree, exchange, inner, uid, readonly, seccomp_fd, info_w, lifeline=life_r
+                    iso,
+                    limits,
+                    tree,
+                    exchange,
+                    inner,
+                    uid,
+                    readonly,
+                    seccomp_fd,
+                    info.fileno(),
+                    lifeline=life_r,
                 )
                 stdin: int = status_w
                 if limits.processes:
                     limits = replace(limits, processes=limits.processes + WRAPPER_PROCESSES)
                 prlimit = _prlimit_argv(limits)
-                if prlimit is not None:
-                    argv = [*prlimit, *argv]
+                argv = [*prlimit, *argv] if prlimit is not None else argv
             else:
                 argv, stdin, prlimit = inner, subprocess.DEVNULL, None
             baseline = usage(tree, exchange) if disk_base is None and limits.disk_mb else disk_base or 0
@@ -764,16 +789,16 @@ def _run(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
-                preexec_fn=_limiter(limits) if prlimit is None else None,
+                preexec_fn=_limiter(limits, die_with_parent=not boxed) if prlimit is None else None,
                 pass_fds=tuple(keep),
             )
         finally:
             os.close(status_w)
             if not boxed:
-                os.close(info_w)
                 os.close(life_r)
             for fd in keep:
-                os.close(fd)
+                if fd != info.fileno():  # read at the end
+                    os.close(fd)
         _running.add(proc.pid)
         caps = [
             _Capture(proc.stdout, out_path, output_cap, tail_bytes),
@@ -795,16 +820,21 @@ def _run(
                     disk_exceeded = True
                     break
     finally:
-        # The whole group goes (and, boxed, the PID namespace with it), so nothing outlives the run.
+        # Nothing outlives the run. A box ends from inside: closing its lifeline has its watcher kill
+        # every process of it, bwrap exits, and its `--die-with-parent` takes the PID namespace down.
+        # Unboxed, the command's process group is killed.
+        os.close(life_w)
         if proc is not None:
-            _kill_group(proc.pid)
-        os.close(life_w)  # and whatever of the box is left (or was starting) is killed from inside
-        if proc is not None:
-            proc.wait()
+            if boxed:
+                _end_box(proc, pidfd)
+            else:
+                _kill_group(proc.pid)
+                proc.wait()
             _running.discard(proc.pid)
         if pidfd is not None:
             os.close(pidfd)
-        _await_box_end(info_r)
+        with info:
+            _await_box_end(info)
         for c in caps:
             if c.ident is not None:
                 c.join(timeout=10)

@@ -279,8 +279,9 @@ def test_a_boxed_run_dies_with_the_process_that_started_it(tmp_path: Path) -> No
 
 
 def test_a_box_dies_with_the_process_that_started_it_even_while_it_starts(tmp_path: Path) -> None:
-    # Killed within milliseconds of starting the box: before bubblewrap's own parent-death signal
-    # is in place, about one start in three used to leave the box running with nobody to end it.
+    # Killed within milliseconds of starting the box: before the lifeline, about one start in three
+    # left the box running with nobody to end it; and with bubblewrap killed by a parent-death
+    # signal while it set the box up, about one in thirty left the box's first process waiting.
     script = (  # a worker holds many descriptors: the lifeline gets a number above 9
         "import os; from pathlib import Path; from backend.engine import sandbox\n"
         "spare = [os.open('/dev/null', os.O_RDONLY) for _ in range(20)]\n"
@@ -289,7 +290,7 @@ def test_a_box_dies_with_the_process_that_started_it_even_while_it_starts(tmp_pa
     )
     markers = []
     try:
-        for i in range(12):
+        for i in range(40):
             marker = f"32{uuid.uuid4().int % 10**6}"
             markers.append(marker)
             env = {**os.environ, "MARK": marker, "TREE": str(tmp_path), "OUT": str(tmp_path / f"out{i}")}
