@@ -58,16 +58,17 @@ REOPEN = f'exec {LIFELINE}</proc/self/fd/"$1" && shift && exec "$@"'
 # Runs as pid 2 of the box around the command (its arguments). The command gets /dev/null as
 # stdin; fd 0 is Grove's status pipe. A watcher reads the lifeline, a pipe whose only writer is
 # the Grove process that started the box: it ends when that process dies, however it dies and
-# however early (even before bubblewrap's own parent-death signal is in place), and the watcher
-# then kills every process of the box. Once the command ends the watcher is killed and reaped,
-# and counting /proc tells how many processes the command left behind (pid 1 and 2 are ours).
+# however early, and the watcher then kills every process of the box (bwrap's pid 1 then exits,
+# its last child gone). Once the command ends the watcher is killed and reaped, counting /proc
+# tells how many processes the command left behind (pid 1 and 2 are ours), and they are killed.
 # The wrapper, its watcher and the shell that runs a command line count against the box's process
 # limit too: it is raised by them, so that `processes` is what the command itself may run at once.
 WRAPPER_PROCESSES = 3
 WRAPPER = (
     f"(read _ <&{LIFELINE}; kill -KILL -1) </dev/null & w=$!; "
     f'("$@" </dev/null {LIFELINE}<&-); rc=$?; kill -KILL $w 2>/dev/null; wait $w 2>/dev/null; '
-    'n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo "grove-exit $rc $n" >&0; exit $rc'
+    'n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo "grove-exit $rc $n" >&0; '
+    "kill -KILL -1 2>/dev/null; exit $rc"
 )
 FIX = (
     "install bubblewrap (apt install bubblewrap) and allow unprivileged user namespaces "
@@ -229,13 +230,18 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-_running: set[int] = set()
+_running: dict[int, bool] = {}  # process group -> whether it is a box (bwrap)
 
 
 def kill_all() -> None:
-    """Kill the process groups of every sandboxed command this process started."""
-    for pgid in list(_running):
-        _kill_group(pgid)
+    """End every command this process started, before it exits: unboxed process groups are killed.
+
+    A box is left to end itself: this process's exit closes its lifeline. Killing bwrap while it
+    may still be setting the box up would leave the box's first process waiting forever.
+    """
+    for pgid, boxed in list(_running.items()):
+        if not boxed:
+            _kill_group(pgid)
 
 
 # uids and ownership --------------------------------------------------------------------------
@@ -520,7 +526,7 @@ def _bwrap_argv(
     # otherwise a user namespace maps Grove's own uid into the box.
     args = [
         iso.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-        "--die-with-parent", "--new-session", "--hostname", "grove-sandbox",
+        "--new-session", "--hostname", "grove-sandbox",
     ]  # fmt: skip
     if uid is None:
         args.append("--unshare-user")
@@ -583,45 +589,81 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float, fd: int | None) -> None
     proc.wait(timeout=timeout)
 
 
-def _end_box(proc: subprocess.Popen[bytes], fd: int | None, grace: float = 5.0) -> None:
+def _end_box(proc: subprocess.Popen[bytes], fd: int | None, grace: float = 2.0) -> None:
     """Reap bubblewrap once the box's lifeline is closed: its watcher ends the box, then bubblewrap exits.
 
-    bubblewrap is not killed at once: killed while it sets the box up, it would leave the box's
-    first process waiting for it forever. A box that outlives its lifeline (its watcher was killed
-    from inside) has bubblewrap killed after `grace` seconds, and `--die-with-parent` ends the rest.
+    bubblewrap is not killed while it may be setting the box up: killed then, it would leave the
+    box's first process waiting for it forever. A box that outlives its lifeline (its watcher was
+    killed from inside) has its first process killed after `grace` seconds, and with it the rest.
+    No `--die-with-parent`: bwrap arms that signal before it lets the box's first process go on, so
+    a death of Grove's process in between would leave that process waiting forever.
     """
+    ended = False
     try:
         _wait(proc, grace, fd)
+        ended = True
     except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
-        proc.wait()
+        pass
+    finally:  # also when an exception (a worker's time limit) lands in the wait
+        if not ended:
+            for pid in _children(proc.pid):  # the box's pid 1, still bubblewrap's child
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            try:
+                _wait(proc, grace, fd)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc.pid)
+                proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    """Return the ids of the processes whose parent is `pid`."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        pass
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
 
 
 def _await_box_end(info: IO[bytes], timeout: float = 10.0) -> None:
-    """Wait until the box's first process (and so its whole PID namespace) is gone."""
+    """End the box's first process if it is still there, and wait until it (and so its namespace) is gone.
+
+    It outlives bwrap only when the command killed both its wrapper and its watcher, leaving other
+    processes; killing it ends them all.
+    """
     info.seek(0)
     raw = info.read(4096)
     try:
         pid = int(json.loads(raw or b"{}").get("child-pid", 0))
     except (ValueError, AttributeError):
         return
-    fd = _pidfd(pid) if pid else None
-    if fd is not None:
-        # A pid 1 ends only after the last process of its namespace: readable means all are gone.
-        try:
-            _ended(fd, timeout)
-        finally:
-            os.close(fd)
+    try:
+        fd = os.pidfd_open(pid) if pid else None
+    except OSError:
+        return  # gone already
+    if fd is None:
         return
-    deadline = time.monotonic() + timeout
-    while pid and time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            return
-        if "\nState:\tZ" in state:
-            return  # a pid-1 zombie outlives only its namespace's last process
-        time.sleep(0.01)
+    try:
+        # The id could only have been reused by now if the box's pid 1 was already gone (ids come
+        # round only after the whole range); a reused one would hardly be a namespace's pid 1.
+        status = Path(f"/proc/{pid}/status").read_text()
+        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        if len(nspid) >= 2 and nspid[-1] == "1":
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        # A pid 1 ends only after the last process of its namespace: readable means all are gone.
+        _ended(fd, timeout)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 @lru_cache(maxsize=8)
@@ -739,9 +781,10 @@ def _run(
         if iso.env_dir and iso.env_writable:
             _chown_tree(Path(iso.env_dir), uid, uid)
     status_r, status_w = os.pipe()
-    # bwrap writes the box's first process id here: a file, not a pipe, so that the write cannot fail
-    # (and leave the box's first process waiting for bwrap forever) once Grove's process is gone.
-    info = tempfile.TemporaryFile()  # noqa: SIM115  (closed at the end of the guarded block below)
+    # bwrap writes the box's first process id here: a file in memory, not a pipe, so that the write
+    # cannot fail (and leave the box's first process waiting for bwrap forever) once Grove's process
+    # is gone, nor wait on a disk that other boxes fill.
+    info = os.fdopen(os.memfd_create("grove-info"), "w+b")  # closed at the end of the guarded block below
     life_r, life_w = os.pipe()  # the box's lifeline: this process holds the only writer until the end
     keep: list[int] = [info.fileno(), life_r] if boxed else []
     proc: subprocess.Popen[bytes] | None = None
@@ -799,7 +842,7 @@ def _run(
             for fd in keep:
                 if fd != info.fileno():  # read at the end
                     os.close(fd)
-        _running.add(proc.pid)
+        _running[proc.pid] = boxed
         caps = [
             _Capture(proc.stdout, out_path, output_cap, tail_bytes),
             _Capture(proc.stderr, err_path, output_cap, tail_bytes),
@@ -830,7 +873,7 @@ def _run(
             else:
                 _kill_group(proc.pid)
                 proc.wait()
-            _running.discard(proc.pid)
+            _running.pop(proc.pid, None)
         if pidfd is not None:
             os.close(pidfd)
         with info:

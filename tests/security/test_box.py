@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -421,3 +422,17 @@ def test_the_disk_cap_counts_files_past_the_path_length_limit(tmp_path: Path) ->
         assert res.disk_exceeded and not res.timed_out, res.stderr_tail
     finally:
         subprocess.run(["rm", "-rf", str(tmp_path / ("d" * 250))], check=False)
+
+
+def test_a_command_that_kills_its_wrapper_and_watcher_leaves_nothing(tmp_path: Path) -> None:
+    marker = f"51{uuid.uuid4().int % 10**6}"
+    # Kill every process of the box but pid 1, itself and its sleep: the wrapper and the watcher go,
+    # and bwrap exits with the wrapper, leaving the box's pid 1 and the rest behind.
+    attack = (
+        f"sleep {marker} & s=$!; for p in /proc/[0-9]*; do i=${{p#/proc/}}; "
+        '[ "$i" != 1 ] && [ "$i" != $$ ] && [ "$i" != "$s" ] && kill -9 "$i" 2>/dev/null; done; wait'
+    )
+    started = time.monotonic()
+    res = box(attack, tmp_path, timeout=60)
+    assert time.monotonic() - started < 30 and res.strays is None  # the wrapper never reported
+    wait_for(lambda: not _alive_with(f"sleep {marker}"), timeout=5)
