@@ -195,9 +195,9 @@ def _prlimit_argv(limits: Limits) -> list[str] | None:
     """Return the command that execs bwrap with the run's limits; None where util-linux lacks it.
 
     So the child starts without running Python code after the fork (no `preexec_fn`), and a large
-    worker process spawns it cheaply. Nothing kills bwrap when Grove's process dies before its own
-    `--die-with-parent` is in place: bwrap killed between making the box's first process and letting
-    it go on leaves that process waiting forever. The lifeline ends such a box once it runs.
+    worker process spawns it cheaply. Nothing kills bwrap when Grove's process dies: bwrap killed
+    between making the box's first process and letting it go on leaves that process waiting
+    forever. The lifeline ends the box instead, and bwrap exits after it.
     """
     prlimit = _which("prlimit")
     if prlimit is None:
@@ -864,8 +864,7 @@ def _run(
                     break
     finally:
         # Nothing outlives the run. A box ends from inside: closing its lifeline has its watcher kill
-        # every process of it, bwrap exits, and its `--die-with-parent` takes the PID namespace down.
-        # Unboxed, the command's process group is killed.
+        # every process of it, then its pid 1 and bwrap exit. Unboxed, the process group is killed.
         os.close(life_w)
         if proc is not None:
             if boxed:
