@@ -589,7 +589,7 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float, fd: int | None) -> None
     proc.wait(timeout=timeout)
 
 
-def _end_box(proc: subprocess.Popen[bytes], fd: int | None, grace: float = 2.0) -> None:
+def _end_box(proc: subprocess.Popen[bytes], fd: int | None, info: IO[bytes], grace: float = 2.0) -> None:
     """Reap bubblewrap once the box's lifeline is closed: its watcher ends the box, then bubblewrap exits.
 
     bubblewrap is not killed while it may be setting the box up: killed then, it would leave the
@@ -598,45 +598,24 @@ def _end_box(proc: subprocess.Popen[bytes], fd: int | None, grace: float = 2.0) 
     No `--die-with-parent`: bwrap arms that signal before it lets the box's first process go on, so
     a death of Grove's process in between would leave that process waiting forever.
     """
-    ended = False
     try:
         _wait(proc, grace, fd)
-        ended = True
     except subprocess.TimeoutExpired:
         pass
     finally:  # also when an exception (a worker's time limit) lands in the wait
-        if not ended:
-            for pid in _children(proc.pid):  # the box's pid 1, still bubblewrap's child
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            _end_first_process(info, grace)
             try:
-                _wait(proc, grace, fd)
-            except subprocess.TimeoutExpired:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:  # still setting the box up after all this time
                 _kill_group(proc.pid)
                 proc.wait()
 
 
-def _children(pid: int) -> list[int]:
-    """Return the ids of the processes whose parent is `pid`."""
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except (OSError, ValueError):
-        pass
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
+def _end_first_process(info: IO[bytes], timeout: float) -> None:
+    """Kill the box's pid 1 (bwrap wrote its id to `info`) if it is still there; wait up to `timeout` for its end.
 
-
-def _await_box_end(info: IO[bytes], timeout: float = 10.0) -> None:
-    """End the box's first process if it is still there, and wait until it (and so its namespace) is gone.
-
-    It outlives bwrap only when the command killed both its wrapper and its watcher, leaving other
-    processes; killing it ends them all.
+    Killing it ends every process of its PID namespace, and it ends only after the last of them.
     """
     info.seek(0)
     raw = info.read(4096)
@@ -658,8 +637,7 @@ def _await_box_end(info: IO[bytes], timeout: float = 10.0) -> None:
         if len(nspid) >= 2 and nspid[-1] == "1":
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
-        # A pid 1 ends only after the last process of its namespace: readable means all are gone.
-        _ended(fd, timeout)
+        _ended(fd, timeout)  # readable once it, and so its whole namespace, is gone
     except OSError:
         pass
     finally:
@@ -785,8 +763,9 @@ def _run(
     # cannot fail (and leave the box's first process waiting for bwrap forever) once Grove's process
     # is gone, nor wait on a disk that other boxes fill.
     info = os.fdopen(os.memfd_create("grove-info"), "w+b")  # closed at the end of the guarded block below
+    info_fd = info.fileno()
     life_r, life_w = os.pipe()  # the box's lifeline: this process holds the only writer until the end
-    keep: list[int] = [info.fileno(), life_r] if boxed else []
+    keep: list[int] = [info_fd, life_r] if boxed else []
     proc: subprocess.Popen[bytes] | None = None
     caps: list[_Capture] = []
     timed_out = disk_exceeded = False
@@ -804,16 +783,7 @@ def _run(
                     os.close(filter_w)
                     keep.append(seccomp_fd)
                 argv = _bwrap_argv(
-                    iso,
-                    limits,
-                    tree,
-                    exchange,
-                    inner,
-                    uid,
-                    readonly,
-                    seccomp_fd,
-                    info.fileno(),
-                    lifeline=life_r,
+                    iso, limits, tree, exchange, inner, uid, readonly, seccomp_fd, info_fd, lifeline=life_r
                 )
                 stdin: int = status_w
                 if limits.processes:
@@ -840,7 +810,7 @@ def _run(
             if not boxed:
                 os.close(life_r)
             for fd in keep:
-                if fd != info.fileno():  # read at the end
+                if fd != info_fd:  # read at the end
                     os.close(fd)
         _running[proc.pid] = boxed
         caps = [
@@ -868,7 +838,7 @@ def _run(
         os.close(life_w)
         if proc is not None:
             if boxed:
-                _end_box(proc, pidfd)
+                _end_box(proc, pidfd, info)
             else:
                 _kill_group(proc.pid)
                 proc.wait()
@@ -876,7 +846,8 @@ def _run(
         if pidfd is not None:
             os.close(pidfd)
         with info:
-            _await_box_end(info)
+            # Left after bwrap exited only when the command killed its wrapper and watcher both.
+            _end_first_process(info, 10.0)
         for c in caps:
             if c.ident is not None:
                 c.join(timeout=10)

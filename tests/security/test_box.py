@@ -436,3 +436,17 @@ def test_a_command_that_kills_its_wrapper_and_watcher_leaves_nothing(tmp_path: P
     res = box(attack, tmp_path, timeout=60)
     assert time.monotonic() - started < 30 and res.strays is None  # the wrapper never reported
     wait_for(lambda: not _alive_with(f"sleep {marker}"), timeout=5)
+
+
+def test_a_command_that_kills_its_watcher_still_ends_at_its_time_limit(tmp_path: Path) -> None:
+    marker = f"52{uuid.uuid4().int % 10**6}"
+    # pid 1 is bwrap's, 2 the wrapper, 3 the watcher: the lifeline then has nobody to act on it.
+    attack = (
+        f"sleep {marker} & s=$!; for p in /proc/[0-9]*; do i=${{p#/proc/}}; "
+        '[ "$i" != 1 ] && [ "$i" != 2 ] && [ "$i" != $$ ] && [ "$i" != "$s" ] && kill -9 "$i" 2>/dev/null; '
+        "done; wait"
+    )
+    started = time.monotonic()
+    res = box(attack, tmp_path, timeout=2)
+    assert res.timed_out and time.monotonic() - started < 30
+    wait_for(lambda: not _alive_with(f"sleep {marker}"), timeout=5)
