@@ -12,7 +12,9 @@ import os
 import posixpath
 import re
 import shutil
+import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,11 +85,42 @@ class MergeConflict(GitError):
 def run_git(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run a git command in Grove's environment and return it, whatever its exit code."""
     try:
-        return subprocess.run(
-            ["git", *args], cwd=cwd, env=git_env(), capture_output=True, text=True, timeout=timeout
-        )
+        return run_captured(["git", *args], cwd=cwd, env=git_env(), timeout=timeout)
     except subprocess.TimeoutExpired:
         raise GitError(list(args), -1, f"timed out after {timeout:g}s") from None
+
+
+def run_captured(
+    argv: list[str], *, cwd: Path | None, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run a program and capture its text output; kill it and raise TimeoutExpired after `timeout` s.
+
+    Like `subprocess.run(..., timeout=...)` without its wait, which polls for the exit with sleeps
+    from a millisecond up (a git command of Grove's takes about that long itself). The program runs
+    in a process group of its own, killed whole: a helper it started (a remote transport, an alias's
+    shell) cannot keep it hanging by holding its output open.
+    """
+    with subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    ) as proc:  # fmt: skip
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        timer = threading.Timer(timeout, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            out, err = proc.communicate()
+        finally:
+            timer.cancel()
+        if expired.is_set():
+            raise subprocess.TimeoutExpired(argv, timeout, out, err)
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def git(*args: str, cwd: Path | None = None, check: bool = True, timeout: float = 300) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import httpx
 
 from backend.core.config import Settings
-from backend.core.gitops import GitError, Repo, git, git_env
+from backend.core.gitops import GitError, Repo, git, git_env, run_captured
 from backend.core.models import Job, LearningJob, Node, Study
 from backend.engine import jobstore, learning
 from backend.engine.jobstore import JobStore, Refused, Superseded, Unreachable
@@ -93,7 +92,7 @@ class Api:
             )
         )
         env["GIT_TERMINAL_PROMPT"] = "0"
-        proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+        proc = run_captured(["git", *args], cwd=cwd, env=env, timeout=600)
         if proc.returncode != 0:
             raise GitError(list(args), proc.returncode, proc.stderr)
         return proc.stdout

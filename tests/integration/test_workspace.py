@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import subprocess
 import threading
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from backend.core import db, gitops
 from backend.core.config import Settings
 from backend.engine import workspace
 from backend.services.studies import create_study
-from tests.conftest import git, tiny_files
+from tests.conftest import git, tiny_files, wait_for
 
 
 def test_clone_leaves_the_users_repository_alone(tmp_path: Path, tiny_repo: Path) -> None:
@@ -37,6 +38,28 @@ def test_plain_folder_is_imported_as_a_snapshot(tmp_path: Path) -> None:
 def test_missing_repository_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         gitops.clone(str(tmp_path / "nope"), tmp_path / "clone")
+
+
+def test_a_command_past_its_timeout_is_killed_with_its_children_and_its_output_kept(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child"
+    argv = ["sh", "-c", f"echo started; echo warn >&2; sleep 30 >/dev/null 2>&1 & echo $! > {pidfile}; wait"]
+    with pytest.raises(subprocess.TimeoutExpired) as caught:
+        gitops.run_captured(argv, cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, timeout=0.5)
+    assert caught.value.output == "started\n" and caught.value.stderr == "warn\n"
+    child = pidfile.read_text().strip()
+
+    def gone() -> bool:
+        try:
+            return " Z " in Path(f"/proc/{child}/stat").read_text()  # dead, not yet reaped
+        except FileNotFoundError:
+            return True
+
+    wait_for(gone, 10)
+    done = gitops.run_captured(["sh", "-c", "echo out; echo err >&2; exit 3"], cwd=None, env={}, timeout=30)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
+    # A git command whose alias runs a shell that hangs: both are killed, and git's error says why.
+    with pytest.raises(gitops.GitError, match="timed out after"):
+        gitops.git("-c", "alias.wait=!sleep 30", "wait", cwd=tmp_path, timeout=0.5)
 
 
 def test_sealed_files_are_absent_and_never_committed(tmp_path: Path, tiny_repo: Path) -> None:
