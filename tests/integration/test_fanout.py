@@ -40,7 +40,7 @@ def test_a_commit_that_adds_events_pings_its_study_from_the_process_and_from_a_f
     with db.session(settings.db_url) as s:
         sid = create_study(s, settings, tiny_files(name="fanout")["grove.toml"], str(tiny_repo)).id
     assert sid is not None
-    pubsub = redis.Redis.from_url(redis_url).pubsub()
+    pubsub = redis.Redis.from_url(redis_url).pubsub()  # type: ignore[no-untyped-call]
     pubsub.subscribe(fanout.channel(sid))
     fanout.enable(redis_url)
     try:
