@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, delete, func, select
 
 from backend.core import db
 from backend.core.config import Settings
@@ -339,7 +339,25 @@ def _record(
         for k, v in fields.items():
             setattr(job, k, v)
         s.add(job)
+        if event == "learning.progress":
+            _thin_progress(s, job_id)
         s.add(LearningEvent(job_id=job_id, type=event, payload=payload))
+
+
+PROGRESS_EVENTS = 512  # the progress history a job keeps at most (the job's row holds the latest)
+
+
+def _thin_progress(s: Session, job_id: int) -> None:
+    """Before one more progress event: at PROGRESS_EVENTS, drop every other one, keeping the first and the last.
+
+    A job of 100,000 steps then keeps its whole curve, denser toward the present, in a bounded
+    number of rows; a worker cannot fill the database, nor make the job's page unreadably long.
+    """
+    progress = (LearningEvent.job_id == job_id, LearningEvent.type == "learning.progress")
+    if s.exec(select(func.count()).select_from(LearningEvent).where(*progress)).one() < PROGRESS_EVENTS:
+        return
+    ids = s.exec(select(LearningEvent.id).where(*progress).order_by(col(LearningEvent.id))).all()
+    s.exec(delete(LearningEvent).where(col(LearningEvent.id).in_(ids[1:-1:2])))
 
 
 def fail(settings: Settings, job_id: int, reason: str, token: str | None = None) -> None:

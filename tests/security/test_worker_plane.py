@@ -23,6 +23,7 @@ from backend.core.config import Settings
 from backend.core.gitops import git_env
 from backend.core.models import Job, LearningEvent, LearningJob, Node, Study
 from backend.core.security import create_token
+from backend.engine import learning
 from backend.services.studies import create_study
 from tests.conftest import free_port, make_repo, serve, tiny_files
 
@@ -341,6 +342,29 @@ def test_a_worker_touches_a_learning_job_only_with_its_token(plane: Plane) -> No
     assert [e.type for e in events] == ["learning.started", "learning.progress", "learning.finished"]
     assert events[1].payload == {"progress": 0.5, "step": 1}  # the worker cannot misstate its progress
     assert all(j.status == "queued" and j.host == "" for j in others)
+
+
+def test_a_worker_cannot_grow_a_learning_jobs_history_without_bound(plane: Plane) -> None:
+    settings = plane.settings
+    with db.session(settings.db_url) as s:
+        job = LearningJob(kind="distill", params={}, token="long-token")
+        s.add(job)
+        s.flush()
+        job_id = job.id or 0
+    assert learning.claim(settings, job_id, "gpu-1", 1, token="long-token") is not None
+    steps = 3 * learning.PROGRESS_EVENTS
+    for step in range(1, steps + 1):
+        learning.progress(settings, job_id, step / steps, {"step": step}, token="long-token")
+    with db.session(settings.db_url) as s:
+        kept = [e.payload["step"] for e in learning.events(s, job_id) if e.type == "learning.progress"]
+        row = s.get(LearningJob, job_id)
+    assert row is not None and row.progress == 1.0
+    assert len(kept) <= learning.PROGRESS_EVENTS and kept == sorted(kept)
+    assert kept[0] == 1 and kept[-1] == steps  # the whole curve, from its first step to its last
+    assert any(step < steps // 3 for step in kept[1:]) and any(steps // 3 < step < steps for step in kept)
+    viewer = {"Authorization": f"Bearer {create_token(settings, ['viewer'], 'v')}"}
+    page = plane.client.get(f"/api/v1/learning/jobs/{job_id}", headers=viewer)
+    assert page.status_code == 200 and len(page.json()["events"]) <= learning.PROGRESS_EVENTS + 1
 
 
 def test_a_remote_learning_store_sends_non_finite_numbers_as_null(plane: Plane, tmp_path: Path) -> None:
