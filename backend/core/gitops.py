@@ -116,6 +116,9 @@ def run_captured(
         timer.start()
         try:
             out, err = proc.communicate()
+        except BaseException:  # a worker's time limit, say: the command does not outlive the call
+            expire()
+            raise
         finally:
             timer.cancel()
         if expired.is_set():

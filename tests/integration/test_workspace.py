@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import signal
 import subprocess
 import threading
 from pathlib import Path
@@ -45,7 +46,7 @@ def test_a_command_past_its_timeout_is_killed_with_its_children_and_its_output_k
     argv = ["sh", "-c", f"echo started; echo warn >&2; sleep 30 >/dev/null 2>&1 & echo $! > {pidfile}; wait"]
     with pytest.raises(subprocess.TimeoutExpired) as caught:
         gitops.run_captured(argv, cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, timeout=0.5)
-    assert caught.value.output == "started\n" and caught.value.stderr == "warn\n"
+    assert caught.value.output == "started\n" and str(caught.value.stderr) == "warn\n"
     child = pidfile.read_text().strip()
 
     def gone() -> bool:
@@ -57,6 +58,28 @@ def test_a_command_past_its_timeout_is_killed_with_its_children_and_its_output_k
     wait_for(gone, 10)
     done = gitops.run_captured(["sh", "-c", "echo out; echo err >&2; exit 3"], cwd=None, env={}, timeout=30)
     assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
+
+    # An exception that lands while it runs (a worker's time limit) kills it, its children with it.
+    class TimeLimit(Exception):
+        pass
+
+    def limit(*_: object) -> None:
+        raise TimeLimit
+
+    pidfile.unlink()
+    previous = signal.signal(signal.SIGALRM, limit)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with pytest.raises(TimeLimit):  # were it waited for, the test would run past its own time limit
+            forever = f"sleep 600 >/dev/null 2>&1 & echo $! > {pidfile}; exec sleep 600"
+            gitops.run_captured(
+                ["sh", "-c", forever], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, timeout=900
+            )
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    child = pidfile.read_text().strip()
+    wait_for(gone, 10)
     # A git command whose alias runs a shell that hangs: both are killed, and git's error says why.
     with pytest.raises(gitops.GitError, match="timed out after"):
         gitops.git("-c", "alias.wait=!sleep 30", "wait", cwd=tmp_path, timeout=0.5)
