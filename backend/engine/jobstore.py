@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import socket
 from datetime import timedelta
 from pathlib import Path
@@ -91,6 +92,11 @@ LLM_FIELDS = frozenset({"node_id", "role", "model", "base_id", "base_len", "mess
                         "tokens_in", "tokens_out", "usd"})  # fmt: skip
 
 
+def same_token(held: str, given: str) -> bool:
+    """Return whether a presented job token is the job's own (compared in constant time; never an empty one)."""
+    return bool(held) and secrets.compare_digest(held.encode(), given.encode())
+
+
 def claim_experiment(
     settings: Settings, job_id: int, token: str, host: str, pid: int
 ) -> tuple[Job, Node, Study]:
@@ -100,7 +106,7 @@ def claim_experiment(
         if (
             job is None
             or job.kind != "experiment"
-            or job.token != token
+            or not same_token(job.token, token)
             or job.status not in ("queued", "running")
         ):
             raise Superseded(f"job {job_id} is not ours to run")
@@ -128,7 +134,7 @@ def claim_sealed(settings: Settings, job_id: int, token: str) -> Job | None:
         if (
             job is None
             or job.kind not in SEALED
-            or job.token != token
+            or not same_token(job.token, token)
             or job.status not in ("queued", "running")
         ):
             return None
@@ -145,7 +151,7 @@ def job_of(settings: Settings, job_id: int, token: str) -> Job | None:
     """Return a job while this token is current and the job is running (a remote worker's right to call)."""
     with db.session(settings.db_url) as s:
         job = s.get(Job, job_id)
-        if job is None or job.token != token or job.status != "running":
+        if job is None or not same_token(job.token, token) or job.status != "running":
             return None
         s.expunge(job)
         return job
@@ -265,7 +271,7 @@ class DbStore:
 
     def _job(self, s: Session) -> Job:
         job = s.get(Job, self.job_id) if self.job_id is not None else None
-        if job is None or job.token != self.token or job.status != "running":
+        if job is None or not same_token(job.token, self.token) or job.status != "running":
             raise Superseded(f"job {self.job_id} was taken over")
         return job
 

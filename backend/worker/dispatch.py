@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 
 from celery import Celery
 from kombu.exceptions import OperationalError
@@ -42,8 +43,13 @@ def nudge(app: Celery, study_id: int) -> None:
 
 
 def job_token(job: Job) -> str:
-    """Return a job's deterministic task id."""
-    return f"job-{job.id}-a{job.attempt}"
+    """Return the task id of a job's attempt: its id and attempt, then a secret part nobody can guess.
+
+    The task id is also the job's token, which a remote worker presents to the API: sequential ids
+    alone would let a worker token reach any study's jobs. A re-send of the same attempt keeps it.
+    """
+    prefix = f"job-{job.id}-a{job.attempt}-"
+    return job.token if job.token.startswith(prefix) else prefix + secrets.token_hex(16)
 
 
 class CeleryDispatcher:
@@ -57,7 +63,7 @@ class CeleryDispatcher:
         self.settings, self.app = settings, app
 
     def submit(self, job_id: int) -> None:
-        """Send the job's task (safe to repeat: the task id is deterministic and the task idempotent)."""
+        """Send the job's task (safe to repeat: an attempt keeps its task id, and the task is idempotent)."""
         with db.session(self.settings.db_url) as s:
             job = s.get(Job, job_id)
             if job is None or job.status not in ("queued", "running"):

@@ -293,6 +293,51 @@ def test_a_job_makes_only_the_calls_of_its_kind_with_what_it_made(plane: Plane) 
     assert rows and all(r.stdout_path == "" and r.stderr_path == "" for r in rows)
 
 
+def test_a_jobs_token_cannot_be_guessed_from_its_id_and_attempt(plane: Plane) -> None:
+    from backend.worker.celery_app import make_app
+    from backend.worker.dispatch import CeleryDispatcher
+
+    with db.session(plane.settings.db_url) as s:
+        node = Node(study_id=plane.other.id or 0, parent_id=plane.other.trunk_node_id, depth=1, title="victim",
+                    status="queued", base_commit=plane.other.trunk_commit, branch=f"grove/{plane.other.name}/n98")  # fmt: skip
+        s.add(node)
+        s.flush()
+        job = Job(study_id=plane.other.id or 0, node_id=node.id or 0, attempt=1)
+        s.add(job)
+        s.flush()
+        job_id = job.id or 0
+    dispatcher = CeleryDispatcher(plane.settings, make_app(plane.settings))
+    dispatcher.submit(job_id)
+    with db.session(plane.settings.db_url) as s:
+        token = (s.get(Job, job_id) or Job(study_id=0, node_id=0)).token
+    assert token.startswith(f"job-{job_id}-a1-") and len(token.removeprefix(f"job-{job_id}-a1-")) == 32
+    dispatcher.submit(job_id)  # sent again (the reconciler): the attempt keeps its token
+    with db.session(plane.settings.db_url) as s:
+        assert (s.get(Job, job_id) or Job(study_id=0, node_id=0)).token == token
+    # A worker token with the job's id and attempt reaches nothing of another study.
+    for guess in (f"job-{job_id}-a1", f"job-{job_id}-a1-", "", token[:-1]):
+        claim = {"token": guess, "host": "thief", "pid": 1}
+        assert plane.client.post(
+            f"{W}/jobs/{job_id}/claim", json=claim, headers=plane.worker
+        ).status_code in (
+            409,
+            422,
+        )
+        assert plane.client.post(
+            f"{W}/jobs/{job_id}/claim-sealed", json=claim, headers=plane.worker
+        ).status_code in (
+            409,
+            422,
+        )
+    clone = git(plane, "clone", "-q", f"{plane.url}/api/v1/worker/git/{plane.other.id}", "stolen",
+                cwd=plane.settings.data_dir, token=plane.worker["Authorization"].removeprefix("Bearer "),
+                job=f"{job_id}:job-{job_id}-a1")  # fmt: skip
+    assert clone.returncode != 0 and not (plane.settings.data_dir / "stolen" / ".git").exists()
+    claimed = plane.client.post(f"{W}/jobs/{job_id}/claim", json={"token": token, "host": "w", "pid": 1},
+                                headers=plane.worker)  # fmt: skip
+    assert claimed.status_code == 200 and claimed.json()["job"]["id"] == job_id
+
+
 def test_a_worker_touches_a_learning_job_only_with_its_token(plane: Plane) -> None:
     settings = plane.settings
     with db.session(settings.db_url) as s:
