@@ -234,6 +234,15 @@ def check_source(settings: Settings, source: str) -> None:
         if not any(path.is_relative_to(r) for r in roots):
             where = ", ".join(str(r) for r in roots) if roots else "no folder (GROVE_REPO_ROOTS is not set)"
             raise SourceRefused(f"repository: local paths over the API must lie under {where}")
+        # Grove's own clones and worktrees hold other studies' histories, sealed files included; only
+        # the snapshots `grove submit` makes of plain folders (its imports) may be given from there.
+        data = settings.data_dir.expanduser().resolve()
+        imported = path.is_relative_to(data / "imports") and path != data / "imports"
+        for own in (data, settings.worktrees_dir.expanduser().resolve()):
+            if path.is_relative_to(own) and not imported:
+                raise SourceRefused(
+                    f"repository: {path} is inside Grove's own folder {own}; give the original"
+                )
         return
     parts = urlsplit(source if "://" in source else "ssh://" + source.replace(":", "/", 1))
     if parts.scheme not in ("https", "ssh", "git"):

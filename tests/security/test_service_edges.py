@@ -172,6 +172,42 @@ def test_repository_sources_over_the_api_are_limited(
     )
 
 
+def test_groves_own_clones_and_worktrees_cannot_be_submitted_as_a_repository(tmp_path: Path) -> None:
+    # As `grove up` sets it: the repository root is the folder Grove runs in, its data folder inside.
+    settings = Settings(
+        data_dir=tmp_path / ".grove", worktrees_dir=tmp_path / "worktrees", repo_roots=str(tmp_path)
+    )
+    settings.ensure_dirs()
+    victim = make_repo(tmp_path / "victim", tiny_files(name="victim"))
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, (victim / "grove.toml").read_text(), str(victim))
+    clone = Path(study.repo_path)
+    assert clone.is_relative_to(settings.data_dir.resolve())
+    worktree = settings.worktrees_dir / "victim" / "n1"
+    worktree.mkdir(parents=True)
+    port = free_port()
+    server, thread = serve(create_app(settings), port)
+    try:
+        url, headers = f"http://127.0.0.1:{port}/api/v1", bearer(settings, "operator")
+        spec = tiny_files(name="thief")["grove.toml"]
+        for source in (clone, settings.data_dir, worktree, tmp_path / "victim" / ".." / ".grove" / "repos"):
+            resp = httpx.post(
+                f"{url}/studies/validate", json={"spec": spec, "repository": str(source)}, headers=headers
+            )
+            assert resp.status_code == 422, (source, resp.text)
+            assert "inside Grove's own folder" in resp.json()["detail"]["message"]
+        # The original is fine, and so is a snapshot `grove submit` made of a plain folder.
+        imported = make_repo(settings.data_dir / "imports" / "plain-1", tiny_files(name="plain"))
+        for source in (victim, imported):
+            ok = httpx.post(
+                f"{url}/studies/validate", json={"spec": spec, "repository": str(source)}, headers=headers
+            )
+            assert ok.status_code == 200, ok.text
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
 @pytest.mark.parametrize(
     ("patch", "key"),
     [
