@@ -50,7 +50,7 @@ def _last_json_line(text: str) -> dict[str, Any] | None:
             continue
         try:
             value = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # nested past the parser's depth: not metrics
             continue
         if isinstance(value, dict):
             return value
@@ -69,6 +69,8 @@ def parse_metrics(
             value = json.loads(metrics.decode("utf-8", "replace"))
         except json.JSONDecodeError as exc:
             return None, f"GROVE_METRICS_FILE is not valid JSON: {exc}"
+        except RecursionError:
+            return None, "GROVE_METRICS_FILE is nested too deeply to be metrics"
         if not isinstance(value, dict):
             return None, "GROVE_METRICS_FILE does not hold a JSON object"
         return value, ""

@@ -25,7 +25,7 @@ from backend.core.locks import Busy, client, coalesced, lease
 from backend.core.models import Job, Study, now
 from backend.engine import driver, experiment, learning, sandbox, sealed, workspace
 from backend.engine.driver import Driver
-from backend.engine.jobstore import Superseded
+from backend.engine.jobstore import Superseded, Unreachable
 from backend.engine.site import LocalSite, Site
 from backend.services import lifecycle
 from backend.services.spec_errors import repository_error
@@ -209,6 +209,12 @@ def _experiment(site: Site, job_id: int, token: str, stored: Callable[[], None])
         return "superseded"
     except SoftTimeLimitExceeded:
         site.crash(job_id, token, "the experiment ran past its time limit")
+        return "failed"
+    except Unreachable:
+        raise  # the API is away: the job is sent again once its lease has lapsed
+    except Exception as exc:  # what nothing foresaw fails the job with its reason: none stays running
+        traceback.print_exc()
+        site.crash(job_id, token, f"{type(exc).__name__}: {exc}"[:2000])
         return "failed"
 
 

@@ -46,6 +46,12 @@ def test_metrics_file_wins_over_stdout(tmp_path: Path) -> None:
         ('print(\'{"score": "high"}\')', "not a finite number"),
         ("print('{\"score\": NaN}')", "not a finite number"),
         ("import time\ntime.sleep(30)", "timed out after 5s"),
+        # Nested past the JSON parser's depth: not metrics, and no exception escapes to leave a job running.
+        ("print('{\"a\": ' * 100000 + '1' + '}' * 100000)", "no metrics"),
+        (
+            "import os\nopen(os.environ['GROVE_METRICS_FILE'], 'w').write('[' * 100000 + ']' * 100000)",
+            "nested too deeply",
+        ),
     ],
 )
 def test_failed_receipts_carry_the_reason(tmp_path: Path, script: str, reason: str) -> None:
