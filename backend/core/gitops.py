@@ -93,7 +93,9 @@ def run_git(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
 def run_captured(
     argv: list[str], *, cwd: Path | None, env: dict[str, str], timeout: float
 ) -> subprocess.CompletedProcess[str]:
-    """Run a program and capture its text output; kill it and raise TimeoutExpired after `timeout` s.
+    """Run a program and capture its output as text; kill it and raise TimeoutExpired after `timeout` s.
+
+    Bytes that are not UTF-8 (a repository's file, a diff of one) become U+FFFD, never an exception.
 
     Like `subprocess.run(..., timeout=...)` without its wait, which polls for the exit with sleeps
     from a millisecond up (a git command of Grove's takes about that long itself). The program runs
@@ -101,8 +103,8 @@ def run_captured(
     shell) cannot keep it hanging by holding its output open.
     """
     with subprocess.Popen(
-        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8",
+        errors="replace", start_new_session=True,
     ) as proc:  # fmt: skip
         expired = threading.Event()
 

@@ -85,6 +85,18 @@ def test_a_command_past_its_timeout_is_killed_with_its_children_and_its_output_k
         gitops.git("-c", "alias.wait=!sleep 30", "wait", cwd=tmp_path, timeout=0.5)
 
 
+def test_a_change_with_bytes_that_are_not_utf8_is_read_as_text(tmp_path: Path, tiny_repo: Path) -> None:
+    repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
+    base = repo.rev("main")
+    wt = workspace.prepare(repo, tmp_path / "wt", "grove/t/n1", base, sealed=None, reason="t")
+    (wt / "config.toml").write_bytes(b"lr = 0.1\n# caf\xe9 \xff\xfe\n")
+    commit = repo.commit_all(wt, "latin-1 \xe9")
+    assert commit is not None
+    diff = repo.diff(base, commit)  # a node's page and the llm verifier read it
+    assert "caf\ufffd" in diff and "lr = 0.1" in diff
+    assert repo.changed_files(base, commit) == ["config.toml"]
+
+
 def test_sealed_files_are_absent_and_never_committed(tmp_path: Path, tiny_repo: Path) -> None:
     repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
     wt = workspace.prepare(
