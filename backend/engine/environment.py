@@ -94,7 +94,7 @@ def _build(
         workspace.limits_of(spec),
         timeout=spec.environment.timeout,
         network=spec.environment.network,
-        disk_mb=0,
+        disk_mb=spec.environment.disk_mb,
     )
     try:
         res = sandbox.run(
@@ -110,6 +110,12 @@ def _build(
         repo.remove_worktree(tree)
         repo.git("branch", "-D", branch, check=False)
     if not res.ok:
-        why = f"timed out after {limits.timeout:g}s" if res.timed_out else f"exited with code {res.exit_code}"
+        why = (
+            f"timed out after {limits.timeout:g}s"
+            if res.timed_out
+            else f"wrote more than {limits.disk_mb} MB (environment.disk_mb)"
+            if res.disk_exceeded
+            else f"exited with code {res.exit_code}"
+        )
         tail = (res.stderr_tail or res.stdout_tail).strip()[-1500:]
         raise SetupFailed(f"environment setup {why}; its log: {res.stderr_path}\n{tail}")

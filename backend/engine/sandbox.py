@@ -395,13 +395,23 @@ def _unshare_inode(dfd: int, name: str) -> None:
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
 
 
+TOO_DEEP = 1 << 62  # what `usage` answers for a tree nested past MAX_DEPTH: over any disk limit
+
+
 def usage(*roots: Path) -> int:
-    """Return the bytes (allocated blocks) under some folders, links not followed, by descriptor."""
+    """Return the bytes (allocated blocks) under some folders, links not followed, by descriptor.
+
+    A tree nested past MAX_DEPTH answers TOO_DEEP: its walk would hold a descriptor per level and
+    run out of them, and what lay below would go uncounted.
+    """
     total = 0
 
     def visit(dfd: int, name: str, st: os.stat_result, rel: str) -> bool:
         nonlocal total
         total += st.st_blocks * 512
+        if stat.S_ISDIR(st.st_mode) and rel.count("/") + 1 >= MAX_DEPTH:
+            total += TOO_DEEP
+            return False
         return True
 
     for root in roots:
@@ -768,7 +778,7 @@ def _run(
     keep: list[int] = [info_fd, life_r] if boxed else []
     proc: subprocess.Popen[bytes] | None = None
     caps: list[_Capture] = []
-    timed_out = disk_exceeded = False
+    timed_out = disk_exceeded = too_deep = False
     pidfd: int | None = None
     # One guarded block from before the box starts to its end: wherever an exception lands (a
     # worker's time limit raising from a signal handler), the box is ended and every descriptor closed.
@@ -792,7 +802,9 @@ def _run(
                 argv = [*prlimit, *argv] if prlimit is not None else argv
             else:
                 argv, stdin, prlimit = inner, subprocess.DEVNULL, None
-            baseline = usage(tree, exchange) if disk_base is None and limits.disk_mb else disk_base or 0
+            # A writable environment folder (its setup step) counts like the tree.
+            watched = (tree, exchange, *([Path(iso.env_dir)] if iso.env_dir and iso.env_writable else []))
+            baseline = usage(*watched) if disk_base is None and limits.disk_mb else disk_base or 0
             started = time.monotonic()
             proc = subprocess.Popen(
                 argv,
@@ -829,8 +841,8 @@ def _run(
                 if time.monotonic() >= deadline:
                     timed_out = True
                     break
-                if limits.disk_mb and usage(tree, exchange) - baseline > limits.disk_mb * 1024 * 1024:
-                    disk_exceeded = True
+                if limits.disk_mb and (used := usage(*watched)) - baseline > limits.disk_mb * 1024 * 1024:
+                    disk_exceeded, too_deep = True, used >= TOO_DEEP
                     break
     finally:
         # Nothing outlives the run. A box ends from inside: closing its lifeline has its watcher kill
@@ -876,7 +888,9 @@ def _run(
         )
     elif boxed and not reported and not timed_out and not disk_exceeded:
         notes.append("the sandbox's wrapper was killed, so stray processes were not counted; all were killed")
-    if disk_exceeded:
+    if too_deep:
+        notes.append(f"the command nested folders more than {MAX_DEPTH} levels deep; it was stopped")
+    elif disk_exceeded:
         notes.append(f"the command wrote more than {limits.disk_mb} MB; it was stopped")
     if notes:
         note = "".join(f"\n[grove: {n}]" for n in notes) + "\n"

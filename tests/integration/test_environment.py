@@ -94,6 +94,19 @@ def test_a_failing_setup_fails_the_study_naming_the_step_and_its_log(
     assert "no such wheel" in st.stop_reason and "setup.stderr" in st.stop_reason
 
 
+def test_a_setup_that_writes_past_its_disk_limit_is_stopped_and_fails_the_study(
+    settings: Settings, tmp_path: Path
+) -> None:
+    fill = 'i=0; while true; do head -c 1048576 /dev/urandom > "$GROVE_ENV/f$i"; i=$((i+1)); done'
+    files = study_files(fill)
+    files["grove.toml"] += "disk_mb = 8\n"
+    status, st = run_to_end(settings, make_repo(tmp_path / "r", files))
+    assert status == "failed"
+    assert "environment setup wrote more than 8 MB (environment.disk_mb)" in st.stop_reason
+    envs = list((settings.data_dir / "envs" / "envs").iterdir())
+    assert envs and all(not (e / "ready").exists() for e in envs)
+
+
 def test_environments_keyed_by_an_edited_file_build_side_by_side(settings: Settings, tmp_path: Path) -> None:
     files = tiny_files(name="envkeys", experiments=4)
     setup = 'cp config.toml "$GROVE_ENV/built-from.toml"'

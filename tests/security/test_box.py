@@ -424,6 +424,19 @@ def test_the_disk_cap_counts_files_past_the_path_length_limit(tmp_path: Path) ->
         subprocess.run(["rm", "-rf", str(tmp_path / ("d" * 250))], check=False)
 
 
+def test_the_disk_cap_counts_files_past_the_descriptor_limit(tmp_path: Path) -> None:
+    # Deeper than Grove's walk could hold a descriptor per level (1024 is a common limit): the run
+    # is stopped for its nesting, not let write below what the walk can count.
+    deep = "python -c \"import os\nfor i in range(1100):\n    os.mkdir('d'); os.chdir('d')\n"
+    deep += "open('big', 'wb').write(bytes(20 * 1024 * 1024))\nimport time; time.sleep(60)\""
+    res = box(deep, tmp_path, disk_mb=100, timeout=120)  # only the disk watch ends the run in time
+    try:
+        assert res.disk_exceeded and not res.timed_out, res.stderr_tail
+        assert f"more than {sandbox.MAX_DEPTH} levels deep" in res.stderr_tail
+    finally:
+        subprocess.run(["rm", "-rf", str(tmp_path / "d")], check=False)
+
+
 def test_a_command_that_kills_its_wrapper_and_watcher_leaves_nothing(tmp_path: Path) -> None:
     marker = f"51{uuid.uuid4().int % 10**6}"
     # Kill every process of the box but pid 1, itself and its sleep: the wrapper and the watcher go,
