@@ -3,8 +3,9 @@
 Boxed code may not create namespaces (no user namespace from which to mount its own tmpfs),
 mount anything, use the kernel keyrings (which outlive a run and would carry data from one
 run to the next under the same uid), load BPF programs, watch performance counters, use
-`userfaultfd` or `io_uring`, or trace other processes (the wrapper that counts strays
-included). Everything else is allowed. The program is classic BPF, built here so that no
+`userfaultfd` or `io_uring`, trace other processes (the wrapper that counts strays
+included), or open vsock sockets (to the hypervisor, outside any network namespace). Everything
+else is allowed. The program is classic BPF, built here so that no
 extra library is needed; bubblewrap installs it (`--seccomp FD`) just before the command runs.
 """
 
@@ -20,9 +21,10 @@ LD_W_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
 NR, ARCH, ARG0 = 0, 4, 16  # offsets in struct seccomp_data
 X32_BIT = 0x40000000
 NEW_NAMESPACES = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+AF_VSOCK = 40  # sockets to the hypervisor and other VMs: no network namespace holds them in
 
-# Per architecture: the audit arch value, the syscalls denied with EPERM, clone, clone3.
-ARCHES: dict[str, tuple[int, dict[str, int], int, int]] = {
+# Per architecture: the audit arch value, the syscalls denied with EPERM, clone, clone3, socket.
+ARCHES: dict[str, tuple[int, dict[str, int], int, int, int]] = {
     "x86_64": (
         0xC000003E,
         {"add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "setns": 308, "mount": 165,
@@ -33,6 +35,7 @@ ARCHES: dict[str, tuple[int, dict[str, int], int, int]] = {
          "process_vm_writev": 311},
         56,
         435,
+        41,
     ),
     "aarch64": (
         0xC00000B7,
@@ -44,6 +47,7 @@ ARCHES: dict[str, tuple[int, dict[str, int], int, int]] = {
          "process_vm_writev": 271},
         220,
         435,
+        198,
     ),
 }  # fmt: skip
 
@@ -57,10 +61,11 @@ def program(machine: str | None = None) -> bytes | None:
     arch = ARCHES.get(machine or platform.machine())
     if arch is None:
         return None
-    audit, denied, clone, clone3 = arch
+    audit, denied, clone, clone3, socket = arch
     numbers = sorted(denied.values())
-    # Layout: arch check, x32 check, one JEQ per denied call, clone, clone3, ALLOW, then the
-    # returns: [clone flags check] [EPERM] [ENOSYS]. Jumps are counted from the next instruction.
+    # Layout: arch check, x32 check, one JEQ per denied call, clone, clone3, socket, ALLOW, then
+    # the returns: [clone flags check] [socket family check] [EPERM] [ENOSYS]. Jumps are counted
+    # from the next instruction.
     body: list[tuple[int, int, str, str]] = []  # (code, k, jt-label, jf-label)
     body.append((LD_W_ABS, ARCH, "", ""))
     body.append((JEQ, audit, "", "enosys"))
@@ -70,10 +75,15 @@ def program(machine: str | None = None) -> bytes | None:
         body.append((JEQ, nr, "eperm", ""))
     body.append((JEQ, clone3, "enosys", ""))  # glibc falls back to clone, whose flags we can read
     body.append((JEQ, clone, "clone", ""))
+    body.append((JEQ, socket, "socket", ""))
     body.append((RET, ALLOW, "", ""))
     labels = {"clone": len(body)}
     body.append((LD_W_ABS, ARG0, "", ""))
     body.append((JSET, NEW_NAMESPACES, "eperm", ""))
+    body.append((RET, ALLOW, "", ""))
+    labels["socket"] = len(body)
+    body.append((LD_W_ABS, ARG0, "", ""))
+    body.append((JEQ, AF_VSOCK, "eperm", ""))
     body.append((RET, ALLOW, "", ""))
     labels["eperm"] = len(body)
     body.append((RET, ERRNO | EPERM, "", ""))

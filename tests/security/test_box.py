@@ -322,16 +322,19 @@ def test_namespaces_mounts_and_keyrings_are_denied_inside_the_box(tmp_path: Path
         "try_('ptrace-wrapper', lambda: check(libc.ptrace(16, 2, 0, 0)))  # PTRACE_ATTACH to the stray counter\n"
         "params = ctypes.create_string_buffer(120)\n"
         "try_('io-uring', lambda: call(425, 1, params))\n"
+        "import socket\n"
+        "try_('vsock', lambda: socket.socket(40, socket.SOCK_STREAM).close())  # AF_VSOCK: to the hypervisor\n"
         "t = threading.Thread(target=lambda: None); t.start(); t.join(); print('threads ok')\n"
         "print(subprocess.run(['echo', 'children ok'], capture_output=True, text=True).stdout.strip())\n"
+        "socket.socket(socket.AF_UNIX).close(); socket.socket(socket.AF_INET).close(); print('sockets ok')\n"
     )
     (tmp_path / "probe.py").write_text(probe)
     res = box("python probe.py", tmp_path)
     out = res.stdout_tail
     assert res.ok, res.stderr_tail
-    assert "ALLOWED" not in out and out.count("denied") >= 6, out
+    assert "ALLOWED" not in out and out.count("denied") >= 7 and "vsock denied" in out, out
     assert "clone3 errno 38" in out  # ENOSYS: the C library falls back to clone, whose flags are checked
-    assert "threads ok" in out and "children ok" in out
+    assert "threads ok" in out and "children ok" in out and "sockets ok" in out
 
 
 def test_sealed_files_cannot_be_swapped_in_a_sealed_run(tmp_path: Path) -> None:
