@@ -331,16 +331,21 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
     _walk(root, visit)
 
 
-def _reclaim(root: Path, owner: tuple[int, int] | None) -> None:
+UNSHARE_BYTES = 1 << 30  # what copies of hard-linked files may take after a run without a disk limit
+
+
+def _reclaim(root: Path, owner: tuple[int, int] | None, budget: int = UNSHARE_BYTES) -> None:
     """After a box, in one walk: remove what Grove's own tools must not meet, give the rest to `owner`.
 
     Removed: nested `.git` entries (a repository whose config would make Grove's git run a program),
     FIFOs, sockets and device nodes (git cannot track them; reading one blocks), and folders nested
     past MAX_DEPTH (they would exhaust recursive walks); folders are moved out, then deleted.
     Hard-linked files get an inode of their own: a link made in one run would otherwise reach a
-    file that a later run binds read-only.
+    file that a later run binds read-only. The copies take at most `budget` bytes; names past it
+    are removed.
     """
     quarantine: list[tuple[Path, int]] = []  # made on the first folder to remove
+    left = [budget]
     names = itertools.count()
     if owner is not None:
         with contextlib.suppress(OSError):
@@ -361,7 +366,7 @@ def _reclaim(root: Path, owner: tuple[int, int] | None) -> None:
                     os.unlink(name, dir_fd=dfd)
             return False
         if stat.S_ISREG(mode) and st.st_nlink > 1:
-            _unshare_inode(dfd, name)  # the copy is Grove's own already
+            _unshare_inode(dfd, name, left)  # the copy is Grove's own already
         elif owner is not None:
             with contextlib.suppress(OSError):
                 os.chown(name, *owner, dir_fd=dfd, follow_symlinks=False)
@@ -376,23 +381,51 @@ def _reclaim(root: Path, owner: tuple[int, int] | None) -> None:
             subprocess.run(["rm", "-rf", "--one-file-system", "--", str(q)], check=False)
 
 
-def _unshare_inode(dfd: int, name: str) -> None:
-    """Replace a hard-linked file by a private copy of its bytes (the same name, its own inode)."""
-    tmp = f".grove-copy-{os.getpid()}-{random.randrange(1 << 30)}"
+def _unshare_inode(dfd: int, name: str, budget: list[int]) -> None:
+    """Replace a hard-linked file by a private copy of its bytes (the same name, its own inode).
+
+    Only the file's data is copied, its holes kept, and only while `budget[0]` bytes last: past
+    them the name is removed instead (its bytes stay under the file's other names). Otherwise a
+    box could link one large sparse file a thousand times and have Grove fill the disk.
+    """
     with contextlib.suppress(OSError):
-        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
         try:
+            st = os.fstat(src)
+            if not stat.S_ISREG(st.st_mode):
+                return
+            cost = st.st_blocks * 512
+            if cost > budget[0]:
+                os.unlink(name, dir_fd=dfd)
+                return
+            budget[0] -= cost
+            tmp = f".grove-copy-{os.getpid()}-{random.randrange(1 << 30)}"
             dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dfd)
             try:
-                while chunk := os.read(src, 1 << 20):
-                    os.write(dst, chunk)
+                _copy_data(src, dst, st.st_size)
                 # An executable stays one (an environment's tools), without set-id bits.
-                os.fchmod(dst, stat.S_IMODE(os.fstat(src).st_mode) & 0o755)
+                os.fchmod(dst, stat.S_IMODE(st.st_mode) & 0o755)
             finally:
                 os.close(dst)
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         finally:
             os.close(src)
-        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+
+def _copy_data(src: int, dst: int, size: int) -> None:
+    """Copy a file's data regions to the same offsets of another, leaving its holes holes."""
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(src, offset, os.SEEK_DATA)
+        except OSError:  # ENXIO: no data past `offset`
+            break
+        end = os.lseek(src, start, os.SEEK_HOLE)
+        while start < end and (chunk := os.pread(src, min(1 << 20, end - start), start)):
+            os.pwrite(dst, chunk, start)
+            start += len(chunk)
+        offset = end
+    os.ftruncate(dst, size)
 
 
 TOO_DEEP = 1 << 62  # what `usage` answers for a tree nested past MAX_DEPTH: over any disk limit
@@ -727,9 +760,10 @@ def run(
             finally:
                 # The box is gone (its PID namespace with it): nothing races this walk.
                 owner = (os.getuid(), os.getgid()) if uid is not None else None
-                _reclaim(tree, owner)
+                budget = limits.disk_mb * 1024 * 1024 if limits.disk_mb else UNSHARE_BYTES
+                _reclaim(tree, owner, budget)
                 if isolation.env_dir and isolation.env_writable:
-                    _reclaim(Path(isolation.env_dir), owner)
+                    _reclaim(Path(isolation.env_dir), owner, budget)
     finally:
         shutil.rmtree(exchange, ignore_errors=True)
 

@@ -417,6 +417,22 @@ def test_hard_links_cannot_reach_a_read_only_file_in_a_later_run(tmp_path: Path)
     assert later.stdout_tail.strip() == "REAL" and (tmp_path / "eval.py").read_text() == "REAL\n"
 
 
+def test_hard_links_to_a_sparse_file_cannot_make_grove_fill_the_disk(tmp_path: Path) -> None:
+    make = (
+        "truncate -s 200M big && echo data >> big && for i in $(seq 1 50); do ln big link$i; done; echo made"
+    )
+    res = box(make, tmp_path, disk_mb=20)
+    assert "made" in res.stdout_tail, res.stderr_tail
+    left = [p for p in tmp_path.iterdir() if p.name == "big" or p.name.startswith("link")]
+    # Every name left is a file of its own, the data kept, and breaking the links wrote next to nothing.
+    assert left and all(p.stat().st_nlink == 1 for p in left)
+    assert all(p.stat().st_size == 200 * 1024 * 1024 + 5 for p in left)
+    assert sandbox.usage(tmp_path) < 20 * 1024 * 1024
+    with open(left[0], "rb") as fh:
+        fh.seek(200 * 1024 * 1024)
+        assert fh.read() == b"data\n"
+
+
 def test_the_disk_cap_counts_files_past_the_path_length_limit(tmp_path: Path) -> None:
     deep = "python -c \"import os\nfor i in range(20):\n    os.mkdir('d' * 250); os.chdir('d' * 250)\n"
     deep += "open('big', 'wb').write(bytes(20 * 1024 * 1024))\nimport time; time.sleep(60)\""
