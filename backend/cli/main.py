@@ -576,12 +576,18 @@ def submit_cmd(
         if not wait:
             return
         last = ""
+        told: set[int] = set()  # approvals this command has pointed out
         while study["status"] not in ("finished", "failed"):
             time.sleep(1.0)
             if approve_all:
                 for card in client.approvals(study["id"]):
                     client.approve(study["id"], card["node_id"])
                     console.print(f"  approved n{card['node_number']} {card['title']}")
+            elif study.get("pending_approvals"):
+                for card in client.approvals(study["id"]):
+                    if card["node_id"] not in told:
+                        told.add(card["node_id"])
+                        _ask_for_approval(url, card)
             study = client.study(study["id"])
             line = f"  {study['status']}: {study['nodes']} nodes, {study['experiments_used']} experiments, best dev {study['best_dev']}"
             if line != last:
@@ -593,6 +599,18 @@ def submit_cmd(
     console.print(client.report(study["id"]), markup=False, highlight=False)
     if study["status"] == "failed":
         raise typer.Exit(1)
+
+
+def _ask_for_approval(url: str, card: Any) -> None:
+    """Say that the study waits for a human's decision on a node, and how to give it."""
+    held = card["heldout_gain"]
+    gain = f" (held-out gain {held:+.4g})" if held is not None else ""
+    base = f"{url}/studies/{card['study_id']}/nodes/{card['node_id']}"
+    console.print(
+        f"  waiting for your approval of n{card['node_number']} {card['title']}{gain}: decide in the "
+        f"dashboard's approvals, or POST {base}/approve (or /reject with a reason) with an approver token",
+        markup=False, highlight=False, soft_wrap=True,
+    )  # fmt: skip
 
 
 def _params(pairs: list[str]) -> dict[str, object]:

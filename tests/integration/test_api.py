@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -241,6 +244,46 @@ def test_grove_submit_takes_the_same_overrides_as_grove_run(service: Service, tm
         assert stopped.status_code == 200, stopped.text
         assert stopped.json()["status"] == "stopping"
     finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_grove_submit_wait_says_what_the_study_waits_for_and_how_to_approve_it(
+    service: Service, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "r", tiny_files(name="asks", experiments=4, mode="approve"))
+    port = free_port()
+    server, thread = serve(create_app(service.settings), port)
+    url = f"http://127.0.0.1:{port}/api/v1"
+    token = create_token(service.settings, ["operator"], "cli")
+    approver = {"Authorization": f"Bearer {create_token(service.settings, ['approver', 'viewer'], 'ada')}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backend.cli.main", "submit", str(repo), "--api", url, "--token", token, "--wait"],
+        cwd=PROJECT_ROOT, env={**os.environ, **service.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    try:
+        asked = wait_for(
+            lambda: next((ln for ln in list(lines) if "waiting for your approval of n" in ln), None), 180
+        )
+        assert "/approve" in str(asked) and "approver token" in str(asked)
+        sid = int(re.search(r"\(id (\d+)\)", "".join(lines)).group(1))  # type: ignore[union-attr]
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline:  # each approval it waits for is given
+            for card in httpx.get(f"{url}/approvals", params={"study_id": sid}, headers=approver).json()[
+                "data"
+            ]:
+                httpx.post(f"{url}/studies/{sid}/nodes/{card['node_id']}/approve", headers=approver)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=1)
+        assert proc.returncode == 0, "".join(lines)
+        assert sum("waiting for your approval of n" in ln for ln in lines) >= 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
         server.should_exit = True
         thread.join(timeout=10)
 
