@@ -90,13 +90,22 @@ def render(s: Session, study_id: int) -> str:
         f"{len(jobs)} experiments of a budget of {spec.budget.experiments}; wall time {dur:.0f} s; "
         f"{eval_seconds:.0f} s spent in evaluations ({len(receipts)} runs).",
         "",
-        "| node | parent | change | dev mean | gain (LCB) | fate |",
-        "|---|---|---|---|---|---|",
     ]
     ranked = sorted(
         (n for n in nodes if n.gain is not None),
         key=lambda n: -(n.gain_lcb if n.gain_lcb is not None else -1e9),
     )
+    shown = f"The {min(10, len(ranked))} measured nodes with the highest gain LCB" + (
+        f" (of {len(ranked)}; every node is in the API's tree and the dashboard):"
+        if len(ranked) > 10
+        else ":"
+    )
+    lines += [
+        shown,
+        "",
+        "| node | parent | change | dev mean | gain (LCB) | fate |",
+        "|---|---|---|---|---|---|",
+    ]
     fate = {k: _cell(v) for k, v in fates.study_fates(s, st).items()}
     number = {n.id: n.number for n in nodes}
     for n in ranked[:10]:

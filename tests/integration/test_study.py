@@ -93,6 +93,7 @@ def test_grove_run_merges_into_trunk_and_writes_report(settings: Settings, tiny_
     assert [r.seed for r in devs] == [0, 1] and all(r.commit == last.commit for r in devs)
     report = Path(st.report_path).read_text()
     assert "## Baseline → final" in report and f"| n{last.number} |" in report
+    assert "measured nodes with the highest gain LCB" in report  # the table says what it shows
     assert git("log", "--all", "--format=%H %D", cwd=tiny_repo) == before
     # Every node of the finished study is in a final or evaluated state, none left running.
     assert not rows(settings, Node, col(Node.status).in_(["queued", "running", "proposed"]))
