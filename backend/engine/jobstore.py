@@ -94,7 +94,10 @@ LLM_FIELDS = frozenset({"node_id", "role", "model", "base_id", "base_len", "mess
 
 def same_token(held: str, given: str) -> bool:
     """Return whether a presented job token is the job's own (compared in constant time; never an empty one)."""
-    return bool(held) and secrets.compare_digest(held.encode(), given.encode())
+    try:
+        return bool(held) and secrets.compare_digest(held.encode(), given.encode())
+    except UnicodeEncodeError:  # a lone surrogate, which JSON can carry: no token of ours
+        return False
 
 
 def claim_experiment(

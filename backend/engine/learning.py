@@ -375,7 +375,10 @@ def holds(job: LearningJob, token: str) -> bool:
 
 
 def _same(token: str, given: str) -> bool:
-    return secrets.compare_digest(token.encode(), given.encode())
+    try:
+        return secrets.compare_digest(token.encode(), given.encode())
+    except UnicodeEncodeError:  # a lone surrogate, which JSON can carry: no token of ours
+        return False
 
 
 def finite(value: Any) -> Any:

@@ -332,7 +332,8 @@ def test_namespaces_mounts_and_keyrings_are_denied_inside_the_box(tmp_path: Path
     res = box("python probe.py", tmp_path)
     out = res.stdout_tail
     assert res.ok, res.stderr_tail
-    assert "ALLOWED" not in out and out.count("denied") >= 7 and "vsock denied" in out, out
+    assert "ALLOWED" not in out and out.count("denied") >= 7, out
+    assert "vsock denied [Errno 1]" in out, out  # EPERM from the filter, not a host without vsock
     assert "clone3 errno 38" in out  # ENOSYS: the C library falls back to clone, whose flags are checked
     assert "threads ok" in out and "children ok" in out and "sockets ok" in out
 

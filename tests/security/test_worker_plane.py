@@ -7,6 +7,7 @@ node of another study, or call anything but the job-store calls.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -315,20 +316,15 @@ def test_a_jobs_token_cannot_be_guessed_from_its_id_and_attempt(plane: Plane) ->
     with db.session(plane.settings.db_url) as s:
         assert (s.get(Job, job_id) or Job(study_id=0, node_id=0)).token == token
     # A worker token with the job's id and attempt reaches nothing of another study.
-    for guess in (f"job-{job_id}-a1", f"job-{job_id}-a1-", "", token[:-1]):
-        claim = {"token": guess, "host": "thief", "pid": 1}
-        assert plane.client.post(
-            f"{W}/jobs/{job_id}/claim", json=claim, headers=plane.worker
-        ).status_code in (
-            409,
-            422,
-        )
-        assert plane.client.post(
-            f"{W}/jobs/{job_id}/claim-sealed", json=claim, headers=plane.worker
-        ).status_code in (
-            409,
-            422,
-        )
+    # (A lone surrogate is valid JSON: sent as the escape, it must be refused, not crash the API.)
+    for guess in (f"job-{job_id}-a1", f"job-{job_id}-a1-", "", token[:-1], "\ud800"):
+        body = json.dumps({"token": guess, "host": "thief", "pid": 1})  # ASCII, escapes and all
+        for route in ("claim", "claim-sealed"):
+            r = plane.client.post(
+                f"{W}/jobs/{job_id}/{route}", content=body,
+                headers={**plane.worker, "Content-Type": "application/json"},
+            )  # fmt: skip
+            assert r.status_code in (409, 422), (guess, route, r.status_code)
     clone = git(plane, "clone", "-q", f"{plane.url}/api/v1/worker/git/{plane.other.id}", "stolen",
                 cwd=plane.settings.data_dir, token=plane.worker["Authorization"].removeprefix("Bearer "),
                 job=f"{job_id}:job-{job_id}-a1")  # fmt: skip
