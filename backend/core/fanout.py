@@ -41,8 +41,11 @@ def notify(study_ids: set[int]) -> None:
     with _wake:
         _pending.update(study_ids)
         if _sender != os.getpid():
+            try:
+                threading.Thread(target=_send, name="grove-fanout", daemon=True).start()
+            except RuntimeError:  # no thread to be had (the process is ending): the pings wait
+                return
             _sender = os.getpid()
-            threading.Thread(target=_send, name="grove-fanout", daemon=True).start()
         _wake.notify_all()
 
 
@@ -80,4 +83,4 @@ def _forked() -> None:
 
 
 os.register_at_fork(after_in_child=_forked)
-atexit.register(flush)  # a process that ends right after a commit still sends its pings
+atexit.register(flush)  # an interpreter that ends right after a commit still sends its pings

@@ -10,6 +10,8 @@ import os
 import traceback
 from collections.abc import Callable
 
+import redis
+import sqlalchemy.exc
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import celeryd_after_setup, worker_process_init
@@ -202,6 +204,13 @@ def _sealed(site: Site, job_id: int, token: str, stored: Callable[[], None]) -> 
     return sealed.run(site, job_id, token)
 
 
+# Faults of the service around a job rather than of the job: it stays as it was, to be sent again.
+PASSING: tuple[type[Exception], ...] = (
+    Unreachable, sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
+    redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+)  # fmt: skip
+
+
 def _experiment(site: Site, job_id: int, token: str, stored: Callable[[], None]) -> str:
     try:
         return str(experiment.run_experiment(site, job_id, token, stored))
@@ -210,8 +219,8 @@ def _experiment(site: Site, job_id: int, token: str, stored: Callable[[], None])
     except SoftTimeLimitExceeded:
         site.crash(job_id, token, "the experiment ran past its time limit")
         return "failed"
-    except Unreachable:
-        raise  # the API is away: the job is sent again once its lease has lapsed
+    except PASSING:
+        raise  # the API, the database or Redis is away: the job is sent again once its lease has lapsed
     except Exception as exc:  # what nothing foresaw fails the job with its reason: none stays running
         traceback.print_exc()
         site.crash(job_id, token, f"{type(exc).__name__}: {exc}"[:2000])
