@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import glob
 import itertools
@@ -287,11 +288,18 @@ MAX_DEPTH = 200  # no real repository nests deeper; a deeper tree is a box's att
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _walk(root: Path, visit: Callable[[int, str, os.stat_result, str], bool]) -> None:
+def _walk(
+    root: Path,
+    visit: Callable[[int, str, os.stat_result, str], bool],
+    blind: Callable[[str], None] | None = None,
+    open_up: bool = True,
+) -> None:
     """Visit each entry under `root` (its top `.git` excepted) by directory descriptor, links unfollowed.
 
     Iterative and depth-first, holding one descriptor per level. `visit(dir_fd, name, st, rel)`
     gets the entry's path relative to `root` and returns whether to descend into a directory.
+    A folder closed to its owner (a box's `chmod 000`, which stops Grove's own user) is opened up
+    for its owner first, with `open_up`; one that still cannot be walked is passed to `blind`.
     """
     try:
         top = os.open(root, _DIR)
@@ -313,9 +321,33 @@ def _walk(root: Path, visit: Callable[[int, str, os.stat_result, str], bool]) ->
             continue
         rel = f"{prefix}{name}"
         if visit(dfd, name, st, rel) and stat.S_ISDIR(st.st_mode):
-            with contextlib.suppress(OSError):
-                child = os.open(name, _DIR, dir_fd=dfd)
-                stack.append((child, iter(sorted(os.listdir(child))), rel + "/"))
+            try:
+                child = _open_dir(dfd, name, st, open_up)
+                try:
+                    entries = sorted(os.listdir(child))
+                except OSError:
+                    os.close(child)
+                    raise
+                stack.append((child, iter(entries), rel + "/"))
+            except OSError as exc:
+                # Gone or replaced meanwhile (the box may still run) is no folder hidden from the walk.
+                if blind is not None and exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                    blind(rel)
+
+
+def _open_dir(dfd: int, name: str, st: os.stat_result, open_up: bool) -> int:
+    try:
+        return os.open(name, _DIR, dir_fd=dfd)
+    except PermissionError:
+        if not open_up or st.st_uid != os.geteuid():
+            raise
+    # By a descriptor of the folder itself: a link put in its place meanwhile is not followed.
+    pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        os.chmod(f"/proc/self/fd/{pfd}", stat.S_IMODE(st.st_mode) | 0o700)
+    finally:
+        os.close(pfd)
+    return os.open(name, _DIR, dir_fd=dfd)
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
@@ -385,57 +417,71 @@ def _unshare_inode(dfd: int, name: str, budget: list[int]) -> None:
     """Replace a hard-linked file by a private copy of its bytes (the same name, its own inode).
 
     Only the file's data is copied, its holes kept, and only while `budget[0]` bytes last: past
-    them the name is removed instead (its bytes stay under the file's other names). Otherwise a
-    box could link one large sparse file a thousand times and have Grove fill the disk.
+    them, or if it cannot be copied, the name is removed instead (its bytes stay under the file's
+    other names). Otherwise a box could link one large sparse file a thousand times and have
+    Grove fill the disk.
     """
-    with contextlib.suppress(OSError):
+    tmp = f".grove-copy-{os.getpid()}-{random.randrange(1 << 30)}"
+    try:
         src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
         try:
             st = os.fstat(src)
             if not stat.S_ISREG(st.st_mode):
                 return
-            cost = st.st_blocks * 512
-            if cost > budget[0]:
-                os.unlink(name, dir_fd=dfd)
-                return
-            budget[0] -= cost
-            tmp = f".grove-copy-{os.getpid()}-{random.randrange(1 << 30)}"
-            dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dfd)
+            dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
             try:
-                _copy_data(src, dst, st.st_size)
+                budget[0] -= _copy_data(src, dst, st.st_size, budget[0])
                 # An executable stays one (an environment's tools), without set-id bits.
                 os.fchmod(dst, stat.S_IMODE(st.st_mode) & 0o755)
             finally:
                 os.close(dst)
-            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         finally:
             os.close(src)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dfd)
 
 
-def _copy_data(src: int, dst: int, size: int) -> None:
-    """Copy a file's data regions to the same offsets of another, leaving its holes holes."""
-    offset = 0
+def _copy_data(src: int, dst: int, size: int, budget: int) -> int:
+    """Copy a file's data regions to the same offsets of another, leaving its holes holes; return the bytes written.
+
+    Raise OSError (ENOSPC) rather than write more than `budget` bytes.
+    """
+    offset = written = 0
     while offset < size:
         try:
             start = os.lseek(src, offset, os.SEEK_DATA)
-        except OSError:  # ENXIO: no data past `offset`
-            break
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+            break  # no data past `offset`
         end = os.lseek(src, start, os.SEEK_HOLE)
-        while start < end and (chunk := os.pread(src, min(1 << 20, end - start), start)):
-            os.pwrite(dst, chunk, start)
-            start += len(chunk)
+        while start < end:
+            chunk = os.pread(src, min(1 << 20, end - start), start)
+            if not chunk:
+                break
+            if written + len(chunk) > budget:
+                raise OSError(errno.ENOSPC, "past the budget for copies of linked files")
+            view = memoryview(chunk)
+            while view:
+                n = os.pwrite(dst, view, start)
+                view, start, written = view[n:], start + n, written + n
         offset = end
     os.ftruncate(dst, size)
+    return written
 
 
-TOO_DEEP = 1 << 62  # what `usage` answers for a tree nested past MAX_DEPTH: over any disk limit
+TOO_DEEP = 1 << 62  # what `usage` answers for a tree it cannot count whole: over any disk limit
 
 
 def usage(*roots: Path) -> int:
     """Return the bytes (allocated blocks) under some folders, links not followed, by descriptor.
 
-    A tree nested past MAX_DEPTH answers TOO_DEEP: its walk would hold a descriptor per level and
-    run out of them, and what lay below would go uncounted.
+    A tree that cannot be counted whole answers TOO_DEEP: one nested past MAX_DEPTH (its walk
+    would hold a descriptor per level and run out of them), or with a folder the walk cannot open.
     """
     total = 0
 
@@ -447,8 +493,12 @@ def usage(*roots: Path) -> int:
             return False
         return True
 
+    def blind(rel: str) -> None:
+        nonlocal total
+        total += TOO_DEEP
+
     for root in roots:
-        _walk(root, visit)
+        _walk(root, visit, blind, open_up=False)  # the box may still run: its folders stay as they are
     return total
 
 
@@ -923,7 +973,10 @@ def _run(
     elif boxed and not reported and not timed_out and not disk_exceeded:
         notes.append("the sandbox's wrapper was killed, so stray processes were not counted; all were killed")
     if too_deep:
-        notes.append(f"the command nested folders more than {MAX_DEPTH} levels deep; it was stopped")
+        notes.append(
+            f"the command made folders Grove cannot count (nested more than {MAX_DEPTH} levels deep, "
+            "or closed to their owner); it was stopped"
+        )
     elif disk_exceeded:
         notes.append(f"the command wrote more than {limits.disk_mb} MB; it was stopped")
     if notes:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -11,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from backend.core import gitops
-from backend.core.config import Settings
+from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.models import Study
 from backend.engine import evaluation, sandbox, workspace
 from tests.conftest import make_repo, wait_for
@@ -455,6 +458,45 @@ def test_the_disk_cap_counts_files_past_the_descriptor_limit(tmp_path: Path) -> 
         assert f"more than {sandbox.MAX_DEPTH} levels deep" in res.stderr_tail
     finally:
         subprocess.run(["rm", "-rf", str(tmp_path / "d")], check=False)
+
+
+CLOSED_FOLDER = """
+import os, sys
+from pathlib import Path
+from backend.engine import sandbox
+root = Path(sys.argv[1])
+(root / "ev").mkdir()
+(root / "ev" / "eval.py").write_text("REAL")
+(root / "d").mkdir()
+(root / "d" / "data").write_bytes(bytes(1 << 20))
+os.link(root / "ev" / "eval.py", root / "d" / "e")
+os.chmod(root / "d", 0)
+os.chmod(root / "ev", 0)  # neither name of the evaluator's file can be reached by a walk
+print("uncounted", sandbox.usage(root) >= sandbox.TOO_DEEP)
+sandbox._reclaim(root, None)
+print("unlinked", os.stat(root / "ev" / "eval.py").st_nlink == 1)
+"""
+
+
+def test_a_folder_closed_to_its_owner_is_neither_uncounted_nor_left_linked(tmp_path: Path) -> None:
+    # Where Grove runs as an ordinary user, a box's files are its own, and `chmod 000` stops its
+    # own walks: the disk watch must not go blind, nor a hard link to an evaluator survive.
+    tree = Path(tempfile.mkdtemp(prefix="grove-closed-"))
+    try:
+        as_user: list[str] = []
+        if os.geteuid() == 0:
+            os.chown(tree, 65534, 65534)
+            as_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+        out = subprocess.run(
+            [*as_user, sys.executable, "-c", CLOSED_FOLDER, str(tree)], cwd=PROJECT_ROOT,
+            env={"PATH": os.environ["PATH"], "PYTHONPATH": str(PROJECT_ROOT)}, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert "uncounted True" in out.stdout and "unlinked True" in out.stdout, out.stdout
+    finally:
+        subprocess.run(["chmod", "-R", "u+rwx", str(tree)], check=False)
+        shutil.rmtree(tree, ignore_errors=True)
 
 
 def test_a_command_that_kills_its_wrapper_and_watcher_leaves_nothing(tmp_path: Path) -> None:
