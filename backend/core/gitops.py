@@ -90,6 +90,9 @@ def run_git(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
         raise GitError(list(args), -1, f"timed out after {timeout:g}s") from None
 
 
+_LIVE: set[int] = set()  # process groups of the commands `run_captured` is running now
+
+
 def run_captured(
     argv: list[str], *, cwd: Path | None, env: dict[str, str], timeout: float
 ) -> subprocess.CompletedProcess[str]:
@@ -100,7 +103,8 @@ def run_captured(
     Like `subprocess.run(..., timeout=...)` without its wait, which polls for the exit with sleeps
     from a millisecond up (a git command of Grove's takes about that long itself). The program runs
     in a process group of its own, killed whole: a helper it started (a remote transport, an alias's
-    shell) cannot keep it hanging by holding its output open.
+    shell) cannot keep it hanging by holding its output open. `kill_all` ends every such group of
+    this process (a worker told to stop calls it).
     """
     with subprocess.Popen(
         argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8",
@@ -113,19 +117,28 @@ def run_captured(
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
 
+        _LIVE.add(proc.pid)
         timer = threading.Timer(timeout, expire)
         timer.daemon = True
-        timer.start()
         try:
+            timer.start()
             out, err = proc.communicate()
         except BaseException:  # a worker's time limit, say: the command does not outlive the call
             expire()
             raise
         finally:
             timer.cancel()
+            _LIVE.discard(proc.pid)
         if expired.is_set():
             raise subprocess.TimeoutExpired(argv, timeout, out, err)
         return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def kill_all() -> None:
+    """Kill the process groups of every command `run_captured` is running in this process."""
+    for pgid in list(_LIVE):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
 
 
 def git(*args: str, cwd: Path | None = None, check: bool = True, timeout: float = 300) -> str:

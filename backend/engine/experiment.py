@@ -275,6 +275,7 @@ def _die_with_parent() -> None:
 
     def bye(signum: int, frame: object) -> None:
         sandbox.kill_all()
+        gitops.kill_all()
         os._exit(143)
 
     signal.signal(signal.SIGTERM, bye)

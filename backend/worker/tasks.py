@@ -14,13 +14,13 @@ import redis
 import sqlalchemy.exc
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import celeryd_after_setup, worker_process_init
+from celery.signals import celeryd_after_setup, worker_process_init, worker_process_shutdown
 from sqlmodel import col, select
 
 from agents.policies import optuna_bridge
 from agents.spec import SpecError
 from agents.tree.status import StudyStatus
-from backend.core import db, fanout
+from backend.core import db, fanout, gitops
 from backend.core.config import Settings, get_settings
 from backend.core.gitops import GitError
 from backend.core.locks import Busy, client, coalesced, lease
@@ -67,6 +67,13 @@ def _init_process(**_: object) -> None:
         optuna_bridge.warm_up()  # in each pool process: a study's first GP step is not slowed
     if not settings.worker_token:
         warm_database(settings)
+
+
+@worker_process_shutdown.connect
+def _end_process(**_: object) -> None:
+    """In a pool process that ends: kill the git commands and unboxed runs it started (groups of their own)."""
+    gitops.kill_all()
+    sandbox.kill_all()
 
 
 def warm_database(settings: Settings) -> None:

@@ -85,6 +85,31 @@ def test_a_command_past_its_timeout_is_killed_with_its_children_and_its_output_k
         gitops.git("-c", "alias.wait=!sleep 30", "wait", cwd=tmp_path, timeout=0.5)
 
 
+def test_a_process_told_to_stop_kills_the_commands_it_runs_with_their_children(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child"
+    argv = ["sh", "-c", f"sleep 600 >/dev/null 2>&1 & echo $! > {pidfile}; exec sleep 600"]
+    done: list[subprocess.CompletedProcess[str]] = []
+    runner = threading.Thread(
+        target=lambda: done.append(
+            gitops.run_captured(argv, cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, timeout=900)
+        )
+    )
+    runner.start()
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 10)
+    child = pidfile.read_text().strip()
+    gitops.kill_all()  # what a worker's pool process does as it ends
+    runner.join(30)
+    assert not runner.is_alive() and done and done[0].returncode == -9
+
+    def gone() -> bool:
+        try:
+            return " Z " in Path(f"/proc/{child}/stat").read_text()
+        except FileNotFoundError:
+            return True
+
+    wait_for(gone, 10)
+
+
 def test_a_change_with_bytes_that_are_not_utf8_is_read_as_text(tmp_path: Path, tiny_repo: Path) -> None:
     repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
     base = repo.rev("main")
