@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from sqlmodel import Session, col, func, select
+from sqlmodel import Session, col, func, or_, select
 
 from backend.api import schemas
 from backend.core.models import Approval, Event, Job, LlmCall, Node, Study
@@ -31,7 +31,13 @@ def study_public(s: Session, st: Study) -> schemas.StudyPublic:
         select(func.count()).select_from(Job).where(Job.study_id == st.id, Job.status == "running")
     ).one()
     pick = func.max if spec.maximize else func.min
-    best = s.exec(select(pick(Node.dev_mean)).where(Node.study_id == st.id)).one()
+    # The best of trunk's root and the nodes whose every constraint held (AREX accepted or rejected
+    # them on their gain); one that broke a constraint is no candidate, however good its dev.
+    admissible = or_(
+        col(Node.parent_id).is_(None),
+        col(Node.verification)["decision"].as_string().in_(["accept", "reject"]),
+    )
+    best = s.exec(select(pick(Node.dev_mean)).where(Node.study_id == st.id, admissible)).one()
     calls, tokens, usd = s.exec(
         select(
             func.count(col(LlmCall.id)),
