@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, Route, expect, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from backend.core.config import PROJECT_ROOT
 from tests.conftest import free_port, git, make_repo, spawn_up, tiny_files, wait_for
@@ -201,11 +202,22 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
     merged = page.locator("svg text", has_text=re.compile(rf"^n{number} · merged$"))
     expect(merged).to_be_visible(timeout=30_000)
     shot(page, "06-study-merged")
+
     # The node picker opens it too (type to filter the list), and its page says what became of it.
-    page.get_by_role("combobox", name="Open a node").click()
-    page.keyboard.type(f"n{number} · ")
-    page.get_by_role("option", name=re.compile(rf"^n{number} · ")).click()
-    page.get_by_role("link", name=f"Open n{number} →").click()
+    # The page reruns whole once when the study finishes, which can close the list under the
+    # pointer: the pick is made again then.
+    def pick() -> bool:
+        try:
+            page.get_by_role("combobox", name="Open a node").click(timeout=10_000)
+            page.keyboard.type(f"n{number} · ")
+            page.get_by_role("option", name=re.compile(rf"^n{number} · ")).click(timeout=10_000)
+            page.get_by_role("link", name=f"Open n{number} →").click(timeout=10_000)
+        except PlaywrightTimeoutError:
+            page.keyboard.press("Escape")
+            return False
+        return True
+
+    wait_for(pick, timeout=120, every=0.5)
     expect(page.get_by_role("heading", level=1, name=re.compile(rf"^n{number} · "))).to_be_visible()
     expect(page.get_by_text("Fate: merged by grove-up")).to_be_visible()
 
