@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from sqlmodel import col, select
 
 from backend.api.main import create_app
+from backend.api.serializers import study_public
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Node, Study
@@ -166,3 +167,26 @@ def test_the_kept_tree_reads_as_a_fresh_one_after_every_kind_of_change(
             assert ids[-1] not in {n["id"] for n in read()}
         finally:
             event.remove(db.get_engine(settings.db_url), "before_cursor_execute", count)
+
+
+def test_best_dev_is_the_best_node_whose_constraints_held(settings: Settings, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r", tiny_files(name="best"))
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, (repo / "grove.toml").read_text(), str(repo))
+        sid, root = study.id or 0, study.trunk_node_id
+        root_node = s.get(Node, root)
+        assert root_node is not None
+        root_node.dev_mean = 0.2
+        s.add(root_node)
+        for title, dev, decision in (
+            ("fits", 0.5, "accept"),
+            ("too big", 0.9, "refine"),
+            ("worse", 0.1, "reject"),
+        ):
+            s.add(Node(study_id=sid, parent_id=root, depth=1, title=title, status="evaluated", dev_mean=dev,
+                       verification={"decision": decision}))  # fmt: skip
+    with db.session(settings.db_url) as s:
+        st = s.get(Study, sid)
+        assert st is not None
+        # The tiny study maximizes: the node that broke a constraint is not the best, however good.
+        assert study_public(s, st).best_dev == 0.5

@@ -437,27 +437,26 @@ def test_hard_links_to_a_sparse_file_cannot_make_grove_fill_the_disk(tmp_path: P
         assert fh.read() == b"data\n"
 
 
-def test_the_disk_cap_counts_files_past_the_path_length_limit(tmp_path: Path) -> None:
-    deep = "python -c \"import os\nfor i in range(20):\n    os.mkdir('d' * 250); os.chdir('d' * 250)\n"
+@pytest.mark.parametrize(
+    ("name", "levels", "disk_mb", "note"),
+    [
+        ("d" * 250, 20, 5, ""),  # past the path length limit: the walk goes by descriptors
+        # Deeper than the walk could hold a descriptor per level (1024 is a common limit): the run
+        # is stopped for its nesting, not let write below what the walk can count.
+        ("d", 1100, 100, f"more than {sandbox.MAX_DEPTH} levels deep"),
+    ],
+)
+def test_the_disk_cap_counts_files_past_path_and_descriptor_limits(
+    tmp_path: Path, name: str, levels: int, disk_mb: int, note: str
+) -> None:
+    deep = f"python -c \"import os\nfor i in range({levels}):\n    os.mkdir('{name}'); os.chdir('{name}')\n"
     deep += "open('big', 'wb').write(bytes(20 * 1024 * 1024))\nimport time; time.sleep(60)\""
-    res = box(deep, tmp_path, disk_mb=5, timeout=120)  # only the disk cap ends the run in time
+    res = box(deep, tmp_path, disk_mb=disk_mb, timeout=120)  # only the disk watch ends the run in time
     try:
         assert res.disk_exceeded and not res.timed_out, res.stderr_tail
+        assert note in res.stderr_tail
     finally:
-        subprocess.run(["rm", "-rf", str(tmp_path / ("d" * 250))], check=False)
-
-
-def test_the_disk_cap_counts_files_past_the_descriptor_limit(tmp_path: Path) -> None:
-    # Deeper than Grove's walk could hold a descriptor per level (1024 is a common limit): the run
-    # is stopped for its nesting, not let write below what the walk can count.
-    deep = "python -c \"import os\nfor i in range(1100):\n    os.mkdir('d'); os.chdir('d')\n"
-    deep += "open('big', 'wb').write(bytes(20 * 1024 * 1024))\nimport time; time.sleep(60)\""
-    res = box(deep, tmp_path, disk_mb=100, timeout=120)  # only the disk watch ends the run in time
-    try:
-        assert res.disk_exceeded and not res.timed_out, res.stderr_tail
-        assert f"more than {sandbox.MAX_DEPTH} levels deep" in res.stderr_tail
-    finally:
-        subprocess.run(["rm", "-rf", str(tmp_path / "d")], check=False)
+        subprocess.run(["rm", "-rf", str(tmp_path / name)], check=False)
 
 
 CLOSED_FOLDER = """
