@@ -248,9 +248,7 @@ class Environment(_Section):
     inputs: list[str] = Field(default_factory=lambda: list(ENV_INPUTS))  # globs whose content keys the cache
     network: bool = False  # the setup step may reach the network (evaluations still follow [sandbox])
     timeout: int = Field(default=1800, ge=1, le=WEEK)
-    disk_mb: int = Field(
-        default=20 * 1024, ge=1, le=16 * 1024 * 1024
-    )  # what setup may write (the folder too)
+    disk_mb: int = Field(default=20 * 1024, ge=1, le=16 * 1024 * 1024)  # what setup may write, env included
 
 
 class Memory(_Section):

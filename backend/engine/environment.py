@@ -110,12 +110,10 @@ def _build(
         repo.remove_worktree(tree)
         repo.git("branch", "-D", branch, check=False)
     if not res.ok:
-        why = (
-            f"timed out after {limits.timeout:g}s"
-            if res.timed_out
-            else f"wrote more than {limits.disk_mb} MB (environment.disk_mb)"
-            if res.disk_exceeded
-            else f"exited with code {res.exit_code}"
-        )
+        why = f"exited with code {res.exit_code}"
+        if res.timed_out:
+            why = f"timed out after {limits.timeout:g}s"
+        elif res.disk_exceeded:
+            why = f"wrote more than {limits.disk_mb} MB (environment.disk_mb)"
         tail = (res.stderr_tail or res.stdout_tail).strip()[-1500:]
         raise SetupFailed(f"environment setup {why}; its log: {res.stderr_path}\n{tail}")

@@ -278,7 +278,7 @@ def claim(
     """
     with db.session(settings.db_url) as s:
         job = s.get(LearningJob, job_id)
-        if job is None or (token is not None and not (job.token and _same(job.token, token))):
+        if job is None or (token is not None and not jobstore.same_token(job.token, token)):
             return None
         if job.status not in ("done", "failed"):
             job.status, job.started_at, job.host = "running", now(), host[:255]
@@ -371,14 +371,7 @@ def fail(settings: Settings, job_id: int, reason: str, token: str | None = None)
 
 def holds(job: LearningJob, token: str) -> bool:
     """Return whether a worker presenting `token` runs this job now."""
-    return job.status == "running" and bool(job.token) and _same(job.token, token)
-
-
-def _same(token: str, given: str) -> bool:
-    try:
-        return secrets.compare_digest(token.encode(), given.encode())
-    except UnicodeEncodeError:  # a lone surrogate, which JSON can carry: no token of ours
-        return False
+    return job.status == "running" and jobstore.same_token(job.token, token)
 
 
 def finite(value: Any) -> Any:
