@@ -1,6 +1,7 @@
-"""The one adapter to the git CLI: clones, worktrees, commits, diffs and merges.
+"""The one adapter to git: clones, worktrees, commits, diffs and merges.
 
-Worktree and merge operations on a repository are serialised by a file lock in its
+The git CLI does most of it; a node's worktree, commit and diff go through libgit2 in-process
+(`libgit`), on the same repositories. Worktree and merge operations on a repository are serialised by a file lock in its
 git directory, since concurrent `git worktree add` calls race on shared metadata.
 """
 
@@ -18,6 +19,8 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from backend.core import libgit
 
 GIT_ENV = {
     "GIT_TERMINAL_PROMPT": "0",
@@ -141,6 +144,15 @@ def kill_all() -> None:
             os.killpg(pgid, signal.SIGKILL)
 
 
+@contextlib.contextmanager
+def _in_process(args: list[str]) -> Iterator[None]:
+    """Report a libgit2 failure as the git command it stands for would have failed."""
+    try:
+        yield
+    except libgit.LibGitError as exc:
+        raise GitError(args, -1, str(exc)) from exc
+
+
 def git(*args: str, cwd: Path | None = None, check: bool = True, timeout: float = 300) -> str:
     """Run a git command and return its stdout."""
     proc = run_git(*args, cwd=cwd, timeout=timeout)
@@ -260,24 +272,9 @@ class Repo:
         return self.git("diff", "--no-ext-diff", "--no-textconv", "--no-color", old, new)
 
     def change(self, old: str, new: str) -> Change:
-        """Return what changed between two commits: every path touched, and the diff's sizes (one git call)."""
-        out = self.git("diff", "--no-ext-diff", "--no-textconv", "--numstat", "-z", old, new)
-        fields = out.split("\0")
-        paths: list[str] = []
-        files = ins = dels = 0
-        i = 0
-        while i < len(fields) and fields[i]:
-            a, d, path = fields[i].split("\t", 2)
-            if path:
-                paths.append(path)
-                i += 1
-            else:  # a rename or copy: its source and destination follow
-                paths += fields[i + 1 : i + 3]
-                i += 3
-            files += 1
-            ins += int(a) if a.isdigit() else 0
-            dels += int(d) if d.isdigit() else 0
-        return Change(paths, {"files": files, "insertions": ins, "deletions": dels})
+        """Return what changed between two commits: every path touched, and the diff's sizes."""
+        with _in_process(["diff", "--numstat", old, new]):
+            return Change(*libgit.change(self.path, old, new))
 
     def is_ancestor(self, commit: str, of: str) -> bool:
         """Return whether `commit` is an ancestor of (or equal to) `of`."""
@@ -290,10 +287,8 @@ class Repo:
         with self.lock():
             self._remove_worktree_locked(path)
             path.parent.mkdir(parents=True, exist_ok=True)
-            self.git(
-                "worktree", "add", "--no-track", "--lock", "--reason", reason,
-                "-B", branch, str(path), commit,
-            )  # fmt: skip
+            with _in_process(["worktree", "add", "--lock", "-B", branch, str(path), commit]):
+                libgit.add_worktree(self.path, path, branch, commit, reason)
         return path
 
     def remove_worktree(self, path: Path) -> None:
@@ -357,16 +352,9 @@ class Repo:
         The commit starts no automatic maintenance (a `git gc --auto` on a job's critical path):
         call `maintain` once the result is stored.
         """
-        git("add", "-A", cwd=worktree)
-        proc = run_git("diff", "--cached", "--quiet", "--ignore-submodules=all", "HEAD", "--", cwd=worktree)
-        if proc.returncode not in (0, 1):  # no HEAD yet: ask for the status instead
-            changed = bool(git("status", "--porcelain", "--ignore-submodules=all", cwd=worktree).strip())
-        else:
-            changed = proc.returncode == 1
-        if not changed:
-            return None  # nothing, or only nested repositories, changed
-        git("-c", "maintenance.auto=false", "commit", "-q", "--no-verify", "-m", message, cwd=worktree)
-        return git("rev-parse", "HEAD", cwd=worktree).strip()
+        git("add", "-A", cwd=worktree)  # git's own staging: ignore files, skip-worktree, nested repositories
+        with _in_process(["commit", "-m", message]):
+            return libgit.commit_staged(worktree, message)
 
     def maintain(self) -> None:
         """Run git's automatic maintenance if it is due (packs loose objects now and then), unless turned off."""

@@ -311,3 +311,64 @@ def test_janitor_removes_stale_worktrees(settings: Settings, tiny_repo: Path) ->
     assert path.exists()
     removed = workspace.janitor(settings)
     assert removed == [path] and not path.exists() and repo.worktrees() == []
+
+
+def test_a_branch_checked_out_in_one_worktree_is_refused_to_another(tmp_path: Path, tiny_repo: Path) -> None:
+    repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
+    base = repo.rev("main")
+    first = repo.add_worktree(tmp_path / "wts" / "n1-a1", "grove/t/n1", base, reason="job 1")
+    (first / "config.toml").write_text("[knob]\nx = 7\n")
+    kept = repo.commit_all(first, "first attempt")
+    with pytest.raises(gitops.GitError, match="already checked out"):
+        repo.add_worktree(tmp_path / "wts" / "n1-a2", "grove/t/n1", base, reason="job 2")
+    assert repo.rev("grove/t/n1") == kept and not (tmp_path / "wts" / "n1-a2").exists()
+    # git itself reads the worktree as one of its own: locked, with the reason given.
+    listed = {Path(w["worktree"]).name: w for w in repo.worktrees()}
+    assert listed["n1-a1"]["branch"] == "refs/heads/grove/t/n1" and listed["n1-a1"]["locked"] == "job 1"
+    assert git("status", "--porcelain", cwd=first) == ""
+
+
+def test_the_operators_own_git_config_changes_no_checkout(
+    tmp_path: Path, tiny_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text("[core]\n\tautocrlf = true\n")  # would write CRLF line ends
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
+    repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
+    wt = repo.add_worktree(tmp_path / "wts" / "n1", "grove/t/n1", repo.rev("main"))
+    assert b"\r" not in (wt / "config.toml").read_bytes()
+    assert repo.commit_all(wt, "nothing") is None
+
+
+def test_a_commit_message_and_a_change_read_as_git_writes_and_counts_them(
+    tmp_path: Path, tiny_repo: Path
+) -> None:
+    repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
+    base = repo.rev("main")
+    wt = repo.add_worktree(tmp_path / "wts" / "n1", "grove/t/n1", base)
+    (wt / "config.toml").write_text("[knob]\nx = 2\n")
+    lines = "".join(f"line {i}\n" for i in range(40))
+    (wt / "notes.txt").write_text(lines)
+    (wt / "blob.bin").write_bytes(bytes(range(256)) * 4)
+    first = repo.commit_all(wt, "\n\nGrove n1: a title   \n\n\n\nwhat changed  \n\n")
+    assert first is not None
+    assert git("log", "-1", "--format=%B", first, cwd=repo.path) == "Grove n1: a title\n\nwhat changed\n\n"
+    assert git("log", "-1", "--format=%an <%ae>", first, cwd=repo.path).strip() == "Grove <grove@localhost>"
+    (wt / "notes.txt").rename(wt / "renamed.txt")
+    (wt / "renamed.txt").write_text(lines + "one more\n")
+    second = repo.commit_all(wt, "rename")
+    assert second is not None
+    for old, new in ((base, first), (first, second), (base, second)):
+        change = repo.change(old, new)
+        numstat = git("diff", "--numstat", "-z", old, new, cwd=repo.path)
+        fields = [f for f in numstat.split("\0") if f]
+        counted = [f.split("\t") for f in fields if "\t" in f]
+        assert change.stats == {
+            "files": len(counted),
+            "insertions": sum(int(a) for a, _, _ in counted if a.isdigit()),
+            "deletions": sum(int(d) for _, d, _ in counted if d.isdigit()),
+        }
+        assert sorted(change.paths) == sorted(p for f in fields for p in [f.split("\t")[-1]] if p)
+    assert sorted(repo.change(first, second).paths) == ["notes.txt", "renamed.txt"]
