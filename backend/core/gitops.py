@@ -262,10 +262,8 @@ class Repo:
 
     def changed_files(self, old: str, new: str) -> list[str]:
         """Return paths that differ between two commits (renames as delete + add)."""
-        out = self.git(
-            "diff", "--no-ext-diff", "--no-textconv", "--name-only", "--no-renames", "-z", old, new
-        )
-        return [p for p in out.split("\0") if p]
+        with _in_process(["diff", "--name-only", "--no-renames", old, new]):
+            return libgit.changed_files(self.path, old, new)
 
     def diff(self, old: str, new: str) -> str:
         """Return the unified diff between two commits."""
@@ -297,29 +295,28 @@ class Repo:
             self._remove_worktree_locked(path)
 
     def _remove_worktree_locked(self, path: Path) -> None:
-        registered, removed = self._registered(path), False
-        if registered:
-            try:  # twice forced: locked, dirty or not, it goes, with its records
-                self.git("worktree", "remove", "--force", "--force", str(path))
-                removed = True
-            except GitError:
-                pass  # what is left is deleted and pruned below
-        existed, stale = path.exists(), registered and not removed
+        # As `git worktree remove --force --force` does it (locked, dirty or not, it goes with its
+        # records), without a git process; what resists is left to `git worktree prune`.
+        record = self._record_of(path)
+        existed = path.exists()
         if existed:
             shutil.rmtree(path, ignore_errors=True)
-        if stale:
+        if record is not None and not path.exists():
+            shutil.rmtree(record, ignore_errors=True)
+        if path.exists() or (record is not None and record.exists()):
             self.git("worktree", "unlock", str(path), check=False)  # a locked record is never pruned
-        if stale or existed:
             self.git("worktree", "prune", "--expire=now")
+        elif existed and record is None:
+            self.git("worktree", "prune", "--expire=now")  # a folder git may know by another path
 
-    def _registered(self, path: Path) -> bool:
-        """Return whether git has a worktree at `path`, from its own records (no git process)."""
+    def _record_of(self, path: Path) -> Path | None:
+        """Return git's record (admin folder) of the worktree at `path`, if it has one (no git process)."""
         admin = self.path / ".git" / "worktrees"
         wanted = {str(path / ".git"), str(path.resolve() / ".git")}
         try:
             entries = list(admin.iterdir())
         except OSError:
-            return False
+            return None
         for entry in entries:
             try:
                 recorded = Path((entry / "gitdir").read_text().strip())
@@ -328,8 +325,8 @@ class Repo:
             if not recorded.is_absolute():  # git's worktree.useRelativePaths
                 recorded = Path(os.path.normpath(entry / recorded))
             if str(recorded) in wanted:
-                return True
-        return False
+                return entry
+        return None
 
     def worktrees(self) -> list[dict[str, str]]:
         """Return `git worktree list --porcelain` as dicts (the main one excluded)."""
@@ -369,7 +366,8 @@ class Repo:
             if proc.returncode != 0:
                 git("merge", "--abort", cwd=worktree, check=False)
                 raise MergeConflict(["merge", branch], proc.returncode, proc.stdout + proc.stderr)
-        return git("rev-parse", "HEAD", cwd=worktree).strip()
+        with _in_process(["rev-parse", "HEAD"]):
+            return libgit.head(worktree)
 
 
 def clone(source: str, dest: Path, timeout: float = 600) -> Repo:

@@ -78,6 +78,29 @@ def clean_message(message: str) -> str:
     return text + "\n" if text else ""
 
 
+def head(worktree: Path) -> str:
+    """Return the commit a worktree's HEAD is at."""
+    repo = pygit2.Repository(str(worktree))
+    try:
+        return str(repo.head.peel(pygit2.Commit).id)
+    except (pygit2.GitError, OSError, KeyError, ValueError) as exc:
+        raise LibGitError(f"HEAD of {worktree}: {exc}") from exc
+    finally:
+        repo.free()
+
+
+def changed_files(repo_path: Path, old: str, new: str) -> list[str]:
+    """Return the paths two commits' trees differ in, a rename as its two paths (`git diff --no-renames`)."""
+    repo = pygit2.Repository(str(repo_path))
+    try:
+        diff = repo.diff(repo[old].peel(pygit2.Commit), repo[new].peel(pygit2.Commit))
+        return [_text(d.new_file.raw_path) for d in diff.deltas]
+    except (pygit2.GitError, OSError, KeyError, ValueError) as exc:
+        raise LibGitError(f"diff {old[:12]}..{new[:12]} in {repo_path}: {exc}") from exc
+    finally:
+        repo.free()
+
+
 def change(repo_path: Path, old: str, new: str) -> tuple[list[str], dict[str, int]]:
     """Return every path two commits' trees differ in (both sides of a rename) and the diff's sizes.
 

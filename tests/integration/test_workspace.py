@@ -371,4 +371,11 @@ def test_a_commit_message_and_a_change_read_as_git_writes_and_counts_them(
             "deletions": sum(int(d) for _, d, _ in counted if d.isdigit()),
         }
         assert sorted(change.paths) == sorted(p for f in fields for p in [f.split("\t")[-1]] if p)
+        listed = git("diff", "--name-only", "--no-renames", "-z", old, new, cwd=repo.path)
+        assert repo.changed_files(old, new) == [p for p in listed.split("\0") if p]
     assert sorted(repo.change(first, second).paths) == ["notes.txt", "renamed.txt"]
+    repo.remove_worktree(wt)  # the folder and git's record of it go; the branch is free again
+    assert (
+        not wt.exists() and repo.worktrees() == [] and not any((repo.path / ".git" / "worktrees").iterdir())
+    )
+    assert repo.add_worktree(tmp_path / "wts" / "again", "grove/t/n1", second).exists()
