@@ -224,8 +224,8 @@ class Repo:
 
     def set_branch(self, branch: str, commit: str) -> None:
         """Point a branch at a commit, creating it if needed."""
-        with self.lock():
-            self.git("branch", "-f", branch, commit)
+        with self.lock(), _in_process(["branch", "-f", branch, commit]):
+            libgit.set_branch(self.path, branch, commit)
 
     def files_at(self, ref: str) -> list[str]:
         """Return every file path at a commit."""
@@ -276,7 +276,7 @@ class Repo:
 
     def is_ancestor(self, commit: str, of: str) -> bool:
         """Return whether `commit` is an ancestor of (or equal to) `of`."""
-        return run_git("merge-base", "--is-ancestor", commit, of, cwd=self.path).returncode == 0
+        return libgit.is_ancestor(self.path, commit, of)
 
     # worktrees ---------------------------------------------------------------
 
@@ -359,15 +359,19 @@ class Repo:
         if auto.strip() != "false":
             self.git("maintenance", "run", "--auto", "--quiet", check=False)
 
-    def merge_into(self, worktree: Path, branch: str, message: str) -> str:
-        """Merge `branch` into the worktree's HEAD with `--no-ff`; abort and raise on conflict."""
+    def merge_onto(self, branch: str, onto: str, theirs: str, message: str) -> str:
+        """Merge `theirs` into commit `onto` (`--no-ff`), point `branch` at the merge and return it.
+
+        Made in memory (no worktree); a conflict raises `MergeConflict` and writes nothing.
+        """
+        args = ["merge", "--no-ff", "-m", message, theirs]
         with self.lock():
-            proc = run_git("merge", "--no-ff", "--no-edit", "-m", message, branch, cwd=worktree)
-            if proc.returncode != 0:
-                git("merge", "--abort", cwd=worktree, check=False)
-                raise MergeConflict(["merge", branch], proc.returncode, proc.stdout + proc.stderr)
-        with _in_process(["rev-parse", "HEAD"]):
-            return libgit.head(worktree)
+            try:
+                return libgit.merge(self.path, branch, onto, theirs, message)
+            except libgit.Conflict as exc:
+                raise MergeConflict(args, 1, str(exc)) from exc
+            except libgit.LibGitError as exc:
+                raise GitError(args, -1, str(exc)) from exc
 
 
 def clone(source: str, dest: Path, timeout: float = 600) -> Repo:

@@ -59,9 +59,7 @@ def commit_staged(worktree: Path, message: str) -> str | None:
         diff = head.tree.diff_to_tree(tree) if head is not None else tree.diff_to_tree(swap=True)
         if not any(FileMode.COMMIT not in (d.old_file.mode, d.new_file.mode) for d in diff.deltas):
             return None
-        now = datetime.datetime.now().astimezone()
-        offset = int((now.utcoffset() or datetime.timedelta()).total_seconds() // 60)
-        who = pygit2.Signature("Grove", "grove@localhost", int(now.timestamp()), offset)
+        who = _signature()
         return str(
             repo.create_commit("HEAD", who, who, clean_message(message), tree.id, [head.id] if head else [])
         )
@@ -69,6 +67,72 @@ def commit_staged(worktree: Path, message: str) -> str | None:
         raise LibGitError(f"commit in {worktree}: {exc}") from exc
     finally:
         repo.free()
+
+
+def set_branch(repo_path: Path, branch: str, commit: str) -> None:
+    """Point `branch` at `commit`, creating it if needed; like `git branch -f`, not one a worktree has out."""
+    repo = pygit2.Repository(str(repo_path))
+    try:
+        held = repo.branches.local.get(branch)
+        if held is not None and held.is_checked_out():
+            raise LibGitError(f"branch {branch!r} is checked out in a worktree")
+        repo.branches.local.create(branch, repo.revparse_single(commit).peel(pygit2.Commit), force=True)
+    except (pygit2.GitError, OSError, KeyError, ValueError) as exc:
+        raise LibGitError(f"branch {branch} at {commit[:12]}: {exc}") from exc
+    finally:
+        repo.free()
+
+
+def is_ancestor(repo_path: Path, commit: str, of: str) -> bool:
+    """Return whether `commit` is `of` or one of its ancestors; False if either is unknown."""
+    repo = pygit2.Repository(str(repo_path))
+    try:
+        a, b = (
+            repo.revparse_single(commit).peel(pygit2.Commit).id,
+            repo.revparse_single(of).peel(pygit2.Commit).id,
+        )
+        return a == b or repo.descendant_of(b, a)
+    except (pygit2.GitError, OSError, KeyError, ValueError):
+        return False
+    finally:
+        repo.free()
+
+
+class Conflict(LibGitError):
+    """A merge would leave conflicts; nothing was written."""
+
+
+def merge(repo_path: Path, branch: str, onto: str, theirs: str, message: str) -> str:
+    """Merge `theirs` into `onto` as a new commit with both as parents, point `branch` at it, return it.
+
+    Like `git merge --no-ff` in a worktree of `onto` on `branch`, without a worktree: the merge is
+    made in memory, and a conflict raises `Conflict` before anything is written.
+    """
+    repo = pygit2.Repository(str(repo_path))
+    try:
+        ours, other = repo[onto].peel(pygit2.Commit), repo.revparse_single(theirs).peel(pygit2.Commit)
+        index = repo.merge_commits(ours, other)
+        if index.conflicts is not None:
+            paths = sorted({e.path for entry in index.conflicts for e in entry if e is not None})
+            raise Conflict(f"merging {theirs} into {onto[:12]}: conflicts in {', '.join(paths)}")
+        tree = index.write_tree(repo)
+        who = _signature()
+        commit = repo.create_commit(None, who, who, clean_message(message), tree, [ours.id, other.id])
+        held = repo.branches.local.get(branch)
+        if held is not None and held.is_checked_out():
+            raise LibGitError(f"branch {branch!r} is checked out in a worktree")
+        repo.branches.local.create(branch, repo[commit].peel(pygit2.Commit), force=True)
+        return str(commit)
+    except (pygit2.GitError, OSError, KeyError, ValueError) as exc:
+        raise LibGitError(f"merge {theirs} into {onto[:12]}: {exc}") from exc
+    finally:
+        repo.free()
+
+
+def _signature() -> pygit2.Signature:
+    now = datetime.datetime.now().astimezone()
+    offset = int((now.utcoffset() or datetime.timedelta()).total_seconds() // 60)
+    return pygit2.Signature("Grove", "grove@localhost", int(now.timestamp()), offset)
 
 
 def clean_message(message: str) -> str:

@@ -109,20 +109,15 @@ class SealedRunner:
         spec = spec_of(st)
         self._unboxed()
         label = f"gate-n{node_id}"
-        path = workspace.worktree_path(self.settings, st, f"{label}-merge")
         gate_branch = f"grove/{st.name}/gate/n{node_id}"
         passed, reason, merged, values, gain = False, "", "", None, None
         try:
-            workspace.prepare(self.repo, path, gate_branch, st.trunk_commit, sealed=None, reason=label)
-            merged = self.repo.merge_into(
-                path, node.commit or node.branch, f"Grove: merge n{node.number} ({node.title})"
-            )
+            message = f"Grove: merge n{node.number} ({node.title})"
+            merged = self.repo.merge_onto(gate_branch, st.trunk_commit, node.commit or node.branch, message)
         except MergeConflict:
             reason = "failed: merge conflict with trunk"
         except GitError as exc:
             reason = f"failed: {exc}"
-        finally:
-            self.repo.remove_worktree(path)
         violation = workspace.diff_violation(self.repo, st.trunk_commit, merged, spec) if merged else ""
         if violation:
             reason = f"rejected: {violation}"

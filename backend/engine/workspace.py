@@ -182,12 +182,12 @@ def janitor(settings: Settings, max_age_hours: float | None = None) -> list[Path
         studies = list(s.exec(select(Study)))
         running = list(s.exec(select(Job).where(Job.status == "running")))
         live = {f"n{j.node_id}-a{j.attempt}{end}" for j in running for end in ("", "-trunk")}
-        # A running sealed job's worktrees (the baseline's dev or held-out one, or a gate's merge and test).
+        # A running sealed job's worktrees (the baseline's dev or held-out one, or a gate's tests).
         live |= {
             {"baseline": "baseline-dev", "heldout": "baseline-test"}.get(j.kind, "") for j in running
         } - {""}
         live |= {
-            f"gate-n{j.node_id}{end}" for j in running if j.kind == "gate" for end in ("", "-merge", "-trunk")
+            f"gate-n{j.node_id}{end}" for j in running if j.kind == "gate" for end in ("", "-trunk")
         }
     for st in studies:
         if not st.repo_path or not (Path(st.repo_path) / ".git").exists():

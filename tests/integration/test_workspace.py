@@ -379,3 +379,51 @@ def test_a_commit_message_and_a_change_read_as_git_writes_and_counts_them(
         not wt.exists() and repo.worktrees() == [] and not any((repo.path / ".git" / "worktrees").iterdir())
     )
     assert repo.add_worktree(tmp_path / "wts" / "again", "grove/t/n1", second).exists()
+
+
+def test_a_gate_merge_is_made_without_a_worktree_as_git_merge_no_ff_makes_it(
+    tmp_path: Path, tiny_repo: Path
+) -> None:
+    repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
+    base = repo.rev("main")
+
+    def node(name: str, at: str, files: dict[str, str]) -> str:
+        wt = repo.add_worktree(tmp_path / "wts" / name, f"grove/t/{name}", at)
+        for rel, text in files.items():
+            (wt / rel).write_text(text)
+        commit = repo.commit_all(wt, name)
+        repo.remove_worktree(wt)
+        assert commit is not None
+        return commit
+
+    first = node("n1", base, {"config.toml": "[knob]\nx = 1\n"})
+    # On trunk itself: git would fast-forward; --no-ff makes a merge commit of the node's tree.
+    merged = repo.merge_onto("grove/t/gate/n1", base, first, "Grove: merge n1 (x = 1)")
+    assert repo.rev("grove/t/gate/n1") == merged
+    assert git("log", "-1", "--format=%P", merged, cwd=repo.path).split() == [base, first]
+    assert git("rev-parse", f"{merged}^{{tree}}", cwd=repo.path) == git(
+        "rev-parse", f"{first}^{{tree}}", cwd=repo.path
+    )
+    assert git("log", "-1", "--format=%B", merged, cwd=repo.path) == "Grove: merge n1 (x = 1)\n\n"
+    # Trunk moved meanwhile: the two changes are combined as git combines them.
+    second = node("n2", base, {"notes.txt": "a note\n"})
+    both = repo.merge_onto("grove/t/gate/n2", merged, second, "Grove: merge n2")
+    cli = repo.add_worktree(tmp_path / "wts" / "cli", "grove/t/cli", merged)
+    git("-c", "user.name=a", "-c", "user.email=a@a", "merge", "-q", "--no-ff", "-m", "m", second, cwd=cli)
+    assert git("rev-parse", f"{both}^{{tree}}", cwd=repo.path) == git("rev-parse", "HEAD^{tree}", cwd=cli)
+    # Both changed the same line: a conflict, and nothing written.
+    third = node("n3", base, {"config.toml": "[knob]\nx = 3\n"})
+    with pytest.raises(gitops.MergeConflict, match=r"config\.toml"):
+        repo.merge_onto("grove/t/gate/n3", merged, third, "Grove: merge n3")
+    assert not repo.branch_exists("grove/t/gate/n3")
+    # Trunk moves only forward, and never onto a branch a worktree has out.
+    assert (
+        repo.is_ancestor(base, both)
+        and not repo.is_ancestor(both, base)
+        and not repo.is_ancestor("nope", both)
+    )
+    repo.set_branch("grove/t/trunk", both)
+    assert repo.rev("grove/t/trunk") == both
+    repo.add_worktree(tmp_path / "wts" / "held", "grove/t/held", base)
+    with pytest.raises(gitops.GitError, match="checked out"):
+        repo.set_branch("grove/t/held", both)
