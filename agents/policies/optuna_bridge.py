@@ -27,6 +27,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 from optuna.trial import FrozenTrial, TrialState, create_trial
+from threadpoolctl import threadpool_limits
 
 from agents.policies.base import NodeEvidence
 from agents.policies.space import Assignment, Space
@@ -145,12 +146,15 @@ def warm_up() -> None:
 
 
 def one_thread() -> None:
-    """Keep torch to one thread, in a process that does nothing with it but ask GPs.
+    """Keep torch and BLAS to one thread, in a process that does nothing with them but ask GPs.
 
     A GP of at most `HISTORY` points gains nothing from more, and threads that contend with the
-    workers for the cores make an ask take about twice as long. Not for a process that also
-    trains (a worker that takes learning jobs beside the coordinator's).
+    workers for the cores make an ask take about twice as long. BLAS's (numpy's and scipy's
+    OpenBLAS) also spin a while after each call: measured on two cores, a fifth of a core taken
+    from the experiments beside it. Not for a process that also trains (a worker that takes
+    learning jobs beside the coordinator's).
     """
+    threadpool_limits(limits=1, user_api="blas")
     if gp_available():
         import torch
 

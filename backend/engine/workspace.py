@@ -186,9 +186,7 @@ def janitor(settings: Settings, max_age_hours: float | None = None) -> list[Path
         live |= {
             {"baseline": "baseline-dev", "heldout": "baseline-test"}.get(j.kind, "") for j in running
         } - {""}
-        live |= {
-            f"gate-n{j.node_id}{end}" for j in running if j.kind == "gate" for end in ("", "-trunk")
-        }
+        live |= {f"gate-n{j.node_id}{end}" for j in running if j.kind == "gate" for end in ("", "-trunk")}
     for st in studies:
         if not st.repo_path or not (Path(st.repo_path) / ".git").exists():
             continue  # not cloned yet (or its clone failed)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -572,3 +573,20 @@ def test_a_revisit_is_not_asked_of_a_trunk_at_the_depth_limit() -> None:
     # Below the limit, the same request is served first.
     served = SearchPolicy().ideate(replace(base, max_depth=3))
     assert (served[0].origin, served[0].origin_ref, served[0].parent_id) == ("revisit", 2, 3)
+
+
+def test_a_coordinator_process_keeps_blas_and_torch_to_one_thread() -> None:
+    probe = (
+        "import json, numpy, scipy.linalg, torch\n"
+        "from threadpoolctl import threadpool_info\n"
+        "from agents.policies import optuna_bridge\n"
+        "before = [p['num_threads'] for p in threadpool_info() if p['user_api'] == 'blas']\n"
+        "optuna_bridge.one_thread()\n"
+        "after = [p['num_threads'] for p in threadpool_info() if p['user_api'] == 'blas']\n"
+        "print(json.dumps([before, after, torch.get_num_threads()]))\n"
+    )
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "2"}  # as on a two-core machine
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    before, after, torch_threads = json.loads(out.stdout)
+    assert before and max(before) == 2  # OpenBLAS would use a second thread
+    assert after == [1] * len(before) and torch_threads == 1
