@@ -15,10 +15,12 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from backend.core import libgit
 
@@ -38,6 +40,7 @@ GIT_ENV = {
 # so nothing a repository writes into a config can make Grove's git run a program.
 SAFE_CONFIG = (
     ("core.fsmonitor", "false"),
+    ("core.splitIndex", "false"),  # an index libgit2 reads too
     ("core.hooksPath", "/dev/null"),
     ("core.sshCommand", "ssh -o BatchMode=yes"),
     ("core.askPass", "/bin/false"),
@@ -49,6 +52,7 @@ SAFE_CONFIG = (
     ("protocol.git.allow", "always"),
     ("protocol.file.allow", "always"),
 )
+T = TypeVar("T")
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _FILES: dict[tuple[str, str], tuple[str, ...]] = {}  # (repository, commit) -> its files, newest last
 # The only variables of Grove's own environment a git command sees: the operator's, for reaching
@@ -144,11 +148,17 @@ def kill_all() -> None:
             os.killpg(pgid, signal.SIGKILL)
 
 
-@contextlib.contextmanager
-def _in_process(args: list[str]) -> Iterator[None]:
-    """Report a libgit2 failure as the git command it stands for would have failed."""
+def _either(args: list[str], fast: Callable[[], T], slow: Callable[[], T]) -> T:
+    """Return `fast()` (libgit2), or `slow()` (git itself) where libgit2 would not read the repository as git does.
+
+    A libgit2 failure is reported as the git command it stands for (`args`) would have failed.
+    """
     try:
-        yield
+        return fast()
+    except libgit.Unsupported:
+        return slow()
+    except libgit.Conflict as exc:
+        raise MergeConflict(args, 1, str(exc)) from exc
     except libgit.LibGitError as exc:
         raise GitError(args, -1, str(exc)) from exc
 
@@ -224,8 +234,12 @@ class Repo:
 
     def set_branch(self, branch: str, commit: str) -> None:
         """Point a branch at a commit, creating it if needed."""
-        with self.lock(), _in_process(["branch", "-f", branch, commit]):
-            libgit.set_branch(self.path, branch, commit)
+        with self.lock():
+            _either(
+                ["branch", "-f", branch, commit],
+                lambda: libgit.set_branch(self.path, branch, commit),
+                lambda: self.git("branch", "-f", branch, commit),
+            )
 
     def files_at(self, ref: str) -> list[str]:
         """Return every file path at a commit."""
@@ -262,8 +276,12 @@ class Repo:
 
     def changed_files(self, old: str, new: str) -> list[str]:
         """Return paths that differ between two commits (renames as delete + add)."""
-        with _in_process(["diff", "--name-only", "--no-renames", old, new]):
-            return libgit.changed_files(self.path, old, new)
+        args = ["diff", "--no-ext-diff", "--no-textconv", "--name-only", "--no-renames", "-z", old, new]
+        return _either(
+            args,
+            lambda: libgit.changed_files(self.path, old, new),
+            lambda: [p for p in self.git(*args).split("\0") if p],
+        )
 
     def diff(self, old: str, new: str) -> str:
         """Return the unified diff between two commits."""
@@ -271,12 +289,19 @@ class Repo:
 
     def change(self, old: str, new: str) -> Change:
         """Return what changed between two commits: every path touched, and the diff's sizes."""
-        with _in_process(["diff", "--numstat", old, new]):
-            return Change(*libgit.change(self.path, old, new))
+        args = ["diff", "--no-ext-diff", "--no-textconv", "--numstat", "-z", old, new]
+        return _either(
+            args, lambda: Change(*libgit.change(self.path, old, new)), lambda: _numstat(self.git(*args))
+        )
 
     def is_ancestor(self, commit: str, of: str) -> bool:
         """Return whether `commit` is an ancestor of (or equal to) `of`."""
-        return libgit.is_ancestor(self.path, commit, of)
+        args = ["merge-base", "--is-ancestor", commit, of]
+        return _either(
+            args,
+            lambda: libgit.is_ancestor(self.path, commit, of),
+            lambda: run_git(*args, cwd=self.path).returncode == 0,
+        )
 
     # worktrees ---------------------------------------------------------------
 
@@ -285,8 +310,23 @@ class Repo:
         with self.lock():
             self._remove_worktree_locked(path)
             path.parent.mkdir(parents=True, exist_ok=True)
-            with _in_process(["worktree", "add", "--lock", "-B", branch, str(path), commit]):
-                libgit.add_worktree(self.path, path, branch, commit, reason)
+            args = [
+                "worktree",
+                "add",
+                "--no-track",
+                "--lock",
+                "--reason",
+                reason,
+                "-B",
+                branch,
+                str(path),
+                commit,
+            ]
+            _either(
+                args,
+                lambda: libgit.add_worktree(self.path, path, branch, commit, reason),
+                lambda: self.git(*args),
+            )
         return path
 
     def remove_worktree(self, path: Path) -> None:
@@ -350,8 +390,11 @@ class Repo:
         call `maintain` once the result is stored.
         """
         git("add", "-A", cwd=worktree)  # git's own staging: ignore files, skip-worktree, nested repositories
-        with _in_process(["commit", "-m", message]):
-            return libgit.commit_staged(worktree, message)
+        return _either(
+            ["commit", "-m", message],
+            lambda: libgit.commit_staged(worktree, message),
+            lambda: _commit_staged(worktree, message),
+        )
 
     def maintain(self) -> None:
         """Run git's automatic maintenance if it is due (packs loose objects now and then), unless turned off."""
@@ -364,14 +407,60 @@ class Repo:
 
         Made in memory (no worktree); a conflict raises `MergeConflict` and writes nothing.
         """
-        args = ["merge", "--no-ff", "-m", message, theirs]
         with self.lock():
-            try:
-                return libgit.merge(self.path, branch, onto, theirs, message)
-            except libgit.Conflict as exc:
-                raise MergeConflict(args, 1, str(exc)) from exc
-            except libgit.LibGitError as exc:
-                raise GitError(args, -1, str(exc)) from exc
+            return _either(
+                ["merge", "--no-ff", "-m", message, theirs],
+                lambda: libgit.merge(self.path, branch, onto, theirs, message),
+                lambda: self._merge_in_worktree(branch, onto, theirs, message),
+            )
+
+    def _merge_in_worktree(self, branch: str, onto: str, theirs: str, message: str) -> str:
+        """Merge as `merge_onto` does, with git itself in a worktree of its own (the repository lock held)."""
+        path = Path(tempfile.mkdtemp(prefix="grove-merge-")) / "tree"
+        try:
+            self.git("worktree", "add", "--no-track", "-B", branch, str(path), onto)
+            proc = run_git("merge", "--no-ff", "--no-edit", "-m", message, theirs, cwd=path)
+            if proc.returncode != 0:
+                git("merge", "--abort", cwd=path, check=False)
+                self.git("branch", "-f", branch, onto, check=False)
+                raise MergeConflict(["merge", theirs], proc.returncode, proc.stdout + proc.stderr)
+            return git("rev-parse", "HEAD", cwd=path).strip()
+        finally:
+            self._remove_worktree_locked(path)
+            shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def _numstat(out: str) -> Change:
+    """Read `git diff --numstat -z` output: every path (both sides of a rename), files, insertions and deletions."""
+    fields = out.split("\0")
+    paths: list[str] = []
+    files = ins = dels = 0
+    i = 0
+    while i < len(fields) and fields[i]:
+        a, d, path = fields[i].split("\t", 2)
+        if path:
+            paths.append(path)
+            i += 1
+        else:  # a rename or copy: its source and destination follow
+            paths += fields[i + 1 : i + 3]
+            i += 3
+        files += 1
+        ins += int(a) if a.isdigit() else 0
+        dels += int(d) if d.isdigit() else 0
+    return Change(paths, {"files": files, "insertions": ins, "deletions": dels})
+
+
+def _commit_staged(worktree: Path, message: str) -> str | None:
+    """Commit the index with git itself; None if nothing, or only nested repositories, changed."""
+    proc = run_git("diff", "--cached", "--quiet", "--ignore-submodules=all", "HEAD", "--", cwd=worktree)
+    if proc.returncode not in (0, 1):  # no HEAD yet: ask for the status instead
+        changed = bool(git("status", "--porcelain", "--ignore-submodules=all", cwd=worktree).strip())
+    else:
+        changed = proc.returncode == 1
+    if not changed:
+        return None
+    git("-c", "maintenance.auto=false", "commit", "-q", "--no-verify", "-m", message, cwd=worktree)
+    return git("rev-parse", "HEAD", cwd=worktree).strip()
 
 
 def clone(source: str, dest: Path, timeout: float = 600) -> Repo:

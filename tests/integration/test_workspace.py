@@ -345,9 +345,7 @@ def test_the_operators_own_git_config_changes_no_checkout(
 def test_a_commit_message_and_a_change_read_as_git_writes_and_counts_them(
     tmp_path: Path, tiny_repo: Path
 ) -> None:
-    repo = gitops.clone(str(tiny_repo), tmp_path / "clone")
-    base = repo.rev("main")
-    wt = repo.add_worktree(tmp_path / "wts" / "n1", "grove/t/n1", base)
+    repo, base, wt = locked_worktree(tmp_path, tiny_repo)
     (wt / "config.toml").write_text("[knob]\nx = 2\n")
     lines = "".join(f"line {i}\n" for i in range(40))
     (wt / "notes.txt").write_text(lines)
@@ -427,3 +425,70 @@ def test_a_gate_merge_is_made_without_a_worktree_as_git_merge_no_ff_makes_it(
     repo.add_worktree(tmp_path / "wts" / "held", "grove/t/held", base)
     with pytest.raises(gitops.GitError, match="checked out"):
         repo.set_branch("grove/t/held", both)
+
+
+def test_a_sha256_repository_is_run_by_git_itself_where_libgit2_cannot_read_it(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    git("init", "-q", "--object-format=sha256", "-b", "main", cwd=src)
+    (src / "config.toml").write_text("[knob]\nx = 1\n")
+    git("add", "-A", cwd=src)
+    git("-c", "user.name=a", "-c", "user.email=a@a", "commit", "-qm", "init", cwd=src)
+    repo = gitops.clone(str(src), tmp_path / "clone")
+    base = repo.rev("main")
+    assert len(base) == 64
+    repo.set_branch("grove/t/trunk", base)
+    wt = repo.add_worktree(tmp_path / "wts" / "n1", "grove/t/n1", base)
+    (wt / "config.toml").write_text("[knob]\nx = 2\n")
+    commit = repo.commit_all(wt, "Grove n1: x = 2")
+    assert commit is not None and len(commit) == 64 and repo.rev("grove/t/n1") == commit
+    assert repo.changed_files(base, commit) == ["config.toml"]
+    assert repo.change(base, commit).stats == {"files": 1, "insertions": 1, "deletions": 1}
+    assert repo.is_ancestor(base, commit) and not repo.is_ancestor(commit, base)
+    merged = repo.merge_onto("grove/t/gate/n1", base, commit, "Grove: merge n1")
+    assert git("log", "-1", "--format=%P", merged, cwd=repo.path).split() == [base, commit]
+    repo.remove_worktree(wt)
+    assert repo.worktrees() == []
+
+
+def test_files_git_re_encodes_at_checkout_are_checked_out_and_committed_by_git_itself(
+    tmp_path: Path,
+) -> None:
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / ".gitattributes").write_text("*.txt working-tree-encoding=UTF-16LE\n")
+    text = "héllo\n".encode("utf-16-le")
+    (src / "sub" / "data.txt").write_bytes(text)
+    (src / "other").write_text("x\n")
+    git("init", "-q", "-b", "main", cwd=src)
+    git("add", "-A", cwd=src)
+    git("-c", "user.name=a", "-c", "user.email=a@a", "commit", "-qm", "init", cwd=src)
+    repo = gitops.clone(str(src), tmp_path / "clone")
+    base = repo.rev("main")
+    wt = repo.add_worktree(tmp_path / "wts" / "n1", "grove/t/n1", base)
+    assert (wt / "sub" / "data.txt").read_bytes() == text  # as git writes it, not the stored UTF-8
+    (wt / "other").write_text("y\n")
+    commit = repo.commit_all(wt, "edit other")
+    assert commit is not None and repo.changed_files(base, commit) == ["other"]
+
+
+def test_a_file_that_became_a_link_is_one_changed_path_as_git_counts_it(
+    tmp_path: Path, tiny_repo: Path
+) -> None:
+    repo, base, wt = locked_worktree(tmp_path, tiny_repo)
+    (wt / "config.toml").unlink()
+    (wt / "config.toml").symlink_to("eval.py")
+    commit = repo.commit_all(wt, "a link")
+    assert commit is not None
+    assert repo.changed_files(base, commit) == ["config.toml"]
+    numstat = git("diff", "--numstat", base, commit, cwd=repo.path).strip().splitlines()
+    assert repo.change(base, commit).stats["files"] == len(numstat) == 1
+
+
+def test_a_missing_repository_is_a_git_error_not_a_library_one(tmp_path: Path) -> None:
+    (tmp_path / "nothing").mkdir()
+    repo = gitops.Repo(tmp_path / "nothing")
+    with pytest.raises(gitops.GitError, match="diff"):
+        repo.change("a" * 40, "b" * 40)
+    with pytest.raises(gitops.GitError, match="diff"):
+        repo.changed_files("a" * 40, "b" * 40)
