@@ -150,7 +150,7 @@ def one_thread() -> None:
 
     A GP of at most `HISTORY` points gains nothing from more, and threads that contend with the
     workers for the cores make an ask take about twice as long. BLAS's (numpy's and scipy's
-    OpenBLAS) also spin a while after each call: measured on two cores, a fifth of a core taken
+    OpenBLAS) also spin a while after each call: measured on two cores, a tenth of a core taken
     from the experiments beside it. Not for a process that also trains (a worker that takes
     learning jobs beside the coordinator's).
     """

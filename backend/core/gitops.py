@@ -1,8 +1,10 @@
 """The one adapter to git: clones, worktrees, commits, diffs and merges.
 
-The git CLI does most of it; a node's worktree, commit and diff go through libgit2 in-process
-(`libgit`), on the same repositories. Worktree and merge operations on a repository are serialised by a file lock in its
-git directory, since concurrent `git worktree add` calls race on shared metadata.
+The git CLI does most of it; a node's worktree, commit, diffs and a gate's merge go through
+libgit2 in-process (`libgit`), on the same repositories, and through the CLI where libgit2 would
+not read a repository as git does. Worktree and merge operations on a repository are serialised
+by a file lock in its git directory, since concurrent `git worktree add` calls race on shared
+metadata.
 """
 
 from __future__ import annotations
@@ -311,17 +313,8 @@ class Repo:
             self._remove_worktree_locked(path)
             path.parent.mkdir(parents=True, exist_ok=True)
             args = [
-                "worktree",
-                "add",
-                "--no-track",
-                "--lock",
-                "--reason",
-                reason,
-                "-B",
-                branch,
-                str(path),
-                commit,
-            ]
+                "worktree", "add", "--no-track", "--lock", "--reason", reason, "-B", branch, str(path), commit,
+            ]  # fmt: skip
             _either(
                 args,
                 lambda: libgit.add_worktree(self.path, path, branch, commit, reason),
@@ -421,8 +414,7 @@ class Repo:
             self.git("worktree", "add", "--no-track", "-B", branch, str(path), onto)
             proc = run_git("merge", "--no-ff", "--no-edit", "-m", message, theirs, cwd=path)
             if proc.returncode != 0:
-                git("merge", "--abort", cwd=path, check=False)
-                self.git("branch", "-f", branch, onto, check=False)
+                git("merge", "--abort", cwd=path, check=False)  # the branch stays at `onto`
                 raise MergeConflict(["merge", theirs], proc.returncode, proc.stdout + proc.stderr)
             return git("rev-parse", "HEAD", cwd=path).strip()
         finally:

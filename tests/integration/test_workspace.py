@@ -448,6 +448,14 @@ def test_a_sha256_repository_is_run_by_git_itself_where_libgit2_cannot_read_it(t
     merged = repo.merge_onto("grove/t/gate/n1", base, commit, "Grove: merge n1")
     assert git("log", "-1", "--format=%P", merged, cwd=repo.path).split() == [base, commit]
     repo.remove_worktree(wt)
+    other = repo.add_worktree(tmp_path / "wts" / "n2", "grove/t/n2", base)
+    (other / "config.toml").write_text("[knob]\nx = 3\n")
+    rival = repo.commit_all(other, "Grove n2: x = 3")
+    assert rival is not None
+    with pytest.raises(gitops.MergeConflict):  # git's own merge, in a worktree of its own
+        repo.merge_onto("grove/t/gate/n2", merged, rival, "Grove: merge n2")
+    assert repo.rev("grove/t/gate/n2") == merged
+    repo.remove_worktree(other)
     assert repo.worktrees() == []
 
 
