@@ -44,21 +44,28 @@ from agents.verify.state import ImprovementState
 
 def start(
     state: CoordinatorState, runtime: Runtime[CoordinatorContext]
-) -> Command[Literal["start", "observe"]]:
+) -> Command[Literal["start", "observe", "dispatch"]]:
     """Measure the baseline (waiting for its job where it runs as one), then go to observe.
 
-    Where the baseline's held-out run is a job of its own, the study explores while it runs.
+    Where the baseline runs in jobs, the study explores while they run: beside the held-out job
+    always, and beside the dev job unless the policy reads trunk's dev value to propose (nothing
+    is integrated before that job ends).
     """
-    # `wait` comes back here when the held-out job ends, with experiments running: they are kept.
-    kept = {"round_no": state.get("round_no", 0), "pending": _active_jobs(state)}
+    # `wait` comes back here when a baseline job ends, with experiments running: they are kept.
+    kept = {"round_no": state.get("round_no", 0), "pending": _active_jobs(state), "baseline_dev_job": None}
     if runtime.context.storage.study(state["study_id"]).status == "stopping":
         return Command(update=kept, goto="observe")
     pending = runtime.context.gatekeeper.baseline(state["study_id"])
     if pending is not None and pending.blocking:
+        if not runtime.context.policy.reads_baseline:
+            return Command(update={**kept, "baseline_dev_job": pending.job_id}, goto="observe")
         interrupt({"kind": "await_jobs", "study_id": state["study_id"], "jobs": [pending.job_id]})
         return Command(goto="start")  # look again in a fresh step: at most one interrupt per run
     held = pending.job_id if pending is not None else None
-    return Command(update={**kept, "baseline_job": held}, goto="observe")
+    update = {**kept, "baseline_job": held}
+    if held is not None and kept["pending"] and not state.get("baseline_sent"):
+        return Command(update=update, goto="dispatch")  # the experiments have their slots: send it now
+    return Command(update=update, goto="observe")
 
 
 def observe(
@@ -104,7 +111,7 @@ def observe(
     if reason:
         if _unsent(state):
             return Command(goto="dispatch")  # nothing more to run but the held-out baseline: send it
-        if pending or state.get("gate_job") is not None or state.get("baseline_job") is not None:
+        if pending or _sealed_running(state):
             return Command(goto="wait")
         if awaiting is not None:  # the last thing left to do
             return Command(update={"stop_reason": reason, "awaiting": awaiting}, goto="approve")
@@ -177,7 +184,7 @@ def select(
     chosen = retries + selection.select(tree_of(records), slots - len(retries), cfg, state.get("round_no", 0))
     if chosen or _unsent(state):
         return Command(update={"selected": chosen}, goto="dispatch")
-    if pending or state.get("gate_job") is not None or state.get("baseline_job") is not None:
+    if pending or _sealed_running(state):
         return Command(goto="wait")
     if state.get("awaiting") is not None:
         return Command(goto="approve")  # nothing left to explore: the open approval decides what follows
@@ -207,9 +214,12 @@ def wait(state: CoordinatorState) -> Command[Literal["integrate", "gate", "start
     """Interrupt until some jobs finish (or an open approval is decided); go to integrate, gate, start or observe."""
     pending = _active_jobs(state)
     gate_job = state.get("gate_job")
-    # The baseline's held-out job too, while it runs: `start` reads its outcome.
+    dev_job = state.get("baseline_dev_job")
+    # The baseline's jobs too, while they run: `start` reads their outcome.
     others = [j for j in (gate_job, state.get("baseline_job")) if j is not None]
     watched = list(dict.fromkeys([*pending, *others]))
+    if dev_job is not None:
+        watched = [dev_job]  # no gain can be measured before trunk's dev value: nothing else is read
     if not watched:
         return Command(goto="observe")
     finished = interrupt(
@@ -220,7 +230,7 @@ def wait(state: CoordinatorState) -> Command[Literal["integrate", "gate", "start
             "approval": state.get("awaiting"),
         }
     )
-    if state.get("baseline_job") in finished:
+    if (dev_job is not None and dev_job in finished) or state.get("baseline_job") in finished:
         # The held-out baseline first: its failure ends the study before anything more is spent.
         # Whatever else finished is still finished at the next wait.
         return Command(goto="start")
@@ -412,6 +422,11 @@ def open_approval(records: list[NodeRecord]) -> int | None:
 def _unsent(state: CoordinatorState) -> bool:
     """Return whether the held-out baseline's job was created but its task not yet sent."""
     return state.get("baseline_job") is not None and not state.get("baseline_sent")
+
+
+def _sealed_running(state: CoordinatorState) -> bool:
+    """Return whether a sealed job (a gate's, a baseline's) is out, to be waited for."""
+    return any(state.get(k) is not None for k in ("gate_job", "baseline_job", "baseline_dev_job"))
 
 
 def _active_jobs(state: CoordinatorState) -> list[int]:

@@ -50,7 +50,9 @@ class NodeRecord:
 class Pending:
     """A sealed evaluation handed to a job: wait for the job, then ask again.
 
-    A baseline that is not `blocking` (its held-out run) lets the study explore meanwhile.
+    A baseline that is not `blocking` (its held-out run) lets the study explore meanwhile; a
+    blocking one (its dev runs) holds up every integration, and the first proposals too where the
+    policy reads it.
     """
 
     job_id: int

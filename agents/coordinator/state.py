@@ -15,6 +15,7 @@ class CoordinatorState(TypedDict, total=False):
     gate_node: int | None
     gating: int | None  # the candidate whose sealed gate job runs while the study explores on
     gate_job: int | None  # that job, until it finishes (then `gate` reads the verdict)
+    baseline_dev_job: int | None  # the baseline's dev job while the first experiments run beside it
     baseline_job: int | None  # the baseline's held-out job while it runs beside the first experiments
     baseline_sent: bool  # its task was sent (by `dispatch`, after the first experiments')
     awaiting: int | None  # a gate-passed node whose approval is open while the study explores on

@@ -126,6 +126,9 @@ class Policy(Protocol):
 
     name: str
     rebase_on_trunk: bool
+    # Whether its first proposals read trunk's dev value (a model's prompt shows it): then the study
+    # waits for the baseline's dev runs before them; else its first experiments run beside those.
+    reads_baseline: bool
 
     def ideate(self, ctx: IdeationInput) -> list[Proposal]: ...
 

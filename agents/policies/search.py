@@ -113,6 +113,7 @@ class SearchPolicy:
 
     name = "search"
     rebase_on_trunk = True
+    reads_baseline = False
 
     def __init__(self, sampler: SamplerName = "auto") -> None:
         self.sampler = optuna_bridge.resolve(sampler)

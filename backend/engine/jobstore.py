@@ -17,6 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
+from sqlalchemy import update
 from sqlmodel import Session, col, func, select
 
 from agents.tree.stats import summarize
@@ -100,12 +101,25 @@ def same_token(held: str, given: str) -> bool:
         return False
 
 
+def locked_job(s: Session, job_id: int | None) -> Job | None:
+    """Return a job's row read under its write lock, so that a check of it holds until the commit.
+
+    pysqlite reads outside a transaction until the first write, and PostgreSQL reads the last
+    committed row: a cancellation committed between a check and the write after it would be
+    overwritten. A no-op update first takes the row's lock (SQLite's: the database's).
+    """
+    if job_id is None:
+        return None
+    s.connection().execute(update(Job).where(col(Job.id) == job_id).values(status=Job.status))
+    return s.get(Job, job_id, populate_existing=True)
+
+
 def claim_experiment(
     settings: Settings, job_id: int, token: str, host: str, pid: int
 ) -> tuple[Job, Node, Study]:
     """Mark an experiment job running (its node too) and return its rows; raise Superseded if not ours."""
     with db.session(settings.db_url) as s:
-        job = s.get(Job, job_id)
+        job = locked_job(s, job_id)
         if (
             job is None
             or job.kind != "experiment"
@@ -133,7 +147,7 @@ def claim_experiment(
 def claim_sealed(settings: Settings, job_id: int, token: str) -> Job | None:
     """Mark a sealed job running and count the try; None if it is not ours to run."""
     with db.session(settings.db_url) as s:
-        job = s.get(Job, job_id)
+        job = locked_job(s, job_id)
         if (
             job is None
             or job.kind not in SEALED
@@ -273,7 +287,7 @@ class DbStore:
             add_event(s, self.study_id, kind, node_id, **payload)
 
     def _job(self, s: Session) -> Job:
-        job = s.get(Job, self.job_id) if self.job_id is not None else None
+        job = locked_job(s, self.job_id)
         if job is None or not same_token(job.token, self.token) or job.status != "running":
             raise Superseded(f"job {self.job_id} was taken over")
         return job

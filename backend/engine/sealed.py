@@ -3,9 +3,9 @@
 The coordinator (`SealedJobs`, its `Gatekeeper` under Celery) creates a `baseline`, `heldout` or
 `gate` job; a `cpu` or `gpu` worker (the study's queue) runs it here with the same code the
 single-process runner calls directly (`LocalGatekeeper`), then wakes the coordinator, which reads
-the verdict from the node. The study waits for the `baseline` job (trunk's dev runs) before its
-first experiment; the `heldout` job (trunk's held-out runs) then runs beside the experiments, as
-gates do, and only a gate waits for it. Sealed jobs use attempt 0 (`heldout` -1: the same node as
+the verdict from the node. Nothing is integrated before the `baseline` job (trunk's dev runs)
+ends, and nothing proposed before it where the policy reads trunk's value; the `heldout` job
+(trunk's held-out runs) then runs beside the experiments, as gates do, and only a gate waits for it. Sealed jobs use attempt 0 (`heldout` -1: the same node as
 `baseline`) and never count as experiments.
 """
 
@@ -97,8 +97,8 @@ class SealedJobs:
     def baseline(self, study_id: int) -> Pending | None:
         """Measure the baseline in jobs: dev first (blocking), then held-out beside the study; None once both are in.
 
-        The held-out job is created here but sent by the graph after the first experiments
-        (`dispatch`), so that it takes a worker slot only after them.
+        The held-out job is created here but sent by the graph once the experiments have their
+        slots, so that it takes a worker slot only after them.
         """
         return self._baseline(study_id, send_held_out=False)
 

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import update
 from sqlmodel import Session, col, func, or_, select
 
 from agents import globs
@@ -700,15 +701,16 @@ class SqlStorage:
         """Cancel proposed, queued and running nodes (and their jobs) of a study that stops or failed."""
         self.forget()
         with db.session(self.url) as s:
+            # Jobs first, in one statement: a claim or an end racing it sees them ended (both take the
+            # job's lock before its node's), and none it ended is written back as running.
+            s.connection().execute(
+                update(Job)
+                .where(col(Job.study_id) == study_id, col(Job.status).in_(["queued", "running"]))
+                .values(status="failed", finished_at=now(), outcome={"reason": "cancelled"})
+            )
             for n in s.exec(select(Node).where(Node.study_id == study_id)):
                 if n.status in (NodeStatus.QUEUED, NodeStatus.RUNNING, NodeStatus.PROPOSED):
                     transition(s, n, NodeStatus.CANCELLED, reason=reason)
-            for j in s.exec(
-                select(Job).where(Job.study_id == study_id, col(Job.status).in_(["queued", "running"]))
-            ):
-                j.status, j.finished_at = "failed", now()
-                j.outcome = {"reason": "cancelled"}
-                s.add(j)
 
 
 def repository_map(repo: gitops.Repo, commit: str, editable: list[str], sealed: list[str]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from sqlmodel import col, select
 
 from backend.core import db
-from backend.core.models import Job, Node, Study
+from backend.core.models import Event, Job, Node, Study, now
 from backend.services import lifecycle
 from backend.services.studies import create_study
 from backend.worker.celery_app import make_app
@@ -106,7 +106,9 @@ def test_a_baseline_that_fails_in_its_job_fails_the_study_with_the_reason(
         jobs = list(s.exec(select(Job).where(Job.study_id == sid)))
     assert st is not None and "fails on the unchanged repository" in st.stop_reason
     assert "cannot load the data" in st.stop_reason
-    assert [(j.kind, j.status) for j in jobs] == [("baseline", "failed")]
+    # The search policy proposes without trunk's dev value, so the first round (parallel = 2) ran
+    # beside the baseline; the failure ended those experiments with the study, and sent nothing more.
+    assert [(j.kind, j.status) for j in jobs] == [("baseline", "failed"), *[("experiment", "failed")] * 2]
 
 
 def test_the_held_out_baseline_runs_beside_the_first_experiments(service: Service, tmp_path: Path) -> None:
@@ -120,22 +122,36 @@ def test_the_held_out_baseline_runs_beside_the_first_experiments(service: Servic
         jobs: dict[str, Job] = {}
         for j in s.exec(select(Job).where(Job.study_id == sid).order_by(col(Job.id))):
             jobs.setdefault(j.kind, j)  # the first of each kind
+        integrated = s.exec(
+            select(Event).where(Event.study_id == sid, Event.node_id == jobs["experiment"].node_id,
+                                Event.type == "node.integrated")
+        ).one()  # fmt: skip
     assert st is not None and st.baseline_dev and st.baseline_heldout
     baseline, heldout, first = jobs["baseline"], jobs["heldout"], jobs["experiment"]
     assert baseline.finished_at and heldout.started_at and heldout.finished_at and first.started_at
-    # The study waited for trunk's dev runs only: its first experiment started while the held-out ran.
-    assert baseline.finished_at <= first.started_at < heldout.finished_at
+    # The search policy proposes without trunk's value: the first experiment was sent with trunk's
+    # dev job, not after it, and read only once that job had ended; it ran while the held-out ran.
+    assert first.created_at < baseline.finished_at <= integrated.time
+    assert first.started_at < heldout.finished_at
 
 
 def test_a_held_out_baseline_that_fails_ends_the_study_and_what_runs_beside_it(
     service: Service, tmp_path: Path
 ) -> None:
-    files = tiny_files(name="celery-bad-heldout", experiments=4, sleep=0.5)
-    # One experiment at a time on two worker slots: the held-out job runs beside the first.
+    files = tiny_files(name="celery-bad-heldout", experiments=4, sleep=2.0)
+    # One experiment at a time on two worker slots: the held-out job runs beside the first, whose
+    # runs sleep (trunk's, x = 0, do not: its held-out job fails while the experiment runs).
     files["grove.toml"] = files["grove.toml"].replace("parallel = 2", "parallel = 1")
-    files["eval.py"] = files["eval.py"].replace(
-        'if sys.argv[1] == "dev":',
-        'if sys.argv[1] == "test":\n    print("no labels here", file=sys.stderr)\n    sys.exit(3)\nif sys.argv[1] == "dev":',
+    files["eval.py"] = (
+        files["eval.py"]
+        .replace(
+            'if sys.argv[1] == "dev":',
+            'if sys.argv[1] == "test":\n    print("no labels here", file=sys.stderr)\n    sys.exit(3)\nif sys.argv[1] == "dev":',
+        )
+        .replace(
+            'time.sleep(float(cfg["knob"].get("sleep", 0)))',
+            'time.sleep(float(cfg["knob"].get("sleep", 0)) if x else 0)',
+        )
     )
     sid = run_until(service, make_repo(tmp_path / "r", files), "failed")
     with db.session(service.settings.db_url) as s:
@@ -143,7 +159,8 @@ def test_a_held_out_baseline_that_fails_ends_the_study_and_what_runs_beside_it(
         jobs = list(s.exec(select(Job).where(Job.study_id == sid).order_by(col(Job.id))))
         nodes = list(s.exec(select(Node).where(Node.study_id == sid)))
     assert st is not None and "sealed test evaluation fails on the unchanged repository" in st.stop_reason
-    assert [(j.kind, j.status) for j in jobs[:2]] == [("baseline", "done"), ("heldout", "failed")]
+    kinds = [(j.kind, j.status) for j in jobs]
+    assert kinds[0] == ("baseline", "done") and ("heldout", "failed") in kinds
     assert all(j.status in ("done", "failed") for j in jobs)  # nothing of a failed study runs on
     assert not [n for n in nodes if n.status in ("queued", "running", "proposed")]
     # The first experiment (its runs sleep) was running beside the held-out job: it was cancelled.
@@ -168,13 +185,17 @@ def test_a_study_stopped_while_its_baseline_job_runs_finishes(service: Service, 
     wait_for(baseline_running, timeout=60)
     with db.session(service.settings.db_url) as s:
         lifecycle.stop(s, sid, by="test")
+        stopped = now()
     app.send_task("coordinator.advance", args=[sid])
     wait_for(lambda: study_status(service, sid) == "finished", timeout=120)
     with db.session(service.settings.db_url) as s:
         st = s.get(Study, sid)
-        kinds = [j.kind for j in s.exec(select(Job).where(Job.study_id == sid))]
+        jobs = list(s.exec(select(Job).where(Job.study_id == sid).order_by(col(Job.id))))
     assert st is not None and st.stop_reason == "stopped by user"
-    assert kinds == ["baseline"]  # nothing was dispatched after the stop
+    # The baseline and the first round (sent with it: the search policy proposes without trunk's
+    # value); nothing was dispatched after the stop, and nothing runs on.
+    assert [j.kind for j in jobs] == ["baseline", "experiment", "experiment"]
+    assert all(j.created_at < stopped and j.status in ("done", "failed") for j in jobs)
 
 
 def test_a_gate_job_that_uses_the_last_sealed_query_still_merges(service: Service, tmp_path: Path) -> None:

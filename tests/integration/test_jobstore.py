@@ -84,3 +84,78 @@ def test_more_seeds_are_not_worth_it_beside_a_better_candidate_or_past_the_budge
     # 1 run spent plus 5 more seeds of the node and of trunk is 1 + 11 // 2 = 6; one run more is 7.
     assert store.not_worth_it(9.2, 1, 5) == ""
     assert store.not_worth_it(9.2, 2, 5) == "the experiment budget would be overspent"
+
+
+@pytest.mark.parametrize("claim", ["experiment", "sealed"])
+def test_a_claim_that_races_a_cancellation_sees_it_and_runs_nothing(claim: str, tmp_path: Path) -> None:
+    """A claim read before a stop's cancellation commits must not write its job back as running.
+
+    PostgreSQL shows the claim waiting on the cancellation's lock, so the order is certain; the
+    claim then has to read the job again, not write over what it read before.
+    """
+    import threading
+
+    import psycopg
+
+    from backend.engine.jobstore import claim_experiment
+    from tests.conftest import PG_ADMIN, drop_postgres_database, postgres_database, wait_for
+
+    name = f"grove_test_claim_race_{claim}"
+    settings = Settings(
+        data_dir=tmp_path / "d", worktrees_dir=tmp_path / "w", database_url=postgres_database(name)
+    )
+    try:
+        repo = make_repo(tmp_path / "r", tiny_files(name=f"claim-race-{claim}"))
+        with db.session(settings.db_url) as s:
+            study = create_study(s, settings, (repo / "grove.toml").read_text(), str(repo))
+            sid = study.id or 0
+            node = Node(study_id=sid, parent_id=study.trunk_node_id, depth=1, title="x = 3", status="queued")
+            s.add(node)
+            s.flush()
+            kind = "experiment" if claim == "experiment" else "gate"
+            job = Job(
+                study_id=sid,
+                node_id=node.id or 0,
+                attempt=1 if kind == "experiment" else 0,
+                kind=kind,
+                token="t",
+            )
+            s.add(job)
+            s.flush()
+            jid = job.id or 0
+        url = settings.db_url.replace("postgresql+psycopg://", "postgresql://", 1)
+        stopper = psycopg.connect(url)  # a stop's cancellation, not yet committed
+        stopper.execute("UPDATE job SET status = 'failed' WHERE id = %s", (jid,))
+        got: list[object] = []
+
+        def run() -> None:
+            try:
+                if claim == "experiment":
+                    got.append(claim_experiment(settings, jid, "t", "host", 1))
+                else:
+                    got.append(claim_sealed(settings, jid, "t"))
+            except Superseded as exc:
+                got.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+
+        def claim_waits() -> bool:
+            with psycopg.connect(PG_ADMIN.rsplit("/", 1)[0] + f"/{name}", autocommit=True) as watch:
+                row = watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = %s",
+                    (name,),
+                ).fetchone()
+                return bool(row and row[0])
+
+        wait_for(claim_waits, timeout=30)
+        stopper.commit()
+        stopper.close()
+        thread.join(timeout=30)
+        assert got and (isinstance(got[0], Superseded) or got[0] is None)
+        with db.session(settings.db_url) as s:
+            job_now = s.get(Job, jid)
+            assert job_now is not None and job_now.status == "failed" and job_now.started_at is None
+    finally:
+        db.get_engine(settings.db_url).dispose()
+        drop_postgres_database(name)

@@ -785,3 +785,77 @@ def test_a_study_with_nothing_left_to_run_still_sends_its_held_out_baseline_and_
     mem.heldout = "done"
     out = resume(graph, cfg, ctx, intr, [mem.HELDOUT])
     assert not out.interrupts and mem.events[-1].startswith("finished: time budget spent")
+
+
+class DevBeside(HeldOutBeside):
+    """A gatekeeper whose baseline dev runs are job 98 (blocking), then its held-out runs job 99."""
+
+    DEV = 98
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dev: str = "running"  # running | done | failed
+        self.trunk_dev = []  # no value before the dev job ends
+
+    def baseline(self, study_id: int) -> Pending | None:  # type: ignore[override]
+        if self.dev == "failed":
+            raise RuntimeError("the dev evaluation fails on the unchanged repository")
+        if self.dev == "running":
+            self.events.append("baseline dev")
+            return Pending(self.DEV)
+        self.trunk_dev = [1.0, 1.01]
+        return super().baseline(study_id)
+
+    def record(self, study_id: int, result: Integration) -> None:
+        assert self.trunk_dev, "a node was integrated before trunk's dev value was in"
+        super().record(study_id, result)
+
+
+class ReadsBaseline(SearchPolicy):
+    reads_baseline = True
+
+
+def test_the_first_experiments_run_beside_the_baseline_dev_job_and_wait_for_it_to_be_integrated() -> None:
+    mem = DevBeside()
+    graph, cfg, ctx, out = started(mem)
+    intr = out.interrupts[0]
+    # The search policy proposes without trunk's value: the first round went out with the dev job,
+    # and only that job is watched (no gain can be measured before it ends).
+    assert len(mem.jobs) == 2 and mem.submitted == list(mem.jobs)
+    assert intr.value["jobs"] == [mem.DEV]
+    first = next(iter(mem.jobs))
+    mem.complete(first)  # an experiment that ends first waits, unread
+    assert not any(r["order"] for r in mem.rows.values())
+    mem.dev = "done"
+    out = resume(graph, cfg, ctx, intr, [mem.DEV])
+    intr = out.interrupts[0]
+    # Once it ended: the held-out job went out (after the experiments'), and the ended experiment is read.
+    assert mem.submitted == [*mem.jobs, mem.HELDOUT] and first in intr.value["jobs"]
+    out = resume(graph, cfg, ctx, intr, [first])
+    assert mem.rows[mem.jobs[first]]["order"] == 1
+
+
+def test_a_baseline_dev_job_that_fails_stops_the_graph_before_more_is_sent() -> None:
+    mem = DevBeside()
+    graph, cfg, ctx, out = started(mem)
+    mem.dev = "failed"
+    submitted = list(mem.submitted)
+    try:
+        resume(graph, cfg, ctx, out.interrupts[0], [mem.DEV])
+    except RuntimeError as exc:
+        assert "fails on the unchanged repository" in str(exc)
+    else:
+        raise AssertionError("the failure did not reach the driver")
+    assert mem.submitted == submitted and not any(r["order"] for r in mem.rows.values())
+
+
+def test_a_policy_that_reads_the_baseline_proposes_only_once_it_is_in() -> None:
+    mem = DevBeside()
+    graph = build_graph().compile(checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "t"}}
+    ctx = CoordinatorContext(mem, mem, mem, ReadsBaseline())
+    out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
+    assert out.interrupts[0].value["jobs"] == [mem.DEV] and not mem.jobs and not mem.submitted
+    mem.dev = "done"
+    out = resume(graph, cfg, ctx, out.interrupts[0], [mem.DEV])
+    assert len(mem.jobs) == 2 and mem.trunk_dev

@@ -123,6 +123,7 @@ class LlmPolicy:
 
     name = "llm"
     rebase_on_trunk = False
+    reads_baseline = True
 
     def __init__(self, model: Model, limits: loop.Limits = loop.Limits()) -> None:
         self.model, self.limits = model, limits
