@@ -53,7 +53,8 @@ def start(
     """
     # `wait` comes back here when a baseline job ends, with experiments running: they are kept.
     kept = {"round_no": state.get("round_no", 0), "pending": _active_jobs(state), "baseline_dev_job": None}
-    if runtime.context.storage.study(state["study_id"]).status == "stopping":
+    status = runtime.context.storage.study(state["study_id"]).status
+    if status == "stopping":
         return Command(update=kept, goto="observe")
     pending = runtime.context.gatekeeper.baseline(state["study_id"])
     if pending is not None and pending.blocking:
@@ -63,7 +64,7 @@ def start(
         return Command(goto="start")  # look again in a fresh step: at most one interrupt per run
     held = pending.job_id if pending is not None else None
     update = {**kept, "baseline_job": held}
-    if held is not None and kept["pending"] and not state.get("baseline_sent"):
+    if held is not None and kept["pending"] and not state.get("baseline_sent") and status == "running":
         return Command(update=update, goto="dispatch")  # the experiments have their slots: send it now
     return Command(update=update, goto="observe")
 
@@ -230,6 +231,7 @@ def wait(state: CoordinatorState) -> Command[Literal["integrate", "gate", "start
             "approval": state.get("awaiting"),
         }
     )
+    finished = [j for j in finished if j in watched]
     if (dev_job is not None and dev_job in finished) or state.get("baseline_job") in finished:
         # The held-out baseline first: its failure ends the study before anything more is spent.
         # Whatever else finished is still finished at the next wait.

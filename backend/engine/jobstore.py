@@ -61,6 +61,7 @@ class JobStore(Protocol):
     def add_receipts(self, node_id: int | None, receipts: list[dict[str, Any]]) -> None: ...
     def not_worth_it(self, mean: float, spent: int, more: int) -> str: ...
     def keep_trunk_dev(self, base_commit: str, have: int, values: list[float]) -> None: ...
+    def baseline_running(self) -> bool: ...
     def baseline_dev(self, values: list[float]) -> None: ...
     def baseline_heldout(self, values: list[float]) -> None: ...
     def test_query(self) -> None: ...
@@ -80,7 +81,7 @@ _COMMON = frozenset({"study", "node", "add_receipts", "mark_unsandboxed"})
 CALLS: dict[str, frozenset[str]] = {
     "experiment": _COMMON | {
         "event", "finish", "crash", "insights", "reflections", "save_trajectory", "relabel", "not_worth_it",
-        "keep_trunk_dev", "llm_reserve", "llm_release", "llm_record",
+        "keep_trunk_dev", "llm_reserve", "llm_release", "llm_record", "baseline_running",
     },
     "baseline": _COMMON | {"finish_sealed", "baseline_dev"},
     "heldout": _COMMON | {"finish_sealed", "baseline_heldout", "test_query"},
@@ -429,6 +430,16 @@ class DbStore:
         root = s.get(Node, study.trunk_node_id)
         assert root is not None
         return study, root
+
+    def baseline_running(self) -> bool:
+        """Return whether the study's baseline dev job is running now (trunk's dev values are on their way)."""
+        with db.session(self.settings.db_url) as s:
+            found = s.exec(
+                select(Job.id).where(
+                    Job.study_id == self.study_id, Job.kind == "baseline", Job.status == "running"
+                )
+            ).first()
+            return found is not None
 
     def baseline_dev(self, values: list[float]) -> None:
         """Record the unchanged repository's dev values."""

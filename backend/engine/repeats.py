@@ -3,11 +3,13 @@
 An unclear node is re-run on more seeds, and so is trunk where it has fewer paired seeds than
 the node needs; trunk's extra values are kept on the study, so the next node pairs with them
 for free. Every extra run is a receipt (the node's own, or trunk's) and is charged to the
-experiment budget through the job's outcome.
+experiment budget through the job's outcome. A study's first round may run beside trunk's dev
+job: its first look then waits for trunk's values while that job runs.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from agents.spec import Spec
@@ -47,9 +49,13 @@ def dev_runs(
         values = [r.objective(metric) or 0.0 for r in run.receipts]
         n = len(values)
         now = store.study()
+        if not now.baseline_dev:
+            now = _await_baseline(store, now, spec)
         trunk = list(now.trunk_dev) if now.trunk_commit == node.base_commit else None
         if trunk is None or len(trunk) < n:
-            break  # trunk moved: this node cannot be a gate candidate, more seeds would not help
+            # Trunk moved (this node cannot be a gate candidate), or its dev values are not in:
+            # more seeds would not help, or could not be judged.
+            break
         if _violates(spec, run.receipts):
             break  # not admissible whatever its gain: AREX refines it instead
         # Improving means beating trunk by plateau.min_gain, as integration judges it.
@@ -69,6 +75,24 @@ def dev_runs(
         run.extra_runs += len(more)
         store.event("node.repeated", node.id, {"seeds": target, "reason": f"gain unclear at {n} seeds"})
     return run
+
+
+POLL = 0.05  # seconds between looks for trunk's dev values
+
+
+def _await_baseline(store: JobStore, now: Study, spec: Spec) -> Study:
+    """Wait for trunk's dev values while the baseline's dev job runs beside this first round.
+
+    Its job ends within its own runs' time (`timeout` per seed); a job not yet running (no free
+    slot) is not waited for, nor is a study that stopped.
+    """
+    deadline = time.monotonic() + spec.evaluate.timeout * spec.evaluate.repeats
+    while not now.baseline_dev and now.status == "running" and time.monotonic() < deadline:
+        if not store.baseline_running():
+            return store.study()  # ended just now (read its values), or not running: judge without
+        time.sleep(POLL)
+        now = store.study()
+    return now
 
 
 def _violates(spec: Spec, receipts: list[evaluation.Receipt]) -> bool:

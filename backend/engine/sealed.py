@@ -5,7 +5,8 @@ The coordinator (`SealedJobs`, its `Gatekeeper` under Celery) creates a `baselin
 single-process runner calls directly (`LocalGatekeeper`), then wakes the coordinator, which reads
 the verdict from the node. Nothing is integrated before the `baseline` job (trunk's dev runs)
 ends, and nothing proposed before it where the policy reads trunk's value; the `heldout` job
-(trunk's held-out runs) then runs beside the experiments, as gates do, and only a gate waits for it. Sealed jobs use attempt 0 (`heldout` -1: the same node as
+(trunk's held-out runs) then runs beside the experiments, as gates do, and only a gate waits
+for it. Sealed jobs use attempt 0 (`heldout` -1: the same node as
 `baseline`) and never count as experiments.
 """
 

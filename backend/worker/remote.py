@@ -251,6 +251,10 @@ class ApiStore:
         """Keep trunk's extra dev values."""
         self._call("keep_trunk_dev", base_commit=base_commit, have=have, values=values)
 
+    def baseline_running(self) -> bool:
+        """Return whether the study's baseline dev job is running now."""
+        return bool(self._call("baseline_running"))
+
     def baseline_dev(self, values: list[float]) -> None:
         """Record the unchanged repository's dev values."""
         self._call("baseline_dev", values=values)

@@ -10,7 +10,7 @@ from pathlib import Path
 from sqlmodel import col, select
 
 from backend.core import db
-from backend.core.models import Event, Job, Node, Study, now
+from backend.core.models import Event, Job, Node, ReceiptRow, Study, now
 from backend.services import lifecycle
 from backend.services.studies import create_study
 from backend.worker.celery_app import make_app
@@ -113,13 +113,17 @@ def test_a_baseline_that_fails_in_its_job_fails_the_study_with_the_reason(
 
 def test_the_held_out_baseline_runs_beside_the_first_experiments(service: Service, tmp_path: Path) -> None:
     files = tiny_files(name="celery-heldout-beside", experiments=2)
+    # Trunk's dev runs take a second (the first round is sent before they end); its held-out, four.
     files["eval.py"] = files["eval.py"].replace(
-        'if sys.argv[1] == "dev":', 'if sys.argv[1] == "test":\n    time.sleep(4)\nif sys.argv[1] == "dev":'
+        'if sys.argv[1] == "dev":',
+        'if sys.argv[1] == "test":\n    time.sleep(4)\nif sys.argv[1] == "dev" and x == 0:\n    time.sleep(0.5)\n'
+        'if sys.argv[1] == "dev":',
     )
     sid = run_until(service, make_repo(tmp_path / "r", files), "finished")
     with db.session(service.settings.db_url) as s:
         st = s.get(Study, sid)
         jobs: dict[str, Job] = {}
+        experiments = list(s.exec(select(Job).where(Job.study_id == sid, Job.kind == "experiment")))
         for j in s.exec(select(Job).where(Job.study_id == sid).order_by(col(Job.id))):
             jobs.setdefault(j.kind, j)  # the first of each kind
         integrated = s.exec(
@@ -130,9 +134,57 @@ def test_the_held_out_baseline_runs_beside_the_first_experiments(service: Servic
     baseline, heldout, first = jobs["baseline"], jobs["heldout"], jobs["experiment"]
     assert baseline.finished_at and heldout.started_at and heldout.finished_at and first.started_at
     # The search policy proposes without trunk's value: the first experiment was sent with trunk's
-    # dev job, not after it, and read only once that job had ended; it ran while the held-out ran.
+    # dev job, not after it, and read only once that job had ended; experiments ran while the held-out ran.
     assert first.created_at < baseline.finished_at <= integrated.time
-    assert first.started_at < heldout.finished_at
+    assert any(
+        e.started_at
+        and e.finished_at
+        and e.started_at < heldout.finished_at
+        and e.finished_at > heldout.started_at
+        for e in experiments
+    )
+
+
+SLOW_TRUNK_EVAL = """\
+import json, os, sys, time, tomllib
+x = tomllib.load(open("config.toml", "rb"))["knob"]["x"]
+seed = int(os.environ.get("GROVE_SEED", "0"))
+if x == 0 and seed < 2 and sys.argv[1] == "dev":
+    time.sleep(2)  # trunk's dev job: slower than the first experiment's first look
+# Any change is worth +0.1 on every seed; on seed 1 it reads +0.3. Two seeds cannot tell.
+score = 10.0 + (0.1 + (0.2 if seed == 1 else 0.0) if x != 0 else 0.0)
+print(json.dumps({"score": score if sys.argv[1] == "dev" else score + 700, "size": x}))
+"""
+
+
+def test_a_first_experiment_that_looks_before_trunks_dev_job_ends_waits_for_its_values(
+    service: Service, tmp_path: Path
+) -> None:
+    files = tiny_files(name="celery-wait-trunk", experiments=5, margin=0.0, max_size=5)
+    files["eval.py"] = SLOW_TRUNK_EVAL
+    files["grove.toml"] = (
+        files["grove.toml"]
+        .replace("repeats = 2\n", "repeats = 2\nmax_repeats = 6\n", 1)
+        .replace("parallel = 2\n", "parallel = 1\n")
+    )
+    sid = run_until(service, make_repo(tmp_path / "r", files), "finished")
+    with db.session(service.settings.db_url) as s:
+        jobs = list(s.exec(select(Job).where(Job.study_id == sid).order_by(col(Job.id))))
+        baseline = next(j for j in jobs if j.kind == "baseline")
+        first = s.get(Node, next(j for j in jobs if j.kind == "experiment").node_id)
+        assert first is not None
+        looked = sorted(
+            r.created_at
+            for r in s.exec(
+                select(ReceiptRow).where(
+                    ReceiptRow.node_id == first.id, ReceiptRow.kind == "dev", ReceiptRow.seed < 2
+                )
+            )
+        )
+    # Its first look (seeds 0 and 1) was in before trunk's: it waited for trunk's values and went on
+    # to 4 and 6 paired seeds, where two seeds cannot tell the gain (not cut at the first look).
+    assert baseline.finished_at is not None and len(looked) == 2 and looked[-1] < baseline.finished_at
+    assert first.dev_n == 6
 
 
 def test_a_held_out_baseline_that_fails_ends_the_study_and_what_runs_beside_it(
@@ -177,10 +229,11 @@ def test_a_study_stopped_while_its_baseline_job_runs_finishes(service: Service, 
     app = make_app(service.settings)
     app.send_task("coordinator.advance", args=[sid])
 
-    def baseline_running() -> bool:
+    def baseline_running() -> bool:  # and the first round sent beside it
         with db.session(service.settings.db_url) as s:
             job = s.exec(select(Job).where(Job.study_id == sid, Job.kind == "baseline")).first()
-            return job is not None and job.status == "running"
+            sent = s.exec(select(Job).where(Job.study_id == sid, Job.kind == "experiment")).all()
+            return job is not None and job.status == "running" and len(sent) == 2
 
     wait_for(baseline_running, timeout=60)
     with db.session(service.settings.db_url) as s:

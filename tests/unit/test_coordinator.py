@@ -824,8 +824,10 @@ def test_the_first_experiments_run_beside_the_baseline_dev_job_and_wait_for_it_t
     assert len(mem.jobs) == 2 and mem.submitted == list(mem.jobs)
     assert intr.value["jobs"] == [mem.DEV]
     first = next(iter(mem.jobs))
-    mem.complete(first)  # an experiment that ends first waits, unread
-    assert not any(r["order"] for r in mem.rows.values())
+    mem.complete(first)  # an experiment that ends first waits, unread (`record` would fail)
+    out = resume(graph, cfg, ctx, intr, [first])  # a wake that names it is not heard
+    intr = out.interrupts[0]
+    assert intr.value["jobs"] == [mem.DEV] and not any(r["order"] for r in mem.rows.values())
     mem.dev = "done"
     out = resume(graph, cfg, ctx, intr, [mem.DEV])
     intr = out.interrupts[0]
