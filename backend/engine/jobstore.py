@@ -107,12 +107,15 @@ def locked_job(s: Session, job_id: int | None) -> Job | None:
 
     pysqlite reads outside a transaction until the first write, and PostgreSQL reads the last
     committed row: a cancellation committed between a check and the write after it would be
-    overwritten. A no-op update first takes the row's lock (SQLite's: the database's).
+    overwritten. PostgreSQL locks the row as it reads it (`FOR UPDATE`); SQLite has no row locks,
+    so a no-op update first takes the database's write lock.
     """
     if job_id is None:
         return None
-    s.connection().execute(update(Job).where(col(Job.id) == job_id).values(status=Job.status))
-    return s.get(Job, job_id, populate_existing=True)
+    if s.get_bind().dialect.name == "sqlite":
+        s.connection().execute(update(Job).where(col(Job.id) == job_id).values(status=Job.status))
+        return s.get(Job, job_id, populate_existing=True)
+    return s.get(Job, job_id, populate_existing=True, with_for_update=True)
 
 
 def claim_experiment(

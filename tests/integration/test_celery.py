@@ -32,7 +32,7 @@ def test_study_runs_to_the_end_on_workers_with_parallel_executors(service: Servi
     wait_for(lambda: study_status(service, study.id or 0) == "finished", timeout=180)
     with db.session(service.settings.db_url) as s:
         st = s.get(Study, study.id)
-        jobs = list(s.exec(select(Job).where(Job.study_id == study.id)))
+        jobs = list(s.exec(select(Job).where(Job.study_id == study.id).order_by(col(Job.id))))
         merged = list(
             s.exec(
                 select(Node).where(
@@ -103,7 +103,7 @@ def test_a_baseline_that_fails_in_its_job_fails_the_study_with_the_reason(
     sid = run_until(service, make_repo(tmp_path / "r", files), "failed")
     with db.session(service.settings.db_url) as s:
         st = s.get(Study, sid)
-        jobs = list(s.exec(select(Job).where(Job.study_id == sid)))
+        jobs = list(s.exec(select(Job).where(Job.study_id == sid).order_by(col(Job.id))))
     assert st is not None and "fails on the unchanged repository" in st.stop_reason
     assert "cannot load the data" in st.stop_reason
     # The search policy proposes without trunk's dev value, so the first round (parallel = 2) ran
