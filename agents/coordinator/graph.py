@@ -215,12 +215,11 @@ def wait(state: CoordinatorState) -> Command[Literal["integrate", "gate", "start
     """Interrupt until some jobs finish (or an open approval is decided); go to integrate, gate, start or observe."""
     pending = _active_jobs(state)
     gate_job = state.get("gate_job")
-    dev_job = state.get("baseline_dev_job")
-    # The baseline's jobs too, while they run: `start` reads their outcome.
-    others = [j for j in (gate_job, state.get("baseline_job")) if j is not None]
-    watched = list(dict.fromkeys([*pending, *others]))
+    dev_job, held_job = state.get("baseline_dev_job"), state.get("baseline_job")
     if dev_job is not None:
         watched = [dev_job]  # no gain can be measured before trunk's dev value: nothing else is read
+    else:  # the held-out baseline's job too, while it runs: `start` reads its outcome
+        watched = list(dict.fromkeys([*pending, *[j for j in (gate_job, held_job) if j is not None]]))
     if not watched:
         return Command(goto="observe")
     finished = interrupt(
@@ -232,7 +231,7 @@ def wait(state: CoordinatorState) -> Command[Literal["integrate", "gate", "start
         }
     )
     finished = [j for j in finished if j in watched]
-    if (dev_job is not None and dev_job in finished) or state.get("baseline_job") in finished:
+    if dev_job in finished or held_job in finished:
         # The held-out baseline first: its failure ends the study before anything more is spent.
         # Whatever else finished is still finished at the next wait.
         return Command(goto="start")
