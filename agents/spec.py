@@ -38,6 +38,15 @@ class StudySection(_Section):
 class Objective(_Section):
     metric: str = Field(min_length=1)
     direction: Literal["maximize", "minimize"]
+    # The values the metric can take (e.g. [0, 1] for an accuracy): a run reporting one outside fails.
+    bounds: tuple[float, float] | None = None
+
+    @field_validator("bounds")
+    @classmethod
+    def _bounds(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None and not (math.isfinite(v[0]) and math.isfinite(v[1]) and v[0] < v[1]):
+            raise ValueError("must be [low, high] with finite low < high")
+        return v
 
 
 class Evaluate(_Section):

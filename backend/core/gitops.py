@@ -305,6 +305,38 @@ class Repo:
             lambda: run_git(*args, cwd=self.path).returncode == 0,
         )
 
+    def merge_mismatch(self, commit: str, onto: str, theirs: str) -> str:
+        """Return how `commit` differs from the merge `merge_onto` makes of `theirs` into `onto`, or ''."""
+        args = ["merge-tree", "--write-tree", onto, theirs]
+        return _either(
+            args,
+            lambda: libgit.merge_mismatch(self.path, commit, onto, theirs),
+            lambda: self._merge_mismatch_cli(commit, onto, theirs),
+        )
+
+    def _merge_mismatch_cli(self, commit: str, onto: str, theirs: str) -> str:
+        """Check a merge as `merge_mismatch` does, with git itself (`git merge-tree --write-tree`)."""
+        got = run_git(
+            "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", cwd=self.path
+        ).stdout.strip()
+        if not got:
+            return f"commit {commit} is not in Grove's clone"
+        ours, other = self.rev(onto), self.rev(theirs)
+        if self.is_ancestor(other, ours):
+            return (
+                "" if got == ours else f"{commit[:12]} is not trunk {onto[:12]}, which already holds the node"
+            )
+        if self.git("rev-list", "--parents", "-n", "1", got).split()[1:] != [ours, other]:
+            return (
+                f"the parents of {commit[:12]} are not trunk {onto[:12]} and the node's commit {theirs[:12]}"
+            )
+        proc = run_git("merge-tree", "--write-tree", "--no-messages", ours, other, cwd=self.path)
+        if proc.returncode != 0:
+            return f"trunk {onto[:12]} and the node's commit {theirs[:12]} do not merge cleanly"
+        if self.git("rev-parse", f"{got}^{{tree}}").strip() != proc.stdout.split()[0]:
+            return f"the files of {commit[:12]} are not the merge of trunk {onto[:12]} and the node's commit {theirs[:12]}"
+        return ""
+
     # worktrees ---------------------------------------------------------------
 
     def add_worktree(self, path: Path, branch: str, commit: str, reason: str = "grove") -> Path:

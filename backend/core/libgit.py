@@ -206,3 +206,33 @@ def _diff(repo: pygit2.Repository, old: str, new: str) -> pygit2.Diff:
 
 def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
+
+
+def merge_mismatch(repo_path: Path, commit: str, onto: str, theirs: str) -> str:
+    """Return how `commit` differs from the merge `merge` makes of `theirs` into `onto`, or '' if it is that merge.
+
+    Its parents must be `onto` and `theirs` in that order and its tree the in-memory merge of the two
+    (or, where `theirs` is already in `onto`, it must be `onto` itself).
+    """
+    with _opened(repo_path, f"check {commit[:12]} against {onto[:12]} + {theirs[:12]}") as repo:
+        try:
+            got = repo.revparse_single(commit).peel(pygit2.Commit)
+        except (KeyError, ValueError, pygit2.GitError):
+            return f"commit {commit} is not in Grove's clone"
+        ours, other = repo[onto].peel(pygit2.Commit), repo.revparse_single(theirs).peel(pygit2.Commit)
+        if ours.id == other.id or repo.descendant_of(ours.id, other.id):
+            return (
+                ""
+                if got.id == ours.id
+                else f"{commit[:12]} is not trunk {onto[:12]}, which already holds the node"
+            )
+        if list(got.parent_ids) != [ours.id, other.id]:
+            return (
+                f"the parents of {commit[:12]} are not trunk {onto[:12]} and the node's commit {theirs[:12]}"
+            )
+        index = repo.merge_commits(ours, other)
+        if index.conflicts is not None:
+            return f"trunk {onto[:12]} and the node's commit {theirs[:12]} do not merge cleanly"
+        if got.tree_id != index.write_tree(repo):
+            return f"the files of {commit[:12]} are not the merge of trunk {onto[:12]} and the node's commit {theirs[:12]}"
+        return ""

@@ -119,6 +119,7 @@ def evaluate(
     commit: str,
     limits: sandbox.Limits,
     evaluator_fingerprint: str,
+    bounds: tuple[float, float] | None = None,
     isolation: sandbox.Isolation = sandbox.Isolation(),
     readonly: tuple[str, ...] = (),
     disk_base: int | None = None,
@@ -164,6 +165,8 @@ def evaluate(
                 reason = f"objective metric {metric!r} missing from the reported metrics"
             elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 reason = f"objective metric {metric!r} is not a finite number ({value!r})"
+            elif bounds is not None and not bounds[0] <= value <= bounds[1]:
+                reason = f"objective metric {metric!r} is {value!r}, outside objective.bounds {list(bounds)}"
     return Receipt(
         kind=kind,
         seed=seed,

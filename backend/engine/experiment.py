@@ -32,7 +32,7 @@ from backend.core import gitops
 from backend.core.config import Settings, get_settings
 from backend.core.gitops import GitError
 from backend.core.models import Study
-from backend.engine import environment, evaluation, repeats, sandbox, workspace
+from backend.engine import environment, evaluation, policing, repeats, sandbox, workspace
 from backend.engine.jobstore import Superseded
 from backend.engine.site import LocalSite, Site
 from backend.services.ledger import StoreLedger
@@ -117,7 +117,7 @@ def run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], Non
             return finish(NodeStatus.FAILED, failure="the change is empty")
         store.publish(repo, node.branch, commit)
         change = repo.change(node.base_commit, commit)
-        violation, stats = workspace.violation_of(change.paths, spec), change.stats
+        violation, stats = policing.violation_of(change.paths, spec), change.stats
         if violation:
             return finish(NodeStatus.REJECTED, commit=commit, diff_stats=stats, failure=violation)
         runs = repeats.dev_runs(

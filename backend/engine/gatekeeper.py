@@ -19,11 +19,11 @@ from backend.core import db
 from backend.core.config import Settings
 from backend.core.gitops import GitError, MergeConflict, Repo
 from backend.core.models import Approval, Node, Study, now
-from backend.engine import environment, workspace
+from backend.engine import environment, policing, workspace
 from backend.engine.jobstore import DbStore, JobStore, local_repo
 from backend.services import lifecycle, notify, report
 from backend.services.approvals import answer_of, withdraw_approval
-from backend.services.records import spec_of, transition
+from backend.services.records import add_event, spec_of, transition
 
 
 class BaselineError(RuntimeError):
@@ -118,7 +118,7 @@ class SealedRunner:
             reason = "failed: merge conflict with trunk"
         except GitError as exc:
             reason = f"failed: {exc}"
-        violation = workspace.diff_violation(self.repo, st.trunk_commit, merged, spec) if merged else ""
+        violation = policing.diff_violation(self.repo, st.trunk_commit, merged, spec) if merged else ""
         if violation:
             reason = f"rejected: {violation}"
         elif merged:
@@ -257,12 +257,21 @@ class LocalGatekeeper:
             if not repo.is_ancestor(study.trunk_commit, node.gate_commit):
                 transition(s, node, NodeStatus.REJECTED, reason="trunk moved since the gate ran")
                 return
+            # Trunk moves only to the merge the server itself makes of trunk and the node's commit.
+            why = policing.gate_mismatch(
+                repo, spec_of(study), node.gate_commit, study.trunk_commit, node.commit
+            )
+            if why:
+                add_event(s, study_id, "gate.refused", node_id, reason=why[:2000])
+                transition(
+                    s, node, NodeStatus.REJECTED, reason=f"the gate's commit was refused: {why}"[:2000]
+                )
+                return
             repo.set_branch(study.trunk_branch, node.gate_commit)
             study.trunk_commit = node.gate_commit
             study.trunk_dev = list(node.dev_values)
             study.trunk_heldout = list(node.heldout_values)
             study.trunk_node_id = node_id
-            node.commit = node.commit or node.gate_commit
             s.add(study)
             transition(s, node, NodeStatus.MERGED, by=by, trunk=node.gate_commit)
             appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()

@@ -10,6 +10,7 @@ database and no shared data directory.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import secrets
 import socket
@@ -20,12 +21,15 @@ from typing import Any, Protocol
 from sqlalchemy import update
 from sqlmodel import Session, col, func, select
 
+from agents.tree.gate import heldout_decision
+from agents.tree.sequential import Plan
 from agents.tree.stats import summarize
 from agents.tree.status import NodeStatus
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.gitops import Repo
 from backend.core.models import Job, LlmCall, LlmHold, Node, ReceiptRow, Study, Trajectory, now
+from backend.engine import policing
 from backend.services.records import add_event, latest_insight, mark_unsandboxed, spec_of, transition
 from backend.services.storage import experiments_used
 
@@ -476,10 +480,83 @@ class DbStore:
     def verdict(
         self, passed: bool, reason: str, commit: str, values: list[float], gain: float | None
     ) -> None:
-        """Record the gate verdict of the job's node."""
+        """Record the gate verdict of the job's node, judged again here: a pass the server cannot confirm fails.
+
+        The merge is recomputed from trunk and the node's recorded commit, the diff policed, the
+        values bounded by the objective and matched with the job's receipts, and the held-out rule
+        applied to them; a mismatch fails the gate and the job with the reason, and raises Refused.
+        """
         with db.session(self.settings.db_url) as s:
             self._current(s)
-            record_verdict(s, self._node(s, self.node_id), passed, reason, commit, values, gain)
+            node = self._node(s, self.node_id)
+            study = s.get(Study, self.study_id)
+            assert study is not None
+            spec = spec_of(study)
+            if passed and self._trunk_moved(study, commit):  # stale, not forged: it could not merge anyway
+                record_verdict(s, node, False, "failed: trunk moved while the gate ran", "", values, None)
+                return
+            why, gain = self._judge(s, study, node, spec, values, passed, commit)
+            if not why:
+                record_verdict(s, node, passed, reason, commit if passed else "", values, gain)
+                return
+            refused = f"failed: the server refused the gate's result: {why}"[:2000]
+            record_verdict(s, node, False, refused, "", [], None)
+            add_event(s, self.study_id, "gate.refused", node.id, reason=why[:2000])
+            if self.job_id is not None:
+                job = self._job(s)
+                job.status, job.finished_at = "failed", now()
+                job.outcome = {**job.outcome, "reason": refused}
+                s.add(job)
+        raise Refused(refused)
+
+    @staticmethod
+    def _trunk_moved(study: Study, commit: str) -> bool:
+        """Return whether `commit` merged onto an earlier trunk of the study (trunk moved since)."""
+        repo = local_repo(study)
+        onto = (
+            repo.git("rev-parse", "--verify", "--quiet", f"{commit}^1", check=False).strip() if commit else ""
+        )
+        return bool(onto) and onto != study.trunk_commit and repo.is_ancestor(onto, study.trunk_commit)
+
+    def _judge(
+        self, s: Session, study: Study, node: Node, spec: Any, values: list[float], passed: bool, commit: str
+    ) -> tuple[str, float | None]:
+        """Return why a reported gate result cannot be kept ('' if it can) and the held-out gain recomputed."""
+        low, high = spec.objective.bounds or (-math.inf, math.inf)
+        if not all(isinstance(v, int | float) and math.isfinite(v) and low <= v <= high for v in values):
+            return f"held-out values {values[:12]} are not finite numbers within objective.bounds", None
+        if self.job_id is not None and values:
+            rows = s.exec(
+                select(ReceiptRow).where(
+                    ReceiptRow.job_id == self.job_id, ReceiptRow.kind == "test", col(ReceiptRow.ok)
+                )
+            ).all()
+            latest = {
+                r.seed: r for r in sorted(rows, key=lambda r: r.id or 0)
+            }  # a retried job ran them again
+            metric = spec.objective.metric
+            recorded = [(latest[k].metrics or {}).get(metric) for k in sorted(latest)]
+            if recorded != list(values):
+                return "the held-out values are not those of the job's recorded test runs", None
+        trunk = list(study.trunk_heldout)
+        gain = None
+        if values and len(trunk) >= len(values):
+            plan = Plan(spec.gate.test_repeats, 3 * spec.gate.test_repeats)
+            d = heldout_decision(
+                values, trunk[: len(values)], maximize=spec.maximize, margin=spec.gate.margin,
+                alpha=plan.alpha_at(len(values)),
+            )  # fmt: skip
+            gain = d.gain
+            if passed and not d.passed:
+                return f"the reported values do not pass the held-out rule ({d.reason})", gain
+        elif passed:
+            return "a pass needs at least as many trunk held-out values as the node's", None
+        if not passed:
+            return "", gain
+        if not commit:
+            return "a pass names no merged commit", gain
+        why = policing.gate_mismatch(local_repo(study), spec, commit, study.trunk_commit, node.commit)
+        return (f"{why} (trunk {study.trunk_commit[:12]} merged with n{node.number})" if why else ""), gain
 
     def keep_trunk_heldout(self, trunk_commit: str, values: list[float]) -> None:
         """Keep trunk's longer held-out values unless trunk moved meanwhile."""

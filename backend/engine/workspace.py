@@ -62,23 +62,6 @@ def prepare(
     return path
 
 
-def diff_violation(repo: Repo, base: str, commit: str, spec: Spec) -> str:
-    """Return why a change may not be kept (protected, sealed or non-editable path), or ''."""
-    return violation_of(repo.changed_files(base, commit), spec)
-
-
-def violation_of(paths: list[str], spec: Spec) -> str:
-    """Return why a change to these paths may not be kept (protected, sealed or non-editable), or ''."""
-    for path in paths:
-        if globs.match_any(spec.files.protected, path):
-            return f"changed protected file {path}"
-        if globs.match_any(spec.files.sealed, path):
-            return f"changed sealed file {path}"
-        if not globs.match_any(spec.files.editable, path):
-            return f"changed {path}, which is outside files.editable"
-    return ""
-
-
 def limits_of(spec: Spec) -> sandbox.Limits:
     """Return the sandbox limits of a study's evaluations."""
     return sandbox.Limits(
@@ -144,6 +127,7 @@ def run_repeats(
             commit=commit,
             limits=limits_of(spec),
             evaluator_fingerprint=fp,
+            bounds=spec.objective.bounds,
             isolation=iso,
             readonly=readonly,
             output_cap=settings.output_cap_bytes,

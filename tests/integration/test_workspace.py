@@ -12,7 +12,7 @@ import pytest
 from agents.spec import parse_spec
 from backend.core import db, gitops
 from backend.core.config import Settings
-from backend.engine import workspace
+from backend.engine import policing, workspace
 from backend.services.studies import create_study
 from tests.conftest import git, tiny_files, wait_for
 
@@ -149,7 +149,7 @@ def test_diff_outside_editable_or_protected_is_refused(tmp_path: Path, tiny_repo
         (wt / path).write_text("tampered")
         commit = repo.commit_all(wt, "tamper")
         assert commit is not None
-        assert why in workspace.diff_violation(repo, base, commit, spec)
+        assert why in policing.diff_violation(repo, base, commit, spec)
         repo.remove_worktree(wt)
 
 
@@ -167,9 +167,9 @@ def test_a_change_names_both_sides_of_a_rename_and_counts_like_git(tmp_path: Pat
     assert sorted(change.paths) == sorted(["eval.py", "moved\tname.py", "config.toml", "blob.bin"])
     assert sorted(change.paths) == sorted(repo.changed_files(base, commit))
     assert change.stats == {"files": 3, "insertions": 1, "deletions": 1}
-    assert workspace.violation_of(change.paths, spec) == "changed blob.bin, which is outside files.editable"
+    assert policing.violation_of(change.paths, spec) == "changed blob.bin, which is outside files.editable"
     no_blob = [p for p in change.paths if p != "blob.bin"]
-    assert workspace.violation_of(no_blob, spec) == "changed protected file eval.py"
+    assert policing.violation_of(no_blob, spec) == "changed protected file eval.py"
     repo.remove_worktree(wt)
 
 

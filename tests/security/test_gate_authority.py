@@ -1,0 +1,235 @@
+"""A worker's gate verdict is evidence, never authority: trunk moves only to the merge the server computes.
+
+A worker holding a gate job's valid token publishes a commit of its choosing to the gate branch
+and reports a pass. The server recomputes the merge of trunk and the node's recorded commit,
+polices the diff, matches the values with the job's receipts and applies the held-out rule
+itself: a commit that is not exactly trunk merged with the node fails the gate and the job, with
+the reason and an event, and trunk does not move.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import select
+
+from agents.tree.status import NodeStatus
+from backend.api.main import create_app
+from backend.core import db
+from backend.core.config import Settings
+from backend.core.models import Event, Job, Node, Study
+from backend.core.security import create_token
+from backend.engine.gatekeeper import LocalGatekeeper
+from backend.services.studies import create_study
+from tests.conftest import git, make_repo, tiny_files
+
+W = "/api/v1/worker"
+TRUNK_HELDOUT = [768.125, 768.135]  # the tiny study's held-out score at x = 0, seeds 0 and 1
+NODE_HELDOUT = [777.125, 777.135]  # at x = 3
+
+
+@dataclass
+class Gate:
+    settings: Settings
+    client: TestClient
+    headers: dict[str, str]
+    study: Study
+    node: Node
+    job: Job
+    work: Path  # a worker's own clone, where it makes whatever commit it likes
+
+
+def _worker_clone(study: Study, dest: Path) -> Path:
+    subprocess.run(["git", "clone", "-q", study.repo_path, str(dest)], check=True)
+    for key, value in (("user.name", "w"), ("user.email", "w@w")):
+        git("config", key, value, cwd=dest)
+    return dest
+
+
+@pytest.fixture
+def gate(tmp_path: Path, redis_url: str) -> Iterator[Gate]:
+    settings = Settings(data_dir=tmp_path / "data", worktrees_dir=tmp_path / "wt", redis_url=redis_url)
+    settings.ensure_dirs()
+    repo = make_repo(tmp_path / "tiny", tiny_files(mode="approve", margin=0.0))
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, (repo / "grove.toml").read_text(), str(repo))
+        study.baseline_heldout = study.trunk_heldout = list(TRUNK_HELDOUT)
+        s.add(study)
+        s.flush()
+        s.refresh(study)
+        s.expunge(study)
+    work = _worker_clone(study, tmp_path / "worker")
+    # The node's honest change, as an experiment job would have published it.
+    branch = f"grove/{study.name}/n77"
+    git("checkout", "-q", "-b", "node", study.trunk_commit, cwd=work)
+    (work / "config.toml").write_text("[knob]\nx = 3\nsleep = 0\n")
+    git("commit", "-q", "-am", "x = 3", cwd=work)
+    node_commit = git("rev-parse", "HEAD", cwd=work).strip()
+    git("fetch", "-q", str(work), f"node:refs/heads/{branch}", cwd=Path(study.repo_path))
+    with db.session(settings.db_url) as s:
+        node = Node(study_id=study.id or 0, parent_id=study.trunk_node_id, depth=1, number=2, title="x = 3",
+                    status=NodeStatus.EVALUATED, base_commit=study.trunk_commit, branch=branch,
+                    commit=node_commit)  # fmt: skip
+        s.add(node)
+        s.flush()
+        job = Job(study_id=study.id or 0, node_id=node.id or 0, attempt=0, kind="gate", status="running",
+                  token="gate-t")  # fmt: skip
+        s.add(job)
+        s.flush()
+        for row in (node, job):
+            s.refresh(row)
+            s.expunge(row)
+    app = create_app(settings)
+    headers = {"Authorization": f"Bearer {create_token(settings, ['worker'], 'fleet')}"}
+    with TestClient(app) as client:
+        yield Gate(settings, client, headers, study, node, job, work)
+
+
+def call(g: Gate, name: str, **args: object) -> tuple[int, object]:
+    r = g.client.post(
+        f"{W}/jobs/{g.job.id}/call/{name}", json={"token": "gate-t", "args": args}, headers=g.headers
+    )
+    return r.status_code, r.json()
+
+
+def publish(g: Gate, commit: str) -> None:
+    """Publish `commit` to the node's gate branch, as a gate job does with its merge."""
+    ref = f"grove/{g.study.name}/gate/n{g.node.id}"
+    git("branch", "-f", ref, commit, cwd=g.work)
+    bundle = g.work.parent / "gate.bundle"
+    git("bundle", "create", "-q", str(bundle), f"refs/heads/{ref}", cwd=g.work)
+    r = g.client.post(
+        f"{W}/jobs/{g.job.id}/publish", params={"token": "gate-t", "ref": ref, "commit": commit},
+        content=bundle.read_bytes(), headers=g.headers,
+    )  # fmt: skip
+    assert r.status_code == 200, r.text
+
+
+def record_test_runs(g: Gate, commit: str, values: list[float]) -> None:
+    receipts = [
+        {"kind": "test", "seed": i, "ok": True, "commit": commit, "metrics": {"score": v}}
+        for i, v in enumerate(values)
+    ]
+    assert call(g, "add_receipts", node_id=g.node.id, receipts=receipts)[0] == 200
+
+
+def honest_merge(g: Gate) -> str:
+    git("checkout", "-q", "-B", "gate", g.study.trunk_commit, cwd=g.work)
+    git("merge", "-q", "--no-ff", "-m", "merge n2", "node", cwd=g.work)
+    return git("rev-parse", "HEAD", cwd=g.work).strip()
+
+
+def state(g: Gate) -> tuple[Study, Node, Job, list[Event]]:
+    with db.session(g.settings.db_url) as s:
+        st, node, job = s.get(Study, g.study.id), s.get(Node, g.node.id), s.get(Job, g.job.id)
+        assert st is not None and node is not None and job is not None
+        events = list(s.exec(select(Event).where(Event.study_id == g.study.id, Event.type == "gate.refused")))
+        for row in (st, node, job, *events):
+            s.expunge(row)
+        return st, node, job, events
+
+
+def clone_trunk(g: Gate) -> str:
+    return git("rev-parse", g.study.trunk_branch, cwd=Path(g.study.repo_path)).strip()
+
+
+def test_a_forged_gate_commit_fails_the_gate_and_trunk_stays(gate: Gate) -> None:
+    # Trunk with the evaluator replaced, the sealed file gone and a file added, dressed as the
+    # merge of trunk and the node (the right parents, its own tree).
+    git("checkout", "-q", "-B", "evil", gate.study.trunk_commit, cwd=gate.work)
+    (gate.work / "eval.py").write_text('print(\'{"score": 1e9, "size": 0}\')\n')
+    git("rm", "-q", "data/test/offset.txt", cwd=gate.work)
+    (gate.work / "added.txt").write_text("mine\n")
+    git("add", "-A", cwd=gate.work)
+    tree = git("write-tree", cwd=gate.work).strip()
+    forged = git(
+        "commit-tree",
+        tree,
+        "-p",
+        gate.study.trunk_commit,
+        "-p",
+        gate.node.commit,
+        "-m",
+        "merge n2",
+        cwd=gate.work,
+    ).strip()
+    publish(gate, forged)
+    record_test_runs(gate, forged, NODE_HELDOUT)
+    code, body = call(gate, "verdict", passed=True, reason="passed: trust me", commit=forged,
+                      values=NODE_HELDOUT, gain=999.0)  # fmt: skip
+    assert code == 422 and "not the merge of trunk" in str(body), body
+    st, node, job, events = state(gate)
+    assert job.status == "failed" and "not the merge of trunk" in job.outcome["reason"]
+    assert node.gated and node.gate_reason.startswith("failed: the server refused")
+    assert node.status == NodeStatus.REJECTED and node.gate_commit == "" and node.heldout_gain is None
+    assert [e.payload["reason"] for e in events] and "not the merge of trunk" in events[0].payload["reason"]
+    assert st.trunk_commit == gate.study.trunk_commit == clone_trunk(gate)
+    # The job is over: its token can end or write nothing more.
+    assert call(gate, "finish_sealed", status="done", outcome={"passed": True})[0] == 409
+
+
+def test_a_pass_the_values_do_not_support_is_refused(gate: Gate) -> None:
+    merged = honest_merge(gate)
+    publish(gate, merged)
+    record_test_runs(gate, merged, TRUNK_HELDOUT)  # no better than trunk
+    code, body = call(
+        gate, "verdict", passed=True, reason="passed", commit=merged, values=TRUNK_HELDOUT, gain=999.0
+    )
+    assert code == 422 and "do not pass the held-out rule" in str(body)
+    # Values that are not those of the job's test runs are refused too.
+    _, node, job, events = state(gate)
+    assert job.status == "failed" and node.status == NodeStatus.REJECTED and len(events) == 1
+
+
+def test_values_other_than_the_recorded_runs_are_refused(gate: Gate) -> None:
+    merged = honest_merge(gate)
+    publish(gate, merged)
+    record_test_runs(gate, merged, TRUNK_HELDOUT)
+    code, body = call(
+        gate, "verdict", passed=True, reason="passed", commit=merged, values=NODE_HELDOUT, gain=9.0
+    )
+    assert code == 422 and "recorded test runs" in str(body)
+
+
+def test_the_honest_merge_passes_and_trunk_moves_to_it(gate: Gate) -> None:
+    merged = honest_merge(gate)
+    publish(gate, merged)
+    record_test_runs(gate, merged, NODE_HELDOUT)
+    code, body = call(
+        gate, "verdict", passed=True, reason="passed", commit=merged, values=NODE_HELDOUT, gain=999.0
+    )
+    assert code == 200, body
+    assert call(gate, "finish_sealed", status="done", outcome={"passed": True})[0] == 200
+    _, node, _, events = state(gate)
+    assert node.gated and node.gate_commit == merged and not events
+    assert node.heldout_gain == pytest.approx(9.0)  # recomputed by the server, not the 999 it was told
+    LocalGatekeeper(gate.settings).merge(gate.study.id or 0, gate.node.id or 0, "ada")
+    st, node, _, _ = state(gate)
+    assert node.status == NodeStatus.MERGED and st.trunk_commit == merged == clone_trunk(gate)
+
+
+def test_trunk_does_not_move_to_a_recorded_gate_commit_the_server_did_not_make(gate: Gate) -> None:
+    # A gate commit recorded some other way (an older server, a row edited by hand) is checked
+    # again when trunk would move to it.
+    git("checkout", "-q", "-B", "evil", gate.study.trunk_commit, cwd=gate.work)
+    (gate.work / "added.txt").write_text("mine\n")
+    git("add", "-A", cwd=gate.work)
+    git("commit", "-q", "-m", "evil", cwd=gate.work)
+    git("merge", "-q", "--no-ff", "-m", "merge n2", "node", cwd=gate.work)
+    forged = git("rev-parse", "HEAD", cwd=gate.work).strip()
+    publish(gate, forged)
+    with db.session(gate.settings.db_url) as s:
+        node = s.get(Node, gate.node.id)
+        assert node is not None
+        node.gated, node.gate_commit, node.status = True, forged, NodeStatus.AWAITING_APPROVAL
+        s.add(node)
+    LocalGatekeeper(gate.settings).merge(gate.study.id or 0, gate.node.id or 0, "ada")
+    st, node, _, events = state(gate)
+    assert st.trunk_commit == gate.study.trunk_commit == clone_trunk(gate)
+    assert node.status == NodeStatus.REJECTED and "refused" in node.status_reason
+    assert events and "parents" in events[0].payload["reason"]
