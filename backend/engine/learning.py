@@ -27,6 +27,8 @@ from backend.core.models import LearningEvent, LearningJob, Trajectory, now
 from backend.engine import jobstore
 from backend.engine.checker import Checker, TaskError, load_tasks
 from backend.engine.jobstore import Refused, Superseded, Unreachable
+from backend.services.folders import check_local_path
+from backend.services.studies import SourceRefused
 from backend.services.trajectories import export_records
 
 
@@ -123,6 +125,7 @@ class LearningJobError(ValueError):
     """A learning job was asked for with bad parameters (the message names the field)."""
 
 
+PATHS = ("model", "trajectories", "tasks")  # the distillation parameters that name files on the server
 ON_POLICY_ONLY = ("tasks", "rounds", "samples", "max_new_tokens", "temperature", "check_timeout")
 OPSA_ONLY = ("opsa_weight", "opsa_fraction", "opsa_a_min", "opsa_a_max")
 
@@ -162,8 +165,19 @@ def _describe(kind: str, err: Any) -> str:
     return f"{key}: {err['msg']}"
 
 
-def submit(s: Session, kind: str, params: dict[str, Any], study_id: int | None = None) -> LearningJob:
-    """Check the parameters and record a queued job (the caller sends the task)."""
+def submit(
+    s: Session,
+    kind: str,
+    params: dict[str, Any],
+    study_id: int | None = None,
+    settings: Settings | None = None,
+) -> LearningJob:
+    """Check the parameters and record a queued job (the caller sends the task).
+
+    With the server's `settings` (a job asked for over the API), the files it names must lie where
+    a repository path over the API may (`GROVE_REPO_ROOTS`, outside Grove's own folders); they
+    are checked before anything looks at them.
+    """
     if kind not in PARAMS:
         raise LearningJobError(f"kind: {kind!r} is not one of {', '.join(PARAMS)}")
     try:
@@ -174,6 +188,14 @@ def submit(s: Session, kind: str, params: dict[str, Any], study_id: int | None =
         problem = _distill_problem(checked)
         if problem:
             raise LearningJobError(problem)
+        if settings is not None:
+            for name in PATHS:
+                path = getattr(checked, name)
+                if path or name == "model":
+                    try:
+                        check_local_path(settings, path, f"params.{name}")
+                    except SourceRefused as exc:
+                        raise LearningJobError(str(exc)) from None
         if not (Path(checked.model) / "config.json").is_file():
             raise LearningJobError(
                 f"params.model: {checked.model!r} is not a local Hugging Face model folder"
@@ -191,7 +213,7 @@ def submit(s: Session, kind: str, params: dict[str, Any], study_id: int | None =
             )
         if checked.method == "canon" and not checked.on_policy:
             if checked.trajectories:
-                groups = _by_prompt(_read_jsonl(Path(checked.trajectories)))
+                groups = _by_prompt(_read_jsonl(Path(checked.trajectories), "trajectories"))
             else:
                 rows = s.exec(select(Trajectory.messages).where(Trajectory.study_id == study_id))
                 groups = _by_prompt([{"prompt": messages[:2]} for messages in rows])
@@ -392,8 +414,24 @@ def held(settings: Settings, job_id: int, token: str) -> LearningJob | None:
         return job if job is not None and holds(job, token) else None
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
+def _read_jsonl(path: Path, field: str) -> list[dict[str, Any]]:
+    """Return a JSONL file's records; raise LearningJobError naming `field` and the line if it has none."""
+    try:
+        lines = path.read_text("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LearningJobError(f"params.{field}: {path}: cannot be read as UTF-8 text ({exc})") from None
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as exc:  # JSON's own errors, and a number past the int-string limit
+            raise LearningJobError(f"params.{field}: {path}: line {n} is not JSON ({exc})") from None
+        if not isinstance(record, dict):
+            raise LearningJobError(f"params.{field}: {path}: line {n} is not a JSON object")
+        records.append(record)
+    return records
 
 
 def _by_prompt(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -405,7 +443,7 @@ def _by_prompt(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 def _records(store: LearningStore, path: str) -> list[dict[str, Any]]:
-    return _read_jsonl(Path(path)) if path else store.records()
+    return _read_jsonl(Path(path), "trajectories") if path else store.records()
 
 
 def _distill(settings: Settings, store: LearningStore, job: LearningJob, out: Path) -> dict[str, Any]:

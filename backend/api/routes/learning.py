@@ -34,7 +34,7 @@ def create(
     if body.study_id is not None and s.get(Study, body.study_id) is None:
         raise HTTPException(422, {"message": f"study_id: no study with id {body.study_id}", "errors": []})
     try:
-        job = learning.submit(s, body.kind, body.params, body.study_id)
+        job = learning.submit(s, body.kind, body.params, body.study_id, settings=settings)
     except learning.LearningJobError as exc:
         key = str(exc).split(":", 1)[0]
         raise HTTPException(
