@@ -487,7 +487,7 @@ def up_cmd(
 
 @app.command("worker")
 def worker_cmd(
-    queues: Annotated[str, typer.Option(help="cpu, gpu or coordinator (comma separated)")] = "cpu",
+    queues: Annotated[str, typer.Option(help="cpu, gpu, coordinator or clone (comma separated)")] = "cpu",
     concurrency: Annotated[
         int | None, typer.Option(help="tasks at once (default 2; on gpu, one per visible GPU)")
     ] = None,
@@ -504,15 +504,17 @@ def worker_cmd(
 
     from backend.cli.up import gpu_devices, worker_command
 
-    allowed = {"cpu", "gpu", "coordinator"}
+    allowed = {"cpu", "gpu", "coordinator", "clone"}
     bad = [q for q in queues.split(",") if q not in allowed]
     if bad:
-        err.print(f"[red]error:[/] --queues: unknown queue {bad[0]!r} (use cpu, gpu, coordinator)")
+        err.print(f"[red]error:[/] --queues: unknown queue {bad[0]!r} (use cpu, gpu, coordinator, clone)")
         raise typer.Exit(2)
     settings = get_settings()
-    if settings.worker_token and "coordinator" in queues.split(","):
+    beside = [q for q in ("coordinator", "clone") if q in queues.split(",")]
+    if settings.worker_token and beside:
         err.print(
-            "[red]error:[/] --queues: the coordinator needs the database; run it beside the API, not with GROVE_WORKER_TOKEN"
+            f"[red]error:[/] --queues: the {beside[0]} queue needs the database and Grove's data directory; "
+            "run it beside the API, not with GROVE_WORKER_TOKEN"
         )
         raise typer.Exit(2)
     if settings.worker_token and not settings.api_url:
@@ -527,7 +529,8 @@ def worker_cmd(
             err.print(f"[red]error:[/] {exc}")
             raise typer.Exit(2) from None
         console.print(f"remote worker {who!r}: jobs through {settings.api_url}, files in {settings.data_dir}")
-    _require_sandbox(settings)
+    if set(queues.split(",")) != {"clone"}:  # a clone worker runs no study's code
+        _require_sandbox(settings)
     schedule = settings.data_dir / "beat" if beat else None
     name = queues.replace(",", "-")
     if "gpu" in queues.split(","):

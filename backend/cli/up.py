@@ -1,4 +1,4 @@
-"""`grove up`: Redis, the API, a coordinator worker, a cpu worker and the dashboard on one machine, no Docker."""
+"""`grove up`: Redis, the API, a coordinator worker, a clone worker, a cpu worker and the dashboard on one machine, no Docker."""
 
 from __future__ import annotations
 
@@ -194,9 +194,11 @@ class Stack:
             worker_command("coordinator", 2, "coordinator", self.settings.data_dir / "beat"),
             env,
         )
+        # Clones from URLs have workers of their own: a remote that hangs holds no other slot.
+        self._spawn("worker-clone", worker_command("clone", 2, "clone"), env)
         self._spawn("worker-cpu", worker_command("cpu", self.cpu_slots, "cpu"), env)
         self._wait("the API", lambda: _listening(self.host, self.port))
-        for name in ("coordinator", "worker-cpu"):
+        for name in ("coordinator", "worker-clone", "worker-cpu"):
             log = self.settings.data_dir / "logs" / f"{name}.log"
             self._wait(name, lambda log=log: log.exists() and b"ready." in log.read_bytes())
         return env

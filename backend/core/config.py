@@ -6,13 +6,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="GROVE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="GROVE_", extra="ignore", populate_by_name=True)
 
     data_dir: Path = Path(".grove")
     worktrees_dir: Path = PROJECT_ROOT / "worktrees"
@@ -59,8 +60,14 @@ class Settings(BaseSettings):
     sse_per_token: int = 8
     # Folders under which the API accepts local repository paths (comma separated; none by default).
     repo_roots: str = ""
-    # If set, the hosts repository URLs given over the API may name (comma separated).
-    git_allowed_hosts: str = ""
+    # Hosts (names, addresses or CIDR networks, comma separated) repository URLs given over the API
+    # may name although they resolve inside this server's network; if set, no other host is accepted.
+    # GROVE_GIT_ALLOWED_HOSTS is its older name.
+    repo_hosts: str = Field(
+        default="", validation_alias=AliasChoices("GROVE_REPO_HOSTS", "GROVE_GIT_ALLOWED_HOSTS")
+    )
+    # A clone is killed when the host sent nothing within the first of these, and after the second.
+    clone_first_byte_timeout: float = 60.0
     clone_timeout: float = 600.0
     # Called (POST, JSON) when a gate-passed node starts waiting for a human decision.
     notify_url: str = ""

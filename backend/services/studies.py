@@ -10,7 +10,6 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from sqlmodel import Session, select
 
@@ -18,7 +17,7 @@ from agents import globs
 from agents.policies import registry
 from agents.spec import Spec, SpecError, SpecIssue, check_against_tree, format_key, parse_spec
 from agents.tree.status import NodeStatus, StudyStatus
-from backend.core import gitops
+from backend.core import cloning, gitops
 from backend.core.config import Settings
 from backend.core.models import Node, Study
 from backend.engine import environment, evaluation, workspace
@@ -214,7 +213,8 @@ def check_source(settings: Settings, source: str) -> None:
     """Refuse a repository given over the API unless the operator's settings allow it.
 
     Local paths must lie under a `GROVE_REPO_ROOTS` folder (file: URLs are refused); URLs must use
-    https, ssh or git, and name a `GROVE_GIT_ALLOWED_HOSTS` host when that is set.
+    https, ssh or git, and name a host that resolves outside this server's network, or one that
+    `GROVE_REPO_HOSTS` lists (only those when it is set: `backend.core.cloning`).
     """
     if not source.strip() or any(ord(c) < 32 or ord(c) == 127 for c in source):
         raise SourceRefused("repository: must be a path or URL without control characters")
@@ -244,12 +244,10 @@ def check_source(settings: Settings, source: str) -> None:
                     f"repository: {path} is inside Grove's own folder {own}; give the original"
                 )
         return
-    parts = urlsplit(source if "://" in source else "ssh://" + source.replace(":", "/", 1))
-    if parts.scheme not in ("https", "ssh", "git"):
-        raise SourceRefused(f"repository: scheme {parts.scheme!r} is not allowed (use https, ssh or git)")
-    hosts = {h.strip().lower() for h in settings.git_allowed_hosts.split(",") if h.strip()}
-    if hosts and (parts.hostname or "").lower() not in hosts:
-        raise SourceRefused(f"repository: host {parts.hostname!r} is not in GROVE_GIT_ALLOWED_HOSTS")
+    try:
+        cloning.check(settings, source)
+    except cloning.HostRefused as exc:
+        raise SourceRefused(str(exc)) from None
 
 
 def check_study(
@@ -348,18 +346,30 @@ def register_study(
     return study
 
 
-def clone_study(s: Session, settings: Settings, study: Study, *, spec_source: str = "grove.toml") -> Study:
+def clone_study(
+    s: Session, settings: Settings, study: Study, *, spec_source: str = "grove.toml", policy: bool = False
+) -> Study:
     """Clone a `cloning` study's repository, check the spec against it, make trunk and the root node.
 
-    Raises (SpecError, GitError, FileNotFoundError) leave Grove's clone removed; the caller either
-    rolls the study back (a request) or fails it with the reason (a background clone).
+    A URL is cloned with the first-byte and overall timeouts; with `policy` (a source given over
+    the API) its host is checked again first and git connects to the addresses checked.
+    Raises (SpecError, GitError, FileNotFoundError, cloning.HostRefused) leave Grove's clone
+    removed; the caller either rolls the study back (a request) or fails it with the reason (a
+    background clone).
     """
     settings.ensure_dirs()
     spec = parse_spec(study.spec_toml, spec_source)
     name = study.name
     dest = (settings.data_dir / "repos" / name).resolve()
     shutil.rmtree(dest, ignore_errors=True)
-    repo = gitops.clone(study.source, dest, timeout=settings.clone_timeout)
+    if gitops.is_url(study.source):
+        checked = cloning.check(settings, study.source) if policy else None
+        repo = cloning.clone(
+            study.source, dest, timeout=settings.clone_timeout,
+            first_byte_timeout=settings.clone_first_byte_timeout, checked=checked,
+        )  # fmt: skip
+    else:
+        repo = gitops.clone(study.source, dest, timeout=settings.clone_timeout)
     try:
         base = check_spec(spec, repo, spec_source)
         values = base_values(spec, repo, base)

@@ -1,6 +1,8 @@
-"""The Celery application: Redis broker, queues `coordinator`, `cpu` and `gpu`.
+"""The Celery application: Redis broker, queues `coordinator`, `clone`, `cpu` and `gpu`.
 
 Start workers with `grove worker --queues cpu` (or `celery -A backend.worker.celery_app worker -Q cpu`).
+The `clone` queue takes clones of studies' repositories from URLs (`clone.repository`): a worker of
+its own beside the database, so a remote that hangs holds no coordinator or experiment slot.
 """
 
 from __future__ import annotations
@@ -10,15 +12,19 @@ from kombu.entity import Queue
 
 from backend.core.config import Settings, get_settings
 
+QUEUES = ("coordinator", "clone", "cpu", "gpu")
+CLONE_TASK = "clone.repository"
+
 
 def make_app(settings: Settings) -> Celery:
     """Return a configured Celery app."""
     app = Celery("grove", broker=settings.redis_url, include=["backend.worker.tasks"])
     app.conf.update(
-        task_queues=tuple(Queue(name) for name in ("coordinator", "cpu", "gpu")),  # type: ignore[no-untyped-call]  # kombu leaves Queue unannotated
+        task_queues=tuple(Queue(name) for name in QUEUES),  # type: ignore[no-untyped-call]  # kombu leaves Queue unannotated
         task_default_queue="cpu",
         task_routes={
             "coordinator.*": {"queue": "coordinator"},
+            "clone.*": {"queue": "clone"},
             "cpu.*": {"queue": "cpu"},
             "gpu.*": {"queue": "gpu"},
         },

@@ -6,6 +6,7 @@ is stored (an experiment before it cleans its worktree up, so the coordinator's 
 
 from __future__ import annotations
 
+import logging
 import os
 import traceback
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from sqlmodel import col, select
 from agents.policies import optuna_bridge
 from agents.spec import SpecError
 from agents.tree.status import StudyStatus
-from backend.core import db, fanout, gitops
+from backend.core import cloning, db, fanout, gitops
 from backend.core.config import Settings, get_settings
 from backend.core.gitops import GitError
 from backend.core.locks import Busy, client, coalesced, lease
@@ -33,9 +34,10 @@ from backend.services import lifecycle
 from backend.services.spec_errors import repository_error
 from backend.services.studies import clone_study
 from backend.worker import remote
-from backend.worker.celery_app import app
+from backend.worker.celery_app import CLONE_TASK, app
 from backend.worker.dispatch import CeleryDispatcher, enqueue_advance
 
+log = logging.getLogger(__name__)
 _coordinating = False  # this worker consumes the coordinator queue (set before the pool forks)
 _only_coordinating = False  # and no other: its processes run no torch but the GP's
 
@@ -50,7 +52,7 @@ def _after_setup(instance: object, **_: object) -> None:
         # Once, before the pool forks: its processes share the modules (nothing runs on a GPU here).
         optuna_bridge.preload()
         driver.compiled()
-    if not _only_coordinating:
+    if not (queues and set(queues) <= {"coordinator", "clone"}):  # these run no study's code
         # Once, before the pool forks: its processes inherit a success instead of each testing a box
         # on its first job. A failure is not kept: each job tests again, and says how to fix it.
         sandbox.warm(workspace.isolation_of(get_settings()))
@@ -106,10 +108,15 @@ def pin_gpu() -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = choices[index % len(choices)]
 
 
-@app.task(name="coordinator.clone")
+@app.task(name=CLONE_TASK)
 def clone(study_id: int) -> str:
-    """Clone a study's repository off the request path: it becomes created (and starts), or failed."""
+    """Clone a study's repository off the request path: it becomes created (and starts), or failed.
+
+    It runs on the `clone` queue, never in a coordinator slot: a remote that hangs holds a clone
+    worker's slot for `GROVE_CLONE_FIRST_BYTE_TIMEOUT` at most, and no study's advance waits for it.
+    """
     settings = get_settings()
+    source = ""
     try:
         with (
             lease(settings.redis_url, f"grove:clone:{study_id}", 2 * settings.lease_seconds),
@@ -118,12 +125,20 @@ def clone(study_id: int) -> str:
             st = s.get(Study, study_id)
             if st is None or st.status != StudyStatus.CLONING:
                 return "skipped"
-            clone_study(s, settings, st)
+            source = st.source
+            clone_study(s, settings, st, policy=True)
     except Busy:
         return "busy"
     except Exception as exc:  # any failure ends the study with its reason; none leaves it cloning
-        reason = str(exc) if isinstance(exc, SpecError) else str(repository_error(exc)["message"])
-        if not isinstance(exc, SpecError | GitError | FileNotFoundError):
+        if isinstance(exc, SpecError):
+            reason = str(exc)
+        elif gitops.is_url(source):
+            # Viewers read the reason: what happened in plain words. The full error goes to this log.
+            reason = cloning.failure(source, exc)
+            log.warning("study %s: clone of %s failed: %s", study_id, source, exc)
+        else:
+            reason = str(repository_error(exc)["message"])
+        if not isinstance(exc, SpecError | GitError | FileNotFoundError | cloning.HostRefused):
             traceback.print_exc()
         with db.session(settings.db_url) as s:
             if s.get(Study, study_id) is not None:
@@ -331,7 +346,7 @@ def reconcile() -> dict[str, int]:
             dispatcher.submit(job_id)
             resent += 1
     for study_id in cloning:
-        app.send_task("coordinator.clone", args=[study_id])
+        app.send_task(CLONE_TASK, args=[study_id])
         resent += 1
     for study_id in active:
         if study_id is not None and not r.exists(f"grove:study:{study_id}"):

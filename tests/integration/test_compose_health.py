@@ -46,7 +46,8 @@ def test_worker_health_checks_pass_against_live_workers(tmp_path: Path, redis_ur
     # A container's HOSTNAME is its hostname, which Celery's %h in the worker's node name reads too.
     env = {**svc.env, "HOSTNAME": socket.gethostname()}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the image's `celery`
-    checks = {"coordinator": "coordinator", "worker-cpu-1": "cpu", "worker-cpu-2": "cpu", "worker-gpu": "gpu"}
+    checks = {"coordinator": "coordinator", "cloner": "clone", "worker-cpu-1": "cpu", "worker-cpu-2": "cpu",
+              "worker-gpu": "gpu"}  # fmt: skip
     try:
         for name in set(checks.values()):
             svc.start_worker(name, name, 1)
@@ -55,8 +56,8 @@ def test_worker_health_checks_pass_against_live_workers(tmp_path: Path, redis_ur
             done = subprocess.run(argv, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
             assert done.returncode == 0, f"{service}: {argv}\n{done.stdout}\n{done.stderr}"
             assert f"{name}@{socket.gethostname()}: OK" in done.stdout, done.stdout
-        probes = {("grove-control", "coordinator"): "coordinator", ("grove-worker-cpu", "worker"): "cpu",
-                  ("grove-worker-gpu", "worker"): "gpu"}  # fmt: skip
+        probes = {("grove-control", "coordinator"): "coordinator", ("grove-control", "cloner"): "clone",
+                  ("grove-worker-cpu", "worker"): "cpu", ("grove-worker-gpu", "worker"): "gpu"}  # fmt: skip
         for (pod, container), name in probes.items():
             argv = probe_argv(pod, container)
             done = subprocess.run(argv, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)

@@ -29,7 +29,7 @@ def api(tmp_path: Path, redis_url: str) -> Iterator[tuple[str, Settings]]:
     """Serve the API over loopback with small caps and repository roots under `tmp_path/allowed`."""
     settings = Settings(
         data_dir=tmp_path / "data", worktrees_dir=tmp_path / "wt", redis_url=redis_url, max_body_bytes=20_000,
-        sse_per_token=2, repo_roots=str(tmp_path / "allowed"), git_allowed_hosts="git.example.org",
+        sse_per_token=2, repo_roots=str(tmp_path / "allowed"), repo_hosts="git.example.org",
     )  # fmt: skip
     settings.ensure_dirs()
     port = free_port()
@@ -149,8 +149,8 @@ def test_tokens_can_be_listed_revoked_and_expire(api: tuple[str, Settings]) -> N
         ("ext::sh -c touch% /tmp/pwned", "must lie under"),
         ("~no-such-user-on-this-server/r", "cannot expand '~no-such-user-on-this-server'"),
         ("http://git.example.org/r.git", "scheme 'http' is not allowed"),
-        ("https://evil.example.com/r.git", "not in GROVE_GIT_ALLOWED_HOSTS"),
-        ("git@evil.example.com:r.git", "not in GROVE_GIT_ALLOWED_HOSTS"),
+        ("https://evil.example.com/r.git", "not in GROVE_REPO_HOSTS"),
+        ("git@evil.example.com:r.git", "not in GROVE_REPO_HOSTS"),
     ],
 )
 def test_repository_sources_over_the_api_are_limited(

@@ -22,8 +22,8 @@ SERVICES = COMPOSE["services"]
 def test_compose_file_follows_the_compose_spec() -> None:
     parsed = PyCompose.from_json(json.dumps(COMPOSE))
     assert set(parsed.service_names()) == {
-        "redis", "postgres", "migrate", "api", "coordinator", "worker-cpu-1", "worker-cpu-2", "worker-gpu",
-        "dashboard",
+        "redis", "postgres", "migrate", "api", "coordinator", "cloner", "worker-cpu-1", "worker-cpu-2",
+        "worker-gpu", "dashboard",
     }  # fmt: skip
 
 
@@ -50,7 +50,7 @@ def test_gpu_worker_reserves_a_gpu_and_is_optional() -> None:
 
 
 def test_api_and_coordinator_share_data_and_workers_share_nothing() -> None:
-    for name in ("api", "coordinator"):
+    for name in ("api", "coordinator", "cloner"):
         mounts = SERVICES[name]["volumes"]
         assert "grove-data:/data" in mounts and "grove-worktrees:/worktrees" in mounts, name
         assert SERVICES[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"

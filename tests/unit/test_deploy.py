@@ -63,9 +63,9 @@ def test_cpu_workers_share_nothing_with_the_control_pod() -> None:
     names = {e["name"] for e in worker["env"]}
     assert {"GROVE_API_URL", "GROVE_WORKER_TOKEN", "GROVE_REDIS_URL"} <= names
     assert "GROVE_DATABASE_URL" not in names and "envFrom" not in worker
-    # The API and the coordinator share one claim, in one pod (so ReadWriteOnce suffices).
+    # The API, the coordinator and the clone worker share one claim, in one pod (so ReadWriteOnce suffices).
     control = workloads()["grove-control"]
-    assert {c["name"] for c in control["containers"]} == {"api", "coordinator"}
+    assert {c["name"] for c in control["containers"]} == {"api", "coordinator", "cloner"}
     assert all(m["name"] == "data" for c in control["containers"] for m in c["volumeMounts"])
     assert control["volumes"] == [{"name": "data", "persistentVolumeClaim": {"claimName": "grove-data"}}]
 
@@ -74,7 +74,9 @@ def test_only_pods_that_run_study_code_relax_the_container_defaults() -> None:
     for name, pod in workloads().items():
         relaxed = pod.get("hostUsers") is False
         commands = [c.get("command", []) for c in pod["containers"]]
-        runs_code = any(cmd[:2] == ["grove", "worker"] and "coordinator" not in cmd for cmd in commands)
+        runs_code = any(
+            cmd[:2] == ["grove", "worker"] and not {"coordinator", "clone"} & set(cmd) for cmd in commands
+        )
         assert relaxed == runs_code, name
         for c in pod["containers"]:
             assert c.get("securityContext", {}).get("procMount", "Default") == (

@@ -29,6 +29,7 @@ from backend.services.studies import (
     register_study,
 )
 from backend.services.studies import promote as promote_trunk
+from backend.worker.celery_app import CLONE_TASK
 from backend.worker.dispatch import BROKER_AWAY, nudge
 
 router = APIRouter(prefix="/studies", tags=["studies"])
@@ -47,11 +48,11 @@ def _create(
 ) -> schemas.StudyPublic:
     check_source(settings, repository)
     if gitops.is_url(repository):
-        # A remote may be slow: the study is `cloning` until a coordinator worker has its clone.
+        # A remote may be slow: the study is `cloning` until a clone worker has its clone.
         st = register_study(s, settings, spec, repository)
         s.commit()
         try:
-            celery.send_task("coordinator.clone", args=[st.id])
+            celery.send_task(CLONE_TASK, args=[st.id])
         except Exception as exc:  # the broker is down: the study must not wait for a clone forever
             lifecycle.fail(s, st.id or 0, f"the task queue was unreachable: {exc}")
             s.commit()
@@ -99,7 +100,8 @@ async def create_form(
 @router.post("/draft", response_model=schemas.Draft)
 def draft(body: schemas.DraftRequest, settings: SettingsDep, who: Operator) -> schemas.Draft:
     """Draft a commented grove.toml for a repository and a goal in words, explaining each choice."""
-    check_source(settings, body.repository)
+    if not gitops.is_url(body.repository):  # a URL is refused below (a draft reads this server's disk)
+        check_source(settings, body.repository)
     try:
         name, files = drafting.read_repository(body.repository)
     except (FileNotFoundError, gitops.GitError) as exc:
