@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agents import globs
+from agents import evalcode, globs
 from agents.policies import configfiles
 
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -51,7 +51,12 @@ class Objective(_Section):
 
 class Evaluate(_Section):
     dev: str = Field(min_length=1)
-    test: str = Field(min_length=1)
+    # The sealed test: one command, or two phases (the candidate predicts without the labels into
+    # $GROVE_OUTPUTS, then protected code alone scores what it wrote, beside the sealed files).
+    test: str = ""
+    test_predict: str = ""
+    test_score: str = ""
+    test_inputs: list[str] = []  # sealed files the predict phase may read (inputs, never labels)
     timeout: float = Field(default=600, gt=0, le=WEEK)
     repeats: int = Field(default=3, ge=1, le=100)
     # An unclear dev gain is re-run with trunk on more paired seeds, up to this many (default 3 x repeats).
@@ -61,7 +66,22 @@ class Evaluate(_Section):
     def _repeats(self) -> Evaluate:
         if self.max_repeats is not None and self.max_repeats < self.repeats:
             raise ValueError(f"max_repeats ({self.max_repeats}) is below repeats ({self.repeats})")
+        phases = bool(self.test_predict.strip()), bool(self.test_score.strip())
+        if self.test.strip() and any(phases):
+            raise ValueError("give either test or test_predict and test_score, not both")
+        if not self.test.strip() and not all(phases):
+            missing = "test_score" if phases[0] else "test_predict" if phases[1] else "test"
+            raise ValueError(
+                f"{missing} is required: the sealed test is one command (test) or two (test_predict, test_score)"
+            )
+        if self.test_inputs and not self.two_phase:
+            raise ValueError("test_inputs goes with test_predict and test_score")
         return self
+
+    @property
+    def two_phase(self) -> bool:
+        """Return whether the sealed test runs as a predict phase and a protected score phase."""
+        return bool(self.test_predict.strip())
 
     @property
     def most_repeats(self) -> int:
@@ -410,14 +430,43 @@ def _issues_from(err: ValidationError) -> list[SpecIssue]:
     return out
 
 
+# TOML's integers are 64-bit; Python's are not, and one of thousands of digits cannot even be printed.
+INT64 = 2**63
+
+
+def _wide_int(value: Any, loc: tuple[int | str, ...] = ()) -> tuple[int | str, ...] | None:
+    """Return the location of the first integer outside TOML's 64 bits in parsed TOML, or None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return None if -INT64 <= value < INT64 else loc
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        if (found := _wide_int(v, (*loc, k))) is not None:
+            return found
+    return None
+
+
+def _long_number(text: str, exc: ValueError) -> str:
+    """Say why TOML text raised a plain ValueError: Python's int-string limit on a decimal integer."""
+    for n, line in enumerate(text.splitlines(), 1):
+        if re.search(r"(?:^|[=\[,{\s])[+-]?[0-9][0-9_]{4300,}", line):
+            return f"not valid TOML: line {n} holds an integer of thousands of digits (TOML's are 64-bit)"
+    return f"not valid TOML: {exc}"
+
+
 def parse_spec(text: str, source: str = "grove.toml") -> Spec:
     """Parse spec text into a `Spec`, raising `SpecError` that names each bad key."""
     try:
         data = tomllib.loads(text)
+        wide = _wide_int(data)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError([SpecIssue(key="", message=f"not valid TOML: {exc}")], source) from exc
+    except ValueError as exc:  # int() past Python's int-string limit, which tomllib lets through
+        raise SpecError([SpecIssue(key="", message=_long_number(text, exc))], source) from None
     except RecursionError:
         raise SpecError([SpecIssue(key="", message="not valid TOML: nested too deeply")], source) from None
+    if wide is not None:
+        issue = SpecIssue(key=format_key(wide), message="integer out of range (TOML integers are 64-bit)")
+        raise SpecError([issue], source)
     try:
         return Spec.model_validate(data)
     except ValidationError as exc:
@@ -436,6 +485,15 @@ def check_against_tree(spec: Spec, files: list[str], read: Callable[[str], str])
                         message=f"glob {pattern!r} matches no file at {spec.study.base!r}",
                     )
                 )
+    sealed = globs.select(spec.files.sealed, files)
+    for i, pattern in enumerate(spec.evaluate.test_inputs):
+        if not globs.select([pattern], sealed):
+            issues.append(
+                SpecIssue(
+                    key=f"evaluate.test_inputs[{i}]", message=f"glob {pattern!r} matches no sealed file"
+                )
+            )
+    issues += [SpecIssue(key=k, message=m, level=lvl) for k, m, lvl in evalcode.findings(spec, files, read)]
     present = set(files)
     for key, dim in spec.search.items():
         issues += _check_dim(spec, key, dim, present, read)

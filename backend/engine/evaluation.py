@@ -115,7 +115,7 @@ def evaluate(
     worktree: Path,
     output_dir: Path,
     seed: int,
-    metric: str,
+    metric: str | None,
     commit: str,
     limits: sandbox.Limits,
     evaluator_fingerprint: str,
@@ -125,8 +125,9 @@ def evaluate(
     disk_base: int | None = None,
     output_cap: int = 5_000_000,
     tail_bytes: int = 4_000,
+    env: dict[str, str] | None = None,
 ) -> Receipt:
-    """Run one evaluation in the sandbox and return its receipt."""
+    """Run one evaluation in the sandbox and return its receipt (`metric` None: a run that reports none)."""
     name = f"{kind}-seed{seed}"
     metrics_file = output_dir / f"{name}.metrics.json"
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -138,7 +139,7 @@ def evaluate(
         name=name,
         limits=limits,
         isolation=isolation,
-        env={"GROVE_SEED": str(seed), "GROVE_METRICS_FILE": "{out}/metrics.json"},
+        env={**(env or {}), "GROVE_SEED": str(seed), "GROVE_METRICS_FILE": "{out}/metrics.json"},
         collect=("metrics.json",),
         readonly=readonly,
         disk_base=disk_base,
@@ -149,6 +150,7 @@ def evaluate(
     if reported:
         metrics_file.write_bytes(reported)
     metrics: dict[str, Any] | None = None
+    reason = ""
     if res.timed_out:
         reason = f"timed out after {limits.timeout:g}s"
     elif res.disk_exceeded:
@@ -157,7 +159,7 @@ def evaluate(
         reason = f"exited with code {res.exit_code}"
         if res.signal:
             reason = f"killed by signal {res.signal}"
-    else:
+    elif metric is not None:
         metrics, reason = parse_metrics(reported, res.stdout_path, res.stdout_tail)
         if metrics is not None:
             value = metrics.get(metric)

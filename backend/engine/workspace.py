@@ -14,7 +14,7 @@ from backend.core import db
 from backend.core.config import Settings
 from backend.core.gitops import Repo, git
 from backend.core.models import Job, Study
-from backend.engine import environment, evaluation, sandbox
+from backend.engine import environment, evaluation, sandbox, twophase
 from backend.engine.jobstore import JobStore
 
 
@@ -33,13 +33,13 @@ def output_dir(settings: Settings, study: Study, label: str) -> Path:
     return (settings.data_dir / "outputs" / study.name / label).resolve()
 
 
-def hide_sealed(worktree: Path, patterns: list[str]) -> list[str]:
-    """Delete sealed files from a worktree so that no executor code can read them.
+def hide_sealed(worktree: Path, patterns: list[str], keep: list[str] | None = None) -> list[str]:
+    """Delete sealed files (but those matching `keep`) from a worktree so that no executor code can read them.
 
     They are marked skip-worktree first, so that their absence is never committed.
     """
     tracked = [p for p in git("ls-files", "-z", cwd=worktree).split("\0") if p]
-    sealed = globs.select(patterns, tracked)
+    sealed = [p for p in globs.select(patterns, tracked) if not globs.match_any(keep or [], p)]
     for chunk in range(0, len(sealed), 200):
         git("update-index", "--skip-worktree", "--", *sealed[chunk : chunk + 200], cwd=worktree)
     for rel in sealed:
@@ -53,13 +53,28 @@ def hide_sealed(worktree: Path, patterns: list[str]) -> list[str]:
 
 
 def prepare(
-    repo: Repo, path: Path, branch: str, commit: str, *, sealed: list[str] | None, reason: str
+    repo: Repo,
+    path: Path,
+    branch: str,
+    commit: str,
+    *,
+    sealed: list[str] | None,
+    reason: str,
+    keep: list[str] | None = None,
 ) -> Path:
-    """Create a worktree on `branch` at `commit`; hide sealed files unless `sealed` is None."""
+    """Create a worktree on `branch` at `commit`; hide sealed files (but `keep`) unless `sealed` is None."""
     repo.add_worktree(path, branch, commit, reason=reason)
     if sealed:
-        hide_sealed(path, sealed)
+        hide_sealed(path, sealed, keep)
     return path
+
+
+def prepare_test(repo: Repo, path: Path, branch: str, commit: str, spec: Spec, reason: str) -> Path:
+    """Create the worktree a sealed test runs on: every sealed file, or for two phases only the test inputs."""
+    if spec.evaluate.two_phase:
+        return prepare(repo, path, branch, commit, sealed=spec.files.sealed, reason=reason,
+                       keep=spec.evaluate.test_inputs)  # fmt: skip
+    return prepare(repo, path, branch, commit, sealed=None, reason=reason)
 
 
 def limits_of(spec: Spec) -> sandbox.Limits:
@@ -107,6 +122,8 @@ def run_repeats(
     seeds: range | None = None,
 ) -> list[evaluation.Receipt]:
     """Run the dev or test command `repeats` times (GROVE_SEED=0..n-1, or `seeds`) and store the receipts."""
+    if kind == "test" and spec.evaluate.two_phase:
+        return _run_two_phase(settings, store, repo, study, spec, worktree, commit, label, node_id, seeds)
     command = spec.evaluate.dev if kind == "dev" else spec.evaluate.test
     n = spec.evaluate.repeats if kind == "dev" else spec.gate.test_repeats
     patterns = spec.files.protected + (spec.files.sealed if kind == "test" else [])
@@ -140,6 +157,46 @@ def run_repeats(
     return receipts
 
 
+def _run_two_phase(
+    settings: Settings,
+    store: JobStore,
+    repo: Repo,
+    study: Study,
+    spec: Spec,
+    worktree: Path,
+    commit: str,
+    label: str,
+    node_id: int | None,
+    seeds: range | None,
+) -> list[evaluation.Receipt]:
+    """Run the two-phase sealed test per seed; return each seed's score receipt (or its failed predict run)."""
+    scored = worktree_path(settings, study, f"{label}-score")
+    kept = twophase.score_tree(repo, scored, f"grove/{study.name}/{label}-score", commit, spec, reason=label)
+    receipts: list[evaluation.Receipt] = []
+    try:
+        fp = evaluation.fingerprint(scored, spec.files.protected + spec.files.sealed)
+        files = repo.files_at(commit)
+        readonly = tuple(globs.select(spec.files.protected + spec.evaluate.test_inputs, files))
+        iso = environment.ensure(settings, study, spec, repo, commit, isolation_of(settings))
+        # The scorer runs in the environment of the study's base: nothing a change installs runs there.
+        score_iso = environment.ensure(settings, study, spec, repo, study.base_commit, isolation_of(settings))
+        for seed in seeds if seeds is not None else range(spec.gate.test_repeats):
+            rs = twophase.run(
+                kind="test", predict=spec.evaluate.test_predict, score=spec.evaluate.test_score, tree=worktree,
+                scored=scored, kept=kept, output_dir=output_dir(settings, study, label), seed=seed,
+                metric=spec.objective.metric, commit=commit, limits=limits_of(spec), fingerprint=fp,
+                bounds=spec.objective.bounds, isolation=iso, score_isolation=score_iso, readonly=readonly,
+                output_cap=settings.output_cap_bytes, tail_bytes=settings.tail_bytes,
+            )  # fmt: skip
+            receipts += rs
+            if not rs[-1].ok:
+                break
+    finally:
+        repo.remove_worktree(scored)
+    store.add_receipts(node_id, [r.to_dict() for r in receipts])
+    return [r for r in receipts if r.kind == "test" or not r.ok]
+
+
 def remove_study_worktrees(settings: Settings, study: Study) -> list[Path]:
     """Remove every worktree of a study (when it has finished nothing may still use one)."""
     base = (settings.worktrees_dir / study.name).resolve()
@@ -171,6 +228,7 @@ def janitor(settings: Settings, max_age_hours: float | None = None) -> list[Path
             {"baseline": "baseline-dev", "heldout": "baseline-test"}.get(j.kind, "") for j in running
         } - {""}
         live |= {f"gate-n{j.node_id}{end}" for j in running if j.kind == "gate" for end in ("", "-trunk")}
+        live |= {f"{name}-score" for name in live}  # a two-phase test's scoring tree
     for st in studies:
         if not st.repo_path or not (Path(st.repo_path) / ".git").exists():
             continue  # not cloned yet (or its clone failed)

@@ -45,3 +45,30 @@ def test_needle_example_trains_its_router_and_measures_recall(tmp_path: Path) ->
         [sys.executable, "eval.py", "--split", "test"], cwd=work, capture_output=True, check=False
     )
     assert gone.returncode != 0
+
+
+def test_digits_predicts_without_the_labels_and_scores_with_them(tmp_path: Path) -> None:
+    work = tmp_path / "digits"
+    shutil.copytree(EXAMPLES / "digits", work)
+    labels = (work / "data" / "test" / "labels.csv").read_text()
+    (work / "data" / "test" / "labels.csv").unlink()  # the predict phase's box holds the inputs only
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    env = {**os.environ, "GROVE_SEED": "0", "GROVE_OUTPUTS": str(outputs)}
+    subprocess.run(
+        [sys.executable, "predict.py"], cwd=work, env=env, capture_output=True, timeout=120, check=True
+    )
+    assert len((outputs / "predictions.csv").read_text().split()) == len(labels.split())
+    (work / "model.py").unlink()  # the score phase's box holds no editable file
+    (work / "data" / "test" / "labels.csv").write_text(labels)
+    out = subprocess.run(
+        [sys.executable, "score.py"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    accuracy = json.loads(out.stdout.strip().splitlines()[-1])["accuracy"]
+    assert 0.3 < accuracy <= 1.0  # the untuned model is well above chance (0.1)
