@@ -30,6 +30,9 @@ class Study(SQLModel, table=True):
     repo_path: str = ""
     status: str = "created"  # a StudyStatus; changed only by services/lifecycle
     base_commit: str = ""
+    # The repository's own base commit, which alone holds the sealed files ('' where base_commit does):
+    # trunk starts from a parentless copy of it without them, so no worker's fetch brings a sealed byte.
+    sealed_commit: str = Field(default="", sa_column_kwargs={"server_default": ""})
     trunk_branch: str = ""
     trunk_commit: str = ""
     trunk_node_id: int | None = None
