@@ -272,6 +272,7 @@ async def git_http(
         raise HTTPException(status.HTTP_404_NOT_FOUND, "no such study")
     if "receive-pack" in path or "receive-pack" in request.url.query:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "the study repository is read-only over HTTP")
+    _plain_path(path, request.scope.get("raw_path", b""))
     await run_in_threadpool(_fetching_job, settings, study_id, request.headers.get(JOB_HEADER, ""))
     study = await run_in_threadpool(_study, settings, study_id)
     repo = Path(study.repo_path)
@@ -322,3 +323,17 @@ async def git_http(
 
     media = headers.pop("Content-Type", None)
     return StreamingResponse(rest(), status_code=code, headers=headers, media_type=media)
+
+
+GIT_SEGMENT = re.compile(r"[A-Za-z0-9_.-]+")  # what git's smart and dumb HTTP paths are made of
+
+
+def _plain_path(path: str, raw: bytes) -> None:
+    """Refuse (400) a repository path with `.` or `..` parts, empty (absolute) parts or any %-escape.
+
+    The route decodes `%2F` into a slash, and `git http-backend` would then be given
+    `<repo>/../<another study>/info/refs`: only plain names reach it.
+    """
+    parts = path.split("/")
+    if b"%" in raw or not all(GIT_SEGMENT.fullmatch(p) and p not in (".", "..") for p in parts):
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "not a path in a repository")
