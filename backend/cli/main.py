@@ -529,6 +529,7 @@ def worker_cmd(
             err.print(f"[red]error:[/] {exc}")
             raise typer.Exit(2) from None
         console.print(f"remote worker {who!r}: jobs through {settings.api_url}, files in {settings.data_dir}")
+    settings.ensure_dirs()  # the data folder 0700 before anything makes a folder in it
     if set(queues.split(",")) != {"clone"}:  # a clone worker runs no study's code
         _require_sandbox(settings)
     schedule = settings.data_dir / "beat" if beat else None

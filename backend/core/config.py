@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -96,9 +97,21 @@ class Settings(BaseSettings):
         return self.data_dir / "checkpoints.db"
 
     def ensure_dirs(self) -> None:
-        """Create the data and worktree directories."""
-        for d in (self.data_dir, self.worktrees_dir, self.data_dir / "repos", self.data_dir / "outputs"):
+        """Create the data and worktree directories; the data directory is its owner's alone (0700)."""
+        private_dir(self.data_dir)
+        for d in (self.worktrees_dir, self.data_dir / "repos", self.data_dir / "outputs"):
             d.mkdir(parents=True, exist_ok=True)
+
+
+def private_dir(path: Path) -> None:
+    """Create a folder only its owner can enter (0700), or take group and others' rights off one of ours.
+
+    Grove's data folder holds the database, tokens, clones with sealed files and held-out outputs.
+    """
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        os.chmod(path, st.st_mode & 0o700)
 
 
 @lru_cache
