@@ -66,7 +66,9 @@ def test_an_older_data_folder_and_database_are_made_private(tmp_path: Path, redi
     assert_private(data)
 
 
-def test_the_api_makes_a_private_data_folder_and_database(tmp_path: Path, redis_url: str, umask: None) -> None:
+def test_the_api_makes_a_private_data_folder_and_database(
+    tmp_path: Path, redis_url: str, umask: None
+) -> None:
     settings = Settings(data_dir=tmp_path / "api-data", worktrees_dir=tmp_path / "wt", redis_url=redis_url)
     port = free_port()
     server, thread = serve(create_app(settings), port)
