@@ -32,6 +32,7 @@ from backend.core.models import Event, Job, Node, now
 from backend.engine import sealed
 from backend.engine.driver import Driver
 from backend.engine.experiment import run_experiment
+from backend.engine.jobstore import token_hash
 from backend.engine.sealed import SealedJobs
 from backend.engine.site import LocalSite
 from backend.services.studies import create_study
@@ -54,9 +55,10 @@ class Inline:
             job = s.get(Job, job_id)
             if job is None or job.status in ("done", "failed"):
                 return
-            job.token, job.status = uuid.uuid4().hex, "queued"
+            token = uuid.uuid4().hex
+            job.token, job.status = token_hash(token), "queued"  # the row keeps its hash only
             s.add(job)
-            self.pending.append((job_id, job.token, job.kind))
+            self.pending.append((job_id, token, job.kind))
 
     def run(self) -> None:
         """Run every pending job here, as a worker would."""

@@ -13,6 +13,7 @@ from sqlmodel import col, select
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Job, now
+from backend.engine.jobstore import same_token, token_hash
 from backend.engine.site import LocalSite
 
 
@@ -32,7 +33,7 @@ class LocalPool:
             job = s.get(Job, job_id)
             if job is None or job.status in ("done", "failed"):
                 return
-            job.token = token
+            job.token = token_hash(token)
             job.status = "queued"
             s.add(job)
         env_settings = {
@@ -78,7 +79,9 @@ class LocalPool:
             del self.procs[job_id]
             with db.session(self.settings.db_url) as s:
                 job = s.get(Job, job_id)
-                unfinished = job is not None and job.token == token and job.status in ("queued", "running")
+                unfinished = (
+                    job is not None and same_token(job.token, token) and job.status in ("queued", "running")
+                )
             if unfinished:
                 LocalSite(self.settings).crash(job_id, token, f"executor process exited with code {code}")
 

@@ -121,7 +121,9 @@ class Job(SQLModel, table=True):
     attempt: int = 1  # sealed jobs: 0, and -1 for `heldout` (its node is `baseline`'s)
     kind: str = "experiment"  # experiment | baseline | heldout | gate
     status: str = "queued"  # queued|running|done|failed
-    token: str = ""
+    token: str = ""  # the SHA-256 (hex) of the token its worker presents, sent with its task; never the token
+    # Its attempt's Celery task id (`job-<id>-a<attempt>-<nonce>`; not a secret), to revoke the task by.
+    task_id: str = ""
     pid: int | None = None
     extra_runs: int = 0  # adaptive repeats beyond `repeats` (the node's and trunk's), charged to the budget
     outcome: dict[str, Any] = _json({})
@@ -271,7 +273,7 @@ class LearningJob(SQLModel, table=True):
     kind: str  # distill | sparse_eval
     params: dict[str, Any] = _json({})
     status: str = "queued"  # queued|running|done|failed
-    token: str = ""  # what the worker that runs it presents (sent with its task)
+    token: str = ""  # the SHA-256 (hex) of what the worker that runs it presents (sent with its task)
     host: str = ""  # the machine that ran it, which keeps its artifact
     progress: float = 0.0
     device: str = ""

@@ -10,6 +10,7 @@ database and no shared data directory.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 import secrets
@@ -98,12 +99,14 @@ LLM_FIELDS = frozenset({"node_id", "role", "model", "base_id", "base_len", "mess
                         "tokens_in", "tokens_out", "usd"})  # fmt: skip
 
 
+def token_hash(token: str) -> str:
+    """Return what the database keeps of a job's token: its SHA-256, in hex (a copy of the rows holds no token)."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def same_token(held: str, given: str) -> bool:
-    """Return whether a presented job token is the job's own (compared in constant time; never an empty one)."""
-    try:
-        return bool(held) and secrets.compare_digest(held.encode(), given.encode())
-    except UnicodeEncodeError:  # a lone surrogate, which JSON can carry: no token of ours
-        return False
+    """Return whether a presented token is the one whose hash the job keeps (compared in constant time; never an empty one)."""
+    return bool(held) and bool(given) and secrets.compare_digest(held, token_hash(given))
 
 
 def locked_job(s: Session, job_id: int | None) -> Job | None:

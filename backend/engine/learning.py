@@ -171,8 +171,12 @@ def submit(
     params: dict[str, Any],
     study_id: int | None = None,
     settings: Settings | None = None,
+    token: str = "",
 ) -> LearningJob:
-    """Check the parameters and record a queued job (the caller sends the task).
+    """Check the parameters and record a queued job (the caller sends the task, with `token`).
+
+    The job keeps the token's hash only; without one it gets a token nobody knows (a worker beside
+    the database needs none).
 
     With the server's `settings` (a job asked for over the API), the files it names must lie where
     a repository path over the API may (`GROVE_REPO_ROOTS`, outside Grove's own folders); they
@@ -222,7 +226,10 @@ def submit(
                     "params.method: CANON needs several rollouts of the same prompt, and every record's "
                     "prompt is different (sample them: on_policy = true)"
                 )
-    job = LearningJob(study_id=study_id, kind=kind, params=checked.model_dump(), token=secrets.token_hex(16))
+    token = token or secrets.token_hex(16)
+    job = LearningJob(
+        study_id=study_id, kind=kind, params=checked.model_dump(), token=jobstore.token_hash(token)
+    )
     s.add(job)
     s.flush()
     s.add(LearningEvent(job_id=job.id or 0, type="learning.queued", payload={"kind": kind}))

@@ -104,7 +104,7 @@ def stop(s: Session, study_id: int, *, by: str) -> list[str]:
         return []
     change(s, study_id, StudyStatus.STOPPING, "stopping", by=by)
     jobs = s.exec(select(Job).where(Job.study_id == study_id, Job.status == "queued"))
-    return [j.token for j in jobs if j.token]
+    return [j.task_id for j in jobs if j.task_id]
 
 
 def fail(s: Session, study_id: int, reason: str) -> None:

@@ -10,9 +10,10 @@ from kombu.exceptions import OperationalError
 
 from agents.executor.tools import RUN_TIMEOUT
 from agents.spec import Spec
-from backend.core import db
+from backend.core import db, locks
 from backend.core.config import Settings
 from backend.core.models import Job, Study
+from backend.engine import jobstore
 from backend.services.records import spec_of
 
 # The longest one model call may take with the default timeout, retries and backoff ceiling.
@@ -42,14 +43,24 @@ def nudge(app: Celery, study_id: int) -> None:
         )
 
 
-def job_token(job: Job) -> str:
-    """Return the task id of a job's attempt: its id and attempt, then a secret part nobody can guess.
+TOKEN_KEY = "grove:job-token:{}"  # a job's task id and token while its task may be in flight (Redis)
 
-    The task id is also the job's token, which a remote worker presents to the API: sequential ids
-    alone would let a worker token reach any study's jobs. A re-send of the same attempt keeps it.
+
+def job_token(settings: Settings, job: Job) -> tuple[str, str]:
+    """Return the task id and the token to send a job's attempt with: those it was sent with, or new ones.
+
+    The task id (`job-<id>-a<attempt>-<nonce>`) names the attempt in Celery, its logs and revocations,
+    and is no secret. The token is one (128 random bits): a remote worker presents it to the API, and
+    the database keeps only its hash. A re-send keeps both, so that the copy already queued still
+    runs (a fresh token would leave it useless at the back of the queue), from the broker's Redis,
+    which carries them in the task's message anyway; where they are gone, the attempt gets new ones.
     """
-    prefix = f"job-{job.id}-a{job.attempt}-"
-    return job.token if job.token.startswith(prefix) else prefix + secrets.token_hex(16)
+    kept = locks.client(settings.redis_url).get(TOKEN_KEY.format(job.id))
+    raw = kept.decode("ascii", "replace") if isinstance(kept, bytes) else str(kept or "")
+    task_id, _, token = raw.partition(" ")
+    if task_id.startswith(f"job-{job.id}-a{job.attempt}-") and jobstore.same_token(job.token, token):
+        return task_id, token
+    return f"job-{job.id}-a{job.attempt}-{secrets.token_hex(8)}", secrets.token_hex(16)
 
 
 class CeleryDispatcher:
@@ -65,23 +76,26 @@ class CeleryDispatcher:
     def submit(self, job_id: int) -> None:
         """Send the job's task (safe to repeat: an attempt keeps its task id, and the task is idempotent)."""
         with db.session(self.settings.db_url) as s:
-            job = s.get(Job, job_id)
+            job = jobstore.locked_job(s, job_id)  # two sends of one job at once agree on its token
             if job is None or job.status not in ("queued", "running"):
                 return
             study = s.get(Study, job.study_id)
             assert study is not None
             spec = spec_of(study)
-            job.token = job_token(job)
+            task_id, token = job_token(self.settings, job)
+            job.task_id, job.token = task_id, jobstore.token_hash(token)
             s.add(job)
-            token = job.token
             kind, study_id = job.kind, job.study_id
+            locks.client(self.settings.redis_url).set(
+                TOKEN_KEY.format(job_id), f"{task_id} {token}", ex=2 * self.settings.visibility_timeout
+            )
         queue = "gpu" if spec.resources.gpu else "cpu"
         hard = job_seconds(spec, kind) + self.settings.task_margin_seconds
         soft = hard - min(30, self.settings.task_margin_seconds // 2)
         self.app.send_task(
             f"{queue}.{'experiment' if kind == 'experiment' else 'sealed'}",
             args=[job_id, token, study_id],
-            task_id=token,
+            task_id=task_id,
             time_limit=min(hard, self.settings.visibility_timeout - 60),
             soft_time_limit=min(soft, self.settings.visibility_timeout - 90),
         )

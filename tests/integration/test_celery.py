@@ -43,22 +43,23 @@ def test_study_runs_to_the_end_on_workers_with_parallel_executors(service: Servi
     assert st is not None and st.stop_reason.startswith("experiment budget spent")
     sealed = [j for j in jobs if j.kind != "experiment"]
     jobs = [j for j in jobs if j.kind == "experiment"]
-    # Each attempt's task id (its token) names it, then carries a secret part nobody can guess.
+    # Each attempt's task id names it (no secret); the row keeps only its token's hash.
     assert len(jobs) == 4 and all(
-        j.status == "done" and re.fullmatch(rf"job-{j.id}-a1-[0-9a-f]{{32}}", j.token) for j in jobs
+        j.status == "done" and re.fullmatch(rf"job-{j.id}-a1-[0-9a-f]{{16}}", j.task_id) for j in jobs
     )
+    assert all(re.fullmatch("[0-9a-f]{64}", j.token) for j in jobs)
     # The baseline and every gate ran as jobs on the cpu queue, not inside the coordinator.
     assert [j.kind for j in sealed if j.kind != "gate"] == ["baseline", "heldout"]
     gated = [j.node_id for j in sealed if j.kind == "gate"]
     assert merged and {n.id for n in merged} <= set(gated)
     assert all(
-        j.status == "done" and re.fullmatch(rf"job-{j.id}-a{j.attempt}-[0-9a-f]{{32}}", j.token)
+        j.status == "done" and re.fullmatch(rf"job-{j.id}-a{j.attempt}-[0-9a-f]{{16}}", j.task_id)
         for j in sealed
     )
     assert {j.attempt for j in sealed} == {0, -1}
     cpu_log = (service.logs / "cpu.log").read_text()
     coord_log = (service.logs / "coord.log").read_text()
-    assert all(f"cpu.sealed[{j.token}]" in cpu_log for j in sealed)
+    assert all(f"cpu.sealed[{j.task_id}]" in cpu_log for j in sealed)
     assert "sealed[" not in coord_log
     assert merged and st.trunk_commit == merged[-1].gate_commit
     spans = sorted((j.started_at, j.finished_at) for j in jobs if j.started_at and j.finished_at)
@@ -90,7 +91,7 @@ def test_a_gpu_studys_sealed_runs_go_to_the_gpu_queue(redis_url: str, tmp_path: 
             j.status == "done" for j in sealed
         )
         log = (svc.logs / "gpu.log").read_text()
-        assert all(f"gpu.sealed[{j.token}]" in log for j in sealed)
+        assert all(f"gpu.sealed[{j.task_id}]" in log for j in sealed)
     finally:
         svc.stop()
 

@@ -10,7 +10,7 @@ from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Job, Node, Study
 from backend.engine import sealed
-from backend.engine.jobstore import DbStore, Superseded, claim_sealed
+from backend.engine.jobstore import DbStore, Superseded, claim_sealed, token_hash
 from backend.engine.site import LocalSite
 from backend.services.storage import SqlStorage
 from backend.services.studies import create_study
@@ -27,7 +27,7 @@ def test_a_gate_job_cancelled_by_a_stop_writes_no_verdict_or_query(
         node = Node(study_id=sid, parent_id=root, depth=1, title="x = 3", status="evaluated", dev_mean=9.0)
         s.add(node)
         s.flush()
-        job = Job(study_id=sid, node_id=node.id, attempt=0, kind="gate", token="job-t-a0")
+        job = Job(study_id=sid, node_id=node.id, attempt=0, kind="gate", token=token_hash("job-t-a0"))
         s.add(job)
         s.flush()
         nid, jid = node.id or 0, job.id or 0
@@ -73,7 +73,7 @@ def test_more_seeds_are_not_worth_it_beside_a_better_candidate_or_past_the_budge
         node("better on an old trunk", "evaluated", 9.5, "accept", commit="0" * 40)
         node("worse", "evaluated", 7.0, "accept")
         best = node("better", "awaiting_approval", 9.0, "accept")
-        job = Job(study_id=sid, node_id=mine.id or 0, attempt=1, status="running", token="job-w")
+        job = Job(study_id=sid, node_id=mine.id or 0, attempt=1, status="running", token=token_hash("job-w"))
         s.add(job)
         s.flush()
         store = DbStore(settings, sid, mine.id or 0, job.id or 0, "job-w")
@@ -118,7 +118,7 @@ def test_a_claim_that_races_a_cancellation_sees_it_and_runs_nothing(claim: str, 
                 node_id=node.id or 0,
                 attempt=1 if kind == "experiment" else 0,
                 kind=kind,
-                token="t",
+                token=token_hash("t"),
             )
             s.add(job)
             s.flush()

@@ -101,7 +101,7 @@ def test_existing_nodes_are_numbered_within_their_study_and_new_ones_follow(
     from sqlalchemy import event, text
     from sqlmodel import Session, select
 
-    from backend.core.models import Job, Node
+    from backend.core.models import Node
 
     name = f"grove_num_{os.getpid()}"
     url = postgres_database(name) if backend == "postgres" else f"sqlite:///{tmp_path / 'm.db'}"
@@ -134,7 +134,12 @@ def test_existing_nodes_are_numbered_within_their_study_and_new_ones_follow(
                     ),
                     {"sid": sid, "parent": parent},
                 )
-            conn.execute(Job.__table__.insert().values(study_id=2, node_id=5, attempt=1, outcome={}))  # type: ignore[attr-defined]
+            conn.execute(  # the columns of 0009 (the model's table has more)
+                text(
+                    "INSERT INTO job (study_id, node_id, attempt, kind, status, token, extra_runs, outcome, "
+                    "created_at) VALUES (2, 5, 1, 'experiment', 'queued', '', 0, '{}', '2026-11-01 00:00:00')"
+                )
+            )
             command.upgrade(cfg, "head")
         with Session(engine) as s:
             numbers = {n.id: (n.study_id, n.number) for n in s.exec(select(Node))}

@@ -123,7 +123,7 @@ def test_two_workers_without_shared_storage_run_a_study_and_survive_a_kill(
         j.status == "done" for j in sealed
     )
     logs = "".join((w.logs / f"{n}.log").read_text() for n, w in stack.workers.items())
-    assert all(f"cpu.sealed[{j.token}]" in logs for j in sealed)
+    assert all(f"cpu.sealed[{j.task_id}]" in logs for j in sealed)
     # Each worker kept what it needed in its own directory and never opened a database.
     survivor = w2 if killed == "w1" else w1
     assert (survivor / "repos" / "remote" / ".git").is_dir()

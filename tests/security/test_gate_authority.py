@@ -25,6 +25,7 @@ from backend.core.config import Settings
 from backend.core.models import Event, Job, Node, Study
 from backend.core.security import create_token
 from backend.engine.gatekeeper import LocalGatekeeper
+from backend.engine.jobstore import token_hash
 from backend.services.studies import create_study
 from tests.conftest import git, make_repo, tiny_files
 
@@ -78,7 +79,7 @@ def gate(tmp_path: Path, redis_url: str) -> Iterator[Gate]:
         s.add(node)
         s.flush()
         job = Job(study_id=study.id or 0, node_id=node.id or 0, attempt=0, kind="gate", status="running",
-                  token="gate-t")  # fmt: skip
+                  token=token_hash("gate-t"))  # fmt: skip
         s.add(job)
         s.flush()
         for row in (node, job):

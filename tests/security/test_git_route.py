@@ -13,10 +13,11 @@ from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Job, Node, Study
 from backend.core.security import create_token
+from backend.engine.jobstore import token_hash
 from backend.services.studies import create_study
 from tests.conftest import free_port, make_repo, serve, tiny_files
 
-TOKEN = "job-7-a1-0123456789abcdef0123456789abcdef"
+TOKEN = "0123456789abcdef0123456789abcdef"
 
 
 @dataclass
@@ -42,7 +43,7 @@ def route(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
         s.add(node)
         s.flush()
         job = Job(study_id=mine.id or 0, node_id=node.id or 0, attempt=1, status="running")
-        job.token = TOKEN
+        job.token = token_hash(TOKEN)
         s.add(job)
         s.flush()
         for row in (mine, theirs, job):

@@ -25,6 +25,7 @@ from backend.core.gitops import git_env
 from backend.core.models import Job, LearningEvent, LearningJob, Node, Study
 from backend.core.security import create_token
 from backend.engine import learning
+from backend.engine.jobstore import token_hash
 from backend.services.studies import create_study
 from tests.conftest import free_port, make_repo, serve, tiny_files
 
@@ -57,7 +58,13 @@ def plane(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
                     base_commit=mine.trunk_commit, branch=f"grove/{mine.name}/n99")  # fmt: skip
         s.add(node)
         s.flush()
-        job = Job(study_id=mine.id or 0, node_id=node.id or 0, attempt=1, status="running", token="job-t")
+        job = Job(
+            study_id=mine.id or 0,
+            node_id=node.id or 0,
+            attempt=1,
+            status="running",
+            token=token_hash("job-t"),
+        )
         s.add(job)
         s.flush()
         for row in (*studies, job):
@@ -224,7 +231,7 @@ def test_the_baselines_dev_and_held_out_jobs_make_only_their_own_calls(plane: Pl
     with db.session(plane.settings.db_url) as s:
         jobs = [
             Job(study_id=plane.study.id or 0, node_id=plane.study.trunk_node_id or 0, attempt=attempt,
-                kind=kind, status="running", token=f"job-{kind}")
+                kind=kind, status="running", token=token_hash(f"job-{kind}"))
             for kind, attempt in (("baseline", 0), ("heldout", -1))
         ]  # fmt: skip
         s.add_all(jobs)
@@ -295,8 +302,9 @@ def test_a_job_makes_only_the_calls_of_its_kind_with_what_it_made(plane: Plane) 
 
 
 def test_a_jobs_token_cannot_be_guessed_from_its_id_and_attempt(plane: Plane) -> None:
+    from backend.core import locks
     from backend.worker.celery_app import make_app
-    from backend.worker.dispatch import CeleryDispatcher
+    from backend.worker.dispatch import TOKEN_KEY, CeleryDispatcher
 
     with db.session(plane.settings.db_url) as s:
         node = Node(study_id=plane.other.id or 0, parent_id=plane.other.trunk_node_id, depth=1, title="victim",
@@ -309,15 +317,20 @@ def test_a_jobs_token_cannot_be_guessed_from_its_id_and_attempt(plane: Plane) ->
         job_id = job.id or 0
     dispatcher = CeleryDispatcher(plane.settings, make_app(plane.settings))
     dispatcher.submit(job_id)
+    # The token travels with the task (the broker's Redis keeps it for a re-send); the row keeps its hash.
+    kept = locks.client(plane.settings.redis_url).get(TOKEN_KEY.format(job_id)) or b""
+    task_id, token = kept.decode().split(" ")
     with db.session(plane.settings.db_url) as s:
-        token = (s.get(Job, job_id) or Job(study_id=0, node_id=0)).token
-    assert token.startswith(f"job-{job_id}-a1-") and len(token.removeprefix(f"job-{job_id}-a1-")) == 32
-    dispatcher.submit(job_id)  # sent again (the reconciler): the attempt keeps its token
+        row = s.get(Job, job_id) or Job(study_id=0, node_id=0)
+    assert row.task_id == task_id and task_id.startswith(f"job-{job_id}-a1-") and len(token) == 32
+    assert row.token == token_hash(token) and token not in row.token
+    dispatcher.submit(job_id)  # sent again (the reconciler): the attempt keeps its task id and token
     with db.session(plane.settings.db_url) as s:
-        assert (s.get(Job, job_id) or Job(study_id=0, node_id=0)).token == token
-    # A worker token with the job's id and attempt reaches nothing of another study.
+        again = s.get(Job, job_id) or Job(study_id=0, node_id=0)
+    assert (again.task_id, again.token) == (task_id, row.token)
+    # A worker token with the job's id and attempt, or its task id (no secret), reaches nothing of another study.
     # (A lone surrogate is valid JSON: sent as the escape, it must be refused, not crash the API.)
-    for guess in (f"job-{job_id}-a1", f"job-{job_id}-a1-", "", token[:-1], "\ud800"):
+    for guess in (f"job-{job_id}-a1", f"job-{job_id}-a1-", task_id, row.token, "", token[:-1], "\ud800"):
         body = json.dumps({"token": guess, "host": "thief", "pid": 1})  # ASCII, escapes and all
         for route in ("claim", "claim-sealed"):
             r = plane.client.post(
@@ -327,7 +340,7 @@ def test_a_jobs_token_cannot_be_guessed_from_its_id_and_attempt(plane: Plane) ->
             assert r.status_code in (409, 422), (guess, route, r.status_code)
     clone = git(plane, "clone", "-q", f"{plane.url}/api/v1/worker/git/{plane.other.id}", "stolen",
                 cwd=plane.settings.data_dir, token=plane.worker["Authorization"].removeprefix("Bearer "),
-                job=f"{job_id}:job-{job_id}-a1")  # fmt: skip
+                job=f"{job_id}:{task_id}")  # fmt: skip
     assert clone.returncode != 0 and not (plane.settings.data_dir / "stolen" / ".git").exists()
     claimed = plane.client.post(f"{W}/jobs/{job_id}/claim", json={"token": token, "host": "w", "pid": 1},
                                 headers=plane.worker)  # fmt: skip
@@ -337,8 +350,8 @@ def test_a_jobs_token_cannot_be_guessed_from_its_id_and_attempt(plane: Plane) ->
 def test_a_worker_touches_a_learning_job_only_with_its_token(plane: Plane) -> None:
     settings = plane.settings
     with db.session(settings.db_url) as s:
-        mine = LearningJob(kind="sparse_eval", params={}, token="mine-token")
-        theirs = LearningJob(kind="sparse_eval", params={}, token="their-token")
+        mine = LearningJob(kind="sparse_eval", params={}, token=token_hash("mine-token"))
+        theirs = LearningJob(kind="sparse_eval", params={}, token=token_hash("their-token"))
         tokenless = LearningJob(kind="sparse_eval", params={})  # queued before jobs had tokens
         s.add_all([mine, theirs, tokenless])
         s.flush()
@@ -388,7 +401,7 @@ def test_a_worker_touches_a_learning_job_only_with_its_token(plane: Plane) -> No
 def test_a_worker_cannot_grow_a_learning_jobs_history_without_bound(plane: Plane) -> None:
     settings = plane.settings
     with db.session(settings.db_url) as s:
-        job = LearningJob(kind="distill", params={}, token="long-token")
+        job = LearningJob(kind="distill", params={}, token=token_hash("long-token"))
         s.add(job)
         s.flush()
         job_id = job.id or 0
@@ -412,7 +425,7 @@ def test_a_remote_learning_store_sends_non_finite_numbers_as_null(plane: Plane, 
     from backend.worker import remote
 
     with db.session(plane.settings.db_url) as s:
-        job = LearningJob(kind="distill", params={}, token="nan-token")
+        job = LearningJob(kind="distill", params={}, token=token_hash("nan-token"))
         s.add(job)
         s.flush()
         job_id = job.id or 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, status
@@ -33,8 +34,9 @@ def create(
     """Queue a distillation job or a sparse-attention evaluation on the gpu queue."""
     if body.study_id is not None and s.get(Study, body.study_id) is None:
         raise HTTPException(422, {"message": f"study_id: no study with id {body.study_id}", "errors": []})
+    token = secrets.token_hex(16)  # sent with the task; the job keeps its hash
     try:
-        job = learning.submit(s, body.kind, body.params, body.study_id, settings=settings)
+        job = learning.submit(s, body.kind, body.params, body.study_id, settings=settings, token=token)
     except learning.LearningJobError as exc:
         key = str(exc).split(":", 1)[0]
         raise HTTPException(
@@ -42,7 +44,7 @@ def create(
         ) from None
     s.commit()
     try:
-        celery.send_task("gpu.learn", args=[job.id, job.token], task_id=f"learning-{job.id}")
+        celery.send_task("gpu.learn", args=[job.id, token], task_id=f"learning-{job.id}")
     except BROKER_AWAY as exc:  # nothing would ever send it: the job ends now, with the reason
         learning.fail(settings, job.id or 0, f"the task queue was unreachable: {exc}")
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the task queue is unreachable") from None
