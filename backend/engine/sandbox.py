@@ -24,6 +24,7 @@ import resource
 import select
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -52,23 +53,23 @@ ETC = (
 )  # fmt: skip
 
 
-LIFELINE = 3  # the descriptor the wrapper reads: dash names only 0 to 9 in a redirection
-# Run first in the box, with the box's setup rights (before the uid is dropped): the lifeline,
-# passed at whatever number it had in Grove's process, is opened again as descriptor 3.
-REOPEN = f'exec {LIFELINE}</proc/self/fd/"$1" && shift && exec "$@"'
-# Runs as pid 2 of the box around the command (its arguments). The command gets /dev/null as
-# stdin; fd 0 is Grove's status pipe. A watcher reads the lifeline, a pipe whose only writer is
-# the Grove process that started the box: it ends when that process dies, however it dies and
+LIFELINE = 3  # where the wrapper keeps the lifeline: dash names only 0 to 9 in a redirection
+# Runs as pid 2 of the box around the command (its arguments). Its fd 0 is the lifeline: one end
+# of a socket pair whose other end only the Grove process that started the box holds. It moves it
+# to fd 3 and gives the command /dev/null, so the command holds no copy of it (and a socket, unlike
+# a pipe, cannot be opened again through /proc/<pid>/fd by a process that wants to keep it open).
+# A watcher reads it: it ends when Grove's end is shut or its process dies, however it dies and
 # however early, and the watcher then kills every process of the box (bwrap's pid 1 then exits,
 # its last child gone). Once the command ends the watcher is killed and reaped, counting /proc
-# tells how many processes the command left behind (pid 1 and 2 are ours), and they are killed.
+# tells how many processes the command left behind (pid 1 and 2 are ours), the count goes back to
+# Grove on the same socket, and they are killed.
 # The wrapper, its watcher and the shell that runs a command line count against the box's process
 # limit too: it is raised by them, so that `processes` is what the command itself may run at once.
 WRAPPER_PROCESSES = 3
 WRAPPER = (
-    f"(read _ <&{LIFELINE}; kill -KILL -1) </dev/null & w=$!; "
-    f'("$@" </dev/null {LIFELINE}<&-); rc=$?; kill -KILL $w 2>/dev/null; wait $w 2>/dev/null; '
-    'n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo "grove-exit $rc $n" >&0; '
+    f"exec {LIFELINE}<&0 </dev/null; (read _ <&{LIFELINE}; kill -KILL -1) & w=$!; "
+    f'("$@" {LIFELINE}<&-); rc=$?; kill -KILL $w 2>/dev/null; wait $w 2>/dev/null; '
+    f'n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo "grove-exit $rc $n" >&{LIFELINE}; '
     "kill -KILL -1 2>/dev/null; exit $rc"
 )
 FIX = (
@@ -612,8 +613,6 @@ def _bwrap_argv(
     readonly: tuple[str, ...] = (),
     seccomp_fd: int | None = None,
     info_fd: int | None = None,
-    *,
-    lifeline: int,
 ) -> list[str]:
     # As root, bwrap sets the box up with root's rights and `setpriv` then drops to the leased uid;
     # otherwise a user namespace maps Grove's own uid into the box.
@@ -651,7 +650,6 @@ def _bwrap_argv(
     if info_fd is not None:
         args += ["--info-fd", str(info_fd)]
     args += ["--remount-ro", "/", "--chdir", TREE, "--"]
-    args += ["/bin/sh", "-c", REOPEN, "grove-lifeline", str(lifeline)]
     if uid is not None:
         args += [
             "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
@@ -683,7 +681,7 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float, fd: int | None) -> None
 
 
 def _end_box(proc: subprocess.Popen[bytes], fd: int | None, info: IO[bytes], grace: float = 2.0) -> None:
-    """Reap bubblewrap once the box's lifeline is closed: its watcher ends the box, then bubblewrap exits.
+    """Reap bubblewrap once the box's lifeline is shut: its watcher ends the box, then bubblewrap exits.
 
     bubblewrap is not killed while it may be setting the box up: killed then, it would leave the
     box's first process waiting for it forever. A box that outlives its lifeline (its watcher was
@@ -852,14 +850,15 @@ def _run(
         os.chown(exchange, uid, uid)
         if iso.env_dir and iso.env_writable:
             _chown_tree(Path(iso.env_dir), uid, uid)
-    status_r, status_w = os.pipe()
+    # The box's lifeline, and the way back for its wrapper's report: this process holds the only
+    # copy of its end until the end of the run (its stdin is the box's end, in bwrap and the wrapper).
+    ours, theirs = socket.socketpair()
     # bwrap writes the box's first process id here: a file in memory, not a pipe, so that the write
     # cannot fail (and leave the box's first process waiting for bwrap forever) once Grove's process
     # is gone, nor wait on a disk that other boxes fill.
     info = os.fdopen(os.memfd_create("grove-info"), "w+b")  # closed at the end of the guarded block below
     info_fd = info.fileno()
-    life_r, life_w = os.pipe()  # the box's lifeline: this process holds the only writer until the end
-    keep: list[int] = [info_fd, life_r] if boxed else []
+    keep: list[int] = [info_fd] if boxed else []
     proc: subprocess.Popen[bytes] | None = None
     caps: list[_Capture] = []
     timed_out = disk_exceeded = too_deep = False
@@ -876,10 +875,8 @@ def _run(
                     os.write(filter_w, program)
                     os.close(filter_w)
                     keep.append(seccomp_fd)
-                argv = _bwrap_argv(
-                    iso, limits, tree, exchange, inner, uid, readonly, seccomp_fd, info_fd, lifeline=life_r
-                )
-                stdin: int = status_w
+                argv = _bwrap_argv(iso, limits, tree, exchange, inner, uid, readonly, seccomp_fd, info_fd)
+                stdin: int = theirs.fileno()
                 if limits.processes:
                     limits = replace(limits, processes=limits.processes + WRAPPER_PROCESSES)
                 prlimit = _prlimit_argv(limits)
@@ -902,9 +899,7 @@ def _run(
                 pass_fds=tuple(keep),
             )
         finally:
-            os.close(status_w)
-            if not boxed:
-                os.close(life_r)
+            theirs.close()
             for fd in keep:
                 if fd != info_fd:  # read at the end
                     os.close(fd)
@@ -929,9 +924,10 @@ def _run(
                     disk_exceeded, too_deep = True, used >= TOO_DEEP
                     break
     finally:
-        # Nothing outlives the run. A box ends from inside: closing its lifeline has its watcher kill
+        # Nothing outlives the run. A box ends from inside: shutting its lifeline has its watcher kill
         # every process of it, then its pid 1 and bwrap exit. Unboxed, the process group is killed.
-        os.close(life_w)
+        with contextlib.suppress(OSError):
+            ours.shutdown(socket.SHUT_WR)
         if proc is not None:
             if boxed:
                 _end_box(proc, pidfd, info)
@@ -951,13 +947,13 @@ def _run(
         for stream in (proc.stdout, proc.stderr) if proc is not None else ():
             if stream is not None and all(stream is not r for r in reading):
                 stream.close()
-        os.set_blocking(status_r, False)  # a process stuck in the kernel may still hold the writer
+        ours.setblocking(False)  # a process stuck in the kernel may still hold the box's end
         try:
-            raw = os.read(status_r, 200)  # the wrapper's one short write, if it made it
-        except BlockingIOError:
+            raw = ours.recv(200)  # the wrapper's one short write, if it made it
+        except (BlockingIOError, ConnectionError):
             raw = b""
         finally:
-            os.close(status_r)
+            ours.close()
         status = raw.decode("ascii", "replace").split()
     reported = len(status) == 3 and status[0] == "grove-exit"
     strays = int(status[2]) - 2 if reported else None
