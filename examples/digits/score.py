@@ -24,7 +24,7 @@ def main():
         sys.exit(f"no predictions: {exc}")
     if len(predicted) != len(truth):
         sys.exit(f"{len(predicted)} predictions for {len(truth)} held-out rows")
-    accuracy = sum(p == t for p, t in zip(predicted, truth)) / len(truth)
+    accuracy = sum(p == t for p, t in zip(predicted, truth, strict=True)) / len(truth)
     print(json.dumps({"accuracy": round(accuracy, 6)}))
 
 

@@ -20,10 +20,9 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("study") as batch:
-        batch.add_column(sa.Column("sealed_commit", sa.String(), nullable=False, server_default=""))
+    # A plain ADD COLUMN (SQLite has one): a batch would copy the table, which rows of other tables name.
+    op.add_column("study", sa.Column("sealed_commit", sa.String(), nullable=False, server_default=""))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("study") as batch:
-        batch.drop_column("sealed_commit")
+    op.drop_column("study", "sealed_commit")  # SQLite 3.35+ drops a column in place
