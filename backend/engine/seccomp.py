@@ -3,8 +3,8 @@
 Boxed code may not create namespaces (no user namespace from which to mount its own tmpfs),
 mount anything, use the kernel keyrings (which outlive a run and would carry data from one
 run to the next under the same uid), load BPF programs, watch performance counters, use
-`userfaultfd` or `io_uring`, trace other processes (the wrapper that counts strays
-included), or open vsock sockets (to the hypervisor, outside any network namespace). Everything
+`userfaultfd` or `io_uring`, trace other processes or take their file descriptors (`pidfd_getfd`; the wrapper that counts
+strays included), or open vsock sockets (to the hypervisor, outside any network namespace). Everything
 else is allowed. The program is classic BPF, built here so that no
 extra library is needed; bubblewrap installs it (`--seccomp FD`) just before the command runs.
 """
@@ -32,7 +32,7 @@ ARCHES: dict[str, tuple[int, dict[str, int], int, int, int]] = {
          "kexec_load": 246, "open_by_handle_at": 304, "open_tree": 428, "move_mount": 429, "fsopen": 430,
          "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "io_uring_setup": 425,
          "io_uring_enter": 426, "io_uring_register": 427, "ptrace": 101, "process_vm_readv": 310,
-         "process_vm_writev": 311},
+         "process_vm_writev": 311, "pidfd_getfd": 438},
         56,
         435,
         41,
@@ -44,7 +44,7 @@ ARCHES: dict[str, tuple[int, dict[str, int], int, int, int]] = {
          "kexec_load": 104, "open_by_handle_at": 265, "open_tree": 428, "move_mount": 429, "fsopen": 430,
          "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "io_uring_setup": 425,
          "io_uring_enter": 426, "io_uring_register": 427, "ptrace": 117, "process_vm_readv": 270,
-         "process_vm_writev": 271},
+         "process_vm_writev": 271, "pidfd_getfd": 438},
         220,
         435,
         198,

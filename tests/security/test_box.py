@@ -323,6 +323,8 @@ def test_namespaces_mounts_and_keyrings_are_denied_inside_the_box(tmp_path: Path
         "try_('clone-new-user', fork_into_new_user_namespace)\n"
         "libc.syscall(clone3, 0, 0); print('clone3 errno', ctypes.get_errno())\n"
         "try_('ptrace-wrapper', lambda: check(libc.ptrace(16, 2, 0, 0)))  # PTRACE_ATTACH to the stray counter\n"
+        "pidfd = libc.syscall(434, os.getpid(), 0)  # pidfd_open: allowed\n"
+        "try_('pidfd-getfd', lambda: call(438, pidfd, 1, 0))  # another process's descriptor (here its own)\n"
         "params = ctypes.create_string_buffer(120)\n"
         "try_('io-uring', lambda: call(425, 1, params))\n"
         "import socket\n"
@@ -335,7 +337,8 @@ def test_namespaces_mounts_and_keyrings_are_denied_inside_the_box(tmp_path: Path
     res = box("python probe.py", tmp_path)
     out = res.stdout_tail
     assert res.ok, res.stderr_tail
-    assert "ALLOWED" not in out and out.count("denied") >= 7, out
+    assert "ALLOWED" not in out and out.count("denied") >= 8, out
+    assert "pidfd-getfd denied [Errno 1]" in out, out
     assert "vsock denied [Errno 1]" in out, out  # EPERM from the filter, not a host without vsock
     assert "clone3 errno 38" in out  # ENOSYS: the C library falls back to clone, whose flags are checked
     assert "threads ok" in out and "children ok" in out and "sockets ok" in out
