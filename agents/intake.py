@@ -296,6 +296,8 @@ def render(c: Choices) -> str:
         "[evaluate]",
         f"dev = {_toml(c.dev)}     # scores a change; GROVE_SEED=0,1,2 for the repeats",
         f"test = {_toml(c.test)}   # the sealed held-out score: only the gate runs it",
+        "# If that command runs code a change may edit, it could read the held-out labels: split it",
+        "# into test_predict (writes $GROVE_OUTPUTS, no labels) and test_score (protected code only).",
         "repeats = 3",
         "",
         "[files]",

@@ -348,7 +348,7 @@ def service(tmp_path_factory: pytest.TempPathFactory, redis_url: str, db_backend
         env["GROVE_DATABASE_URL"] = database_url
     svc = Service(settings, env)
     svc.start_worker("coord", "coordinator", 2, beat=True)
-    svc.start_worker("cpu", "cpu", 2)
+    svc.start_worker("cpu", "cpu,sealed", 2)
     yield svc
     svc.stop()
     if database_url:

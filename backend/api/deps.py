@@ -85,7 +85,7 @@ def require(role: str | None) -> Callable[..., Principal]:
                 "a bearer token is required",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        if role is None and who.roles <= {"worker"}:
+        if role is None and who.roles <= {"worker", "sealed"}:
             raise HTTPException(status.HTTP_403_FORBIDDEN, "a worker token reaches only the worker routes")
         if role is not None and role not in who.roles:
             raise HTTPException(status.HTTP_403_FORBIDDEN, f"this needs a token with the {role!r} role")

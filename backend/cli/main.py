@@ -487,7 +487,9 @@ def up_cmd(
 
 @app.command("worker")
 def worker_cmd(
-    queues: Annotated[str, typer.Option(help="cpu, gpu, coordinator or clone (comma separated)")] = "cpu",
+    queues: Annotated[
+        str, typer.Option(help="cpu, gpu, sealed, gpu-sealed, coordinator or clone (comma separated)")
+    ] = "cpu",
     concurrency: Annotated[
         int | None, typer.Option(help="tasks at once (default 2; on gpu, one per visible GPU)")
     ] = None,
@@ -504,10 +506,12 @@ def worker_cmd(
 
     from backend.cli.up import gpu_devices, worker_command
 
-    allowed = {"cpu", "gpu", "coordinator", "clone"}
+    allowed = {"cpu", "gpu", "sealed", "gpu-sealed", "coordinator", "clone"}
     bad = [q for q in queues.split(",") if q not in allowed]
     if bad:
-        err.print(f"[red]error:[/] --queues: unknown queue {bad[0]!r} (use cpu, gpu, coordinator, clone)")
+        err.print(
+            f"[red]error:[/] --queues: unknown queue {bad[0]!r} (use cpu, gpu, sealed, gpu-sealed, coordinator, clone)"
+        )
         raise typer.Exit(2)
     settings = get_settings()
     beside = [q for q in ("coordinator", "clone") if q in queues.split(",")]
@@ -524,16 +528,26 @@ def worker_cmd(
         from backend.worker.remote import Api, RemoteError
 
         try:
-            who = Api(settings).ping()
+            who, trusted = Api(settings).ping_roles()
         except RemoteError as exc:
             err.print(f"[red]error:[/] {exc}")
             raise typer.Exit(2) from None
+        sealed = [q for q in ("sealed", "gpu-sealed") if q in queues.split(",")]
+        if sealed and not trusted:
+            err.print(
+                f"[red]error:[/] --queues: the {sealed[0]} queue gets held-out data; its remote workers need "
+                "a token with the sealed role (grove token create --role worker --role sealed)"
+            )
+            raise typer.Exit(2)
         console.print(f"remote worker {who!r}: jobs through {settings.api_url}, files in {settings.data_dir}")
     settings.ensure_dirs()  # the data folder 0700 before anything makes a folder in it
     if set(queues.split(",")) != {"clone"}:  # a clone worker runs no study's code
         _require_sandbox(settings)
     schedule = settings.data_dir / "beat" if beat else None
-    name = queues.replace(",", "-")
+    # A worker's name is its work queue's (`gpu` for "gpu,gpu-sealed"), which health checks ping.
+    name = "-".join(q for q in queues.split(",") if q not in ("sealed", "gpu-sealed")) or queues.replace(
+        ",", "-"
+    )
     if "gpu" in queues.split(","):
         devices = gpu_devices()
         if devices:
@@ -679,7 +693,7 @@ app.add_typer(token_app, name="token")
 @token_app.command("create")
 def token_create(
     role: Annotated[
-        list[str], typer.Option("--role", help="viewer, operator, approver or worker (repeatable)")
+        list[str], typer.Option("--role", help="viewer, operator, approver, worker or sealed (repeatable)")
     ],
     name: Annotated[str, typer.Option(help="who the token is for")] = "",
     expires_days: Annotated[
@@ -758,10 +772,21 @@ def export_trajectories_cmd(
 
 @app.command("janitor")
 def janitor_cmd(max_age_hours: float | None = None) -> None:
-    """Remove stale worktrees."""
+    """Remove stale worktrees; on a remote worker, everything it holds of studies that ended."""
     from backend.engine import workspace
 
-    removed = workspace.janitor(get_settings(), max_age_hours)
+    settings = get_settings()
+    if settings.worker_token:
+        from backend.worker.remote import RemoteError, site
+
+        try:
+            gone = site(settings).forget_ended()
+        except RemoteError as exc:
+            err.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from None
+        console.print(f"removed {len(gone)} folders of studies that ended")
+        return
+    removed = workspace.janitor(settings, max_age_hours)
     console.print(f"removed {len(removed)} worktrees")
 
 

@@ -196,7 +196,8 @@ class Stack:
         )
         # Clones from URLs have workers of their own: a remote that hangs holds no other slot.
         self._spawn("worker-clone", worker_command("clone", 2, "clone"), env)
-        self._spawn("worker-cpu", worker_command("cpu", self.cpu_slots, "cpu"), env)
+        # Beside the database: it runs the sealed jobs too (a remote worker needs a `sealed` token).
+        self._spawn("worker-cpu", worker_command("cpu,sealed", self.cpu_slots, "cpu"), env)
         self._wait("the API", lambda: _listening(self.host, self.port))
         for name in ("coordinator", "worker-clone", "worker-cpu"):
             log = self.settings.data_dir / "logs" / f"{name}.log"

@@ -337,6 +337,75 @@ class Repo:
             return f"the files of {commit[:12]} are not the merge of trunk {onto[:12]} and the node's commit {theirs[:12]}"
         return ""
 
+    # sealed files kept out of history -------------------------------------------
+
+    def _with_index(self, *args: str, index: Path) -> str:
+        """Run git on a private index file (the repository's own index is never touched)."""
+        env = {**git_env(), "GIT_INDEX_FILE": str(index)}
+        proc = run_captured(["git", *args], cwd=self.path, env=env, timeout=300)
+        if proc.returncode != 0:
+            raise GitError(list(args), proc.returncode, proc.stderr)
+        return proc.stdout
+
+    def without(self, commit: str, paths: list[str], message: str) -> str:
+        """Return a new parentless commit of `commit`'s files but `paths` (its author kept)."""
+        with tempfile.TemporaryDirectory(prefix="grove-index-") as tmp:
+            index = Path(tmp) / "index"
+            self._with_index("read-tree", commit, index=index)
+            for chunk in range(0, len(paths), 200):
+                self._with_index("rm", "-q", "--cached", "--", *paths[chunk : chunk + 200], index=index)
+            tree = self._with_index("write-tree", index=index).strip()
+        fmt = "%an%x00%ae%x00%ad"
+        name, email, date = self.git("log", "-1", f"--format={fmt}", "--date=raw", commit).strip().split("\0")
+        env = {**git_env(), "GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": date}
+        env.update(GIT_COMMITTER_NAME="Grove", GIT_COMMITTER_EMAIL="grove@localhost")
+        proc = run_captured(["git", "commit-tree", tree, "-m", message], cwd=self.path, env=env, timeout=60)
+        if proc.returncode != 0:
+            raise GitError(["commit-tree", tree], proc.returncode, proc.stderr)
+        return proc.stdout.strip()
+
+    def with_files(self, commit: str, source: str, paths: list[str], parent: str, message: str) -> str:
+        """Return a commit of `commit`'s files plus `paths` as `source` has them, on `parent`."""
+        with tempfile.TemporaryDirectory(prefix="grove-index-") as tmp:
+            index = Path(tmp) / "index"
+            self._with_index("read-tree", commit, index=index)
+            listing = self.git("ls-tree", "-z", source, "--", *paths) if paths else ""
+            info = "".join(f"{e}\n" for e in listing.split("\0") if e)
+            if info:
+                env = {**git_env(), "GIT_INDEX_FILE": str(index)}
+                with subprocess.Popen(
+                    ["git", "update-index", "--index-info"], cwd=self.path, env=env, stdin=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True,
+                ) as proc:  # fmt: skip
+                    _, err = proc.communicate(info, timeout=300)
+                if proc.returncode != 0:
+                    raise GitError(["update-index", "--index-info"], proc.returncode, err)
+            tree = self._with_index("write-tree", index=index).strip()
+        env = {**git_env(), "GIT_AUTHOR_NAME": "Grove", "GIT_AUTHOR_EMAIL": "grove@localhost"}
+        env.update(GIT_COMMITTER_NAME="Grove", GIT_COMMITTER_EMAIL="grove@localhost")
+        argv = ["git", "commit-tree", tree, "-p", parent, "-m", message]
+        proc2 = run_captured(argv, cwd=self.path, env=env, timeout=60)
+        if proc2.returncode != 0:
+            raise GitError(argv[1:], proc2.returncode, proc2.stderr)
+        return proc2.stdout.strip()
+
+    def write_files(self, commit: str, paths: list[str], dest: Path) -> None:
+        """Write `paths` as `commit` holds them into the folder `dest` (a worktree), links as links."""
+        if not paths:
+            return
+        with tempfile.TemporaryDirectory(prefix="grove-index-") as tmp:
+            index = Path(tmp) / "index"
+            self._with_index("read-tree", commit, index=index)
+            for chunk in range(0, len(paths), 200):
+                self._with_index(
+                    "checkout-index",
+                    "-f",
+                    f"--prefix={dest}/",
+                    "--",
+                    *paths[chunk : chunk + 200],
+                    index=index,
+                )
+
     # worktrees ---------------------------------------------------------------
 
     def add_worktree(self, path: Path, branch: str, commit: str, reason: str = "grove") -> Path:

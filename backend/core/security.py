@@ -12,7 +12,9 @@ from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import ApiToken, now
 
-ROLES = ("viewer", "operator", "approver", "worker")
+# `sealed`: a worker trusted with held-out data (it may claim sealed jobs); the server's own need none.
+ROLES = ("viewer", "operator", "approver", "worker", "sealed")
+SEALED_ROLE = "sealed"
 
 
 def hash_token(token: str) -> str:

@@ -83,7 +83,7 @@ class SealedRunner:
         A first run is one sealed-split query; more seeds for the same question are not.
         """
         path = workspace.worktree_path(self.settings, st, label)
-        workspace.prepare_test(self.repo, path, f"grove/{st.name}/{label}", commit, spec, reason=label)
+        workspace.prepare_test(self.repo, path, f"grove/{st.name}/{label}", commit, st, spec, reason=label)
         try:
             rs = workspace.run_repeats(
                 self.settings, self.store, self.repo, st, spec, kind="test", worktree=path, commit=commit,

@@ -53,7 +53,7 @@ def _run(site: Site, job_id: int, token: str) -> str:
             store.gate_crashed(reason)
         return store.finish_sealed("failed", {**outcome, "reason": reason})
     try:
-        runner = SealedRunner(site.settings, store, site.repo(store.study(), job_id, token))
+        runner = SealedRunner(site.settings, store, site.repo(store.study(), job_id, token, sealed=True))
         if job.kind in ("baseline", "heldout"):  # the dev runs the study waits for; then, beside it, held-out
             runner.baseline(dev=job.kind == "baseline", heldout=job.kind == "heldout")
         else:

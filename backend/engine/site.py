@@ -30,8 +30,8 @@ class Site(Protocol):
         """Mark a sealed job running (one more try) and return it with its store; None if not ours."""
         ...
 
-    def repo(self, study: Study, job_id: int, token: str) -> Repo:
-        """Return a repository holding every commit of the study's trunk and nodes, for a job it holds."""
+    def repo(self, study: Study, job_id: int, token: str, sealed: bool = False) -> Repo:
+        """Return a repository holding every commit of the study's trunk and nodes (and for `sealed`, its base)."""
         ...
 
     def crash(self, job_id: int, token: str, reason: str) -> None:
@@ -58,7 +58,7 @@ class LocalSite:
             return None
         return job, DbStore(self.settings, job.study_id, job.node_id, job.id, token)
 
-    def repo(self, study: Study, job_id: int, token: str) -> Repo:
+    def repo(self, study: Study, job_id: int, token: str, sealed: bool = False) -> Repo:
         """Return Grove's clone of the study's repository."""
         return jobstore.local_repo(study)
 

@@ -69,11 +69,26 @@ def prepare(
     return path
 
 
-def prepare_test(repo: Repo, path: Path, branch: str, commit: str, spec: Spec, reason: str) -> Path:
-    """Create the worktree a sealed test runs on: every sealed file, or for two phases only the test inputs."""
-    if spec.evaluate.two_phase:
-        return prepare(repo, path, branch, commit, sealed=spec.files.sealed, reason=reason,
-                       keep=spec.evaluate.test_inputs)  # fmt: skip
+def sealed_paths(repo: Repo, study: Study, spec: Spec) -> list[str]:
+    """Return the study's sealed files (as its repository's base holds them)."""
+    return globs.select(spec.files.sealed, repo.files_at(study.sealed_commit or study.base_commit))
+
+
+def prepare_test(
+    repo: Repo, path: Path, branch: str, commit: str, study: Study, spec: Spec, reason: str
+) -> Path:
+    """Create the worktree a sealed test runs on: every sealed file, or for two phases only the test inputs.
+
+    A study whose trunk holds no sealed file gets them written in from its repository's base.
+    """
+    inputs = spec.evaluate.test_inputs if spec.evaluate.two_phase else None
+    if study.sealed_commit:
+        repo.add_worktree(path, branch, commit, reason=reason)
+        wanted = [p for p in sealed_paths(repo, study, spec) if inputs is None or globs.match_any(inputs, p)]
+        repo.write_files(study.sealed_commit, wanted, path)
+        return path
+    if inputs is not None:
+        return prepare(repo, path, branch, commit, sealed=spec.files.sealed, reason=reason, keep=inputs)
     return prepare(repo, path, branch, commit, sealed=None, reason=reason)
 
 
@@ -130,7 +145,10 @@ def run_repeats(
     fp = evaluation.fingerprint(worktree, patterns)
     # The evaluator's files (and, in a sealed run, the sealed files) are read-only in every run:
     # code under test cannot rewrite the labels, nor the evaluator for the next seed.
-    readonly = tuple(globs.select(patterns, repo.files_at(commit))) if patterns else ()
+    present = repo.files_at(commit) + (
+        sealed_paths(repo, study, spec) if kind == "test" and study.sealed_commit else []
+    )
+    readonly = tuple(globs.select(patterns, present)) if patterns else ()
     iso = environment.ensure(settings, study, spec, repo, commit, isolation_of(settings))
     receipts = []
     for seed in seeds if seeds is not None else range(n):
@@ -172,10 +190,14 @@ def _run_two_phase(
     """Run the two-phase sealed test per seed; return each seed's score receipt (or its failed predict run)."""
     scored = worktree_path(settings, study, f"{label}-score")
     kept = twophase.score_tree(repo, scored, f"grove/{study.name}/{label}-score", commit, spec, reason=label)
+    if study.sealed_commit:
+        sealed = sealed_paths(repo, study, spec)
+        repo.write_files(study.sealed_commit, sealed, scored)
+        kept = sorted({*kept, *sealed})
     receipts: list[evaluation.Receipt] = []
     try:
         fp = evaluation.fingerprint(scored, spec.files.protected + spec.files.sealed)
-        files = repo.files_at(commit)
+        files = repo.files_at(commit) + (sealed_paths(repo, study, spec) if study.sealed_commit else [])
         readonly = tuple(globs.select(spec.files.protected + spec.evaluate.test_inputs, files))
         iso = environment.ensure(settings, study, spec, repo, commit, isolation_of(settings))
         # The scorer runs in the environment of the study's base: nothing a change installs runs there.

@@ -22,7 +22,7 @@ from backend.core.config import Settings
 from backend.core.models import Node, Study
 from backend.engine import environment, evaluation, workspace
 from backend.services import lifecycle, memory
-from backend.services.records import add_event
+from backend.services.records import add_event, spec_of
 
 
 class StudyExists(ValueError):
@@ -377,9 +377,17 @@ def clone_study(
         shutil.rmtree(dest, ignore_errors=True)
         raise
     trunk = f"grove/{name}/trunk"
+    study.repository_key = memory.repository_key(repo, base)
+    sealed = globs.select(spec.files.sealed, repo.files_at(base))
+    if sealed:
+        # Trunk starts from a copy of base without the sealed files and without its history: what
+        # a worker fetches (trunk, nodes, gates) then holds no sealed byte. Only sealed jobs read
+        # them, from the repository's own commit, kept under a ref no worker's fetch names.
+        repo.git("update-ref", f"refs/grove/sealed/{name}", base)
+        study.sealed_commit = base
+        base = repo.without(base, sealed, f"Grove: {name}'s base {base[:12]} without its sealed files")
     repo.set_branch(trunk, base)
     study.repo_path, study.base_commit = str(dest), base
-    study.repository_key = memory.repository_key(repo, base)
     study.trunk_branch, study.trunk_commit, study.base_values = trunk, base, values
     s.add(study)
     root = Node(
@@ -428,8 +436,18 @@ def promote(s: Session, study: Study, by: str) -> str:
             f"fetch its trunk instead: git fetch {study.repo_path} {study.trunk_branch}"
         )
     target = f"grove/{study.name}"
-    repo.git("push", "--force", "origin", f"{study.trunk_commit}:refs/heads/{target}")
-    add_event(s, study.id or 0, "study.promoted", None, branch=target, commit=study.trunk_commit, by=by)
+    commit = study.trunk_commit
+    if study.sealed_commit:
+        # Trunk grew from a copy of base without the sealed files: its change goes back onto the
+        # repository's own base as one commit, sealed files as they were.
+        sealed = globs.select(spec_of(study).files.sealed, repo.files_at(study.sealed_commit))
+        nodes = s.exec(select(Node).where(Node.study_id == study.id, Node.status == NodeStatus.MERGED))
+        merged = [n.number for n in nodes if n.parent_id is not None]
+        names = ", ".join(f"n{n}" for n in sorted(merged)) or "no node"
+        message = f"Grove study {study.name}: trunk {commit[:12]} (merged {names})"
+        commit = repo.with_files(commit, study.sealed_commit, sealed, study.sealed_commit, message)
+    repo.git("push", "--force", "origin", f"{commit}:refs/heads/{target}")
+    add_event(s, study.id or 0, "study.promoted", None, branch=target, commit=commit, by=by)
     return target
 
 

@@ -12,7 +12,7 @@ from kombu.entity import Queue
 
 from backend.core.config import Settings, get_settings
 
-QUEUES = ("coordinator", "clone", "cpu", "gpu")
+QUEUES = ("coordinator", "clone", "cpu", "gpu", "sealed", "gpu-sealed")
 CLONE_TASK = "clone.repository"
 
 
@@ -23,6 +23,10 @@ def make_app(settings: Settings) -> Celery:
         task_queues=tuple(Queue(name) for name in QUEUES),  # type: ignore[no-untyped-call]  # kombu leaves Queue unannotated
         task_default_queue="cpu",
         task_routes={
+            # Sealed jobs (the baseline, held-out runs, gates) on queues of their own: only workers
+            # beside the database, or remote ones with a `sealed` token, ever get sealed bytes.
+            "cpu.sealed": {"queue": "sealed"},
+            "gpu.sealed": {"queue": "gpu-sealed"},
             "coordinator.*": {"queue": "coordinator"},
             "clone.*": {"queue": "clone"},
             "cpu.*": {"queue": "cpu"},

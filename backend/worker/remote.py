@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,12 @@ class Api:
         if r.status_code in (401, 403):
             raise RemoteError(f"the API at {self.base} refused GROVE_WORKER_TOKEN: {_detail(r)}")
         return str(self._answer(r)["worker"])
+
+    def ping_roles(self) -> tuple[str, bool]:
+        """Return the token's name and whether it may take sealed jobs (raise RemoteError if refused)."""
+        self.ping()
+        got = self._answer(self.http.get("/ping", timeout=10))
+        return str(got["worker"]), bool(got.get("sealed"))
 
     def post(self, path: str, **kwargs: Any) -> Any:
         """POST to a worker endpoint; map 409 to Superseded and other refusals to RemoteError."""
@@ -144,8 +151,11 @@ class RemoteSite:
         job, study = Job(**got["job"]), Study(**got["study"])
         return job, ApiStore(self, job_id, token, study)
 
-    def repo(self, study: Study, job_id: int, token: str) -> Repo:
-        """Return this worker's mirror of the study's repository, fetched up to date for the job."""
+    def repo(self, study: Study, job_id: int, token: str, sealed: bool = False) -> Repo:
+        """Return this worker's mirror of the study's repository, fetched up to date for the job.
+
+        A sealed job also fetches the repository's base that holds the sealed files.
+        """
         path = (self.settings.data_dir / "repos" / study.name).resolve()
         if not (path / ".git").exists():
             path.mkdir(parents=True, exist_ok=True)
@@ -154,9 +164,33 @@ class RemoteSite:
         with repo.lock():
             self.api.git(
                 "fetch", "--quiet", "--no-tags", "--prune", f"{self.api.base}{WORKER_PREFIX}/git/{study.id}",
-                f"+refs/heads/grove/{study.name}/*:refs/remotes/grove/*", cwd=path, job=(job_id, token),
+                f"+refs/heads/grove/{study.name}/*:refs/remotes/grove/*",
+                *([f"+refs/grove/sealed/{study.name}:refs/grove/sealed/{study.name}"] if sealed and study.sealed_commit else []),
+                cwd=path, job=(job_id, token),
             )  # fmt: skip
         return repo
+
+    def forget_ended(self, names: list[str] | None = None) -> list[Path]:
+        """Remove this machine's copies (repository, worktrees, outputs, environments) of studies that ended."""
+        data = self.settings.data_dir
+        places = [data / "repos", self.settings.worktrees_dir, data / "outputs", data / "envs"]
+        held = sorted(
+            {p.name for d in places if d.is_dir() for p in d.iterdir()} if names is None else set(names)
+        )
+        if not held:
+            return []
+        ended = self.api.post("/studies/ended", json={"names": held})["ended"]
+        removed = []
+        for name in ended:
+            for d in places:
+                path = d / name
+                if path.is_relative_to(d) and path.parent == d and (path.exists() or path.is_symlink()):
+                    if path.is_dir() and not path.is_symlink():
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        path.unlink(missing_ok=True)
+                    removed.append(path)
+        return removed
 
     def crash(self, job_id: int, token: str, reason: str) -> None:
         """Fail an experiment whose run ended without finishing (killed, out of time)."""

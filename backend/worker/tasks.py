@@ -15,7 +15,8 @@ import redis
 import sqlalchemy.exc
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import celeryd_after_setup, worker_process_init, worker_process_shutdown
+from celery.signals import celeryd_after_setup, worker_process_init, worker_process_shutdown, worker_ready
+from celery.worker.control import control_command
 from sqlmodel import col, select
 
 from agents.policies import optuna_bridge
@@ -40,6 +41,44 @@ from backend.worker.dispatch import CeleryDispatcher, enqueue_advance
 log = logging.getLogger(__name__)
 _coordinating = False  # this worker consumes the coordinator queue (set before the pool forks)
 _only_coordinating = False  # and no other: its processes run no torch but the GP's
+
+
+@control_command(args=[("name", str)], signature="<study name>")
+def grove_forget(state: object, name: str) -> dict[str, str]:
+    """Remove a remote worker's copies of a study once the API says it ended (the coordinator broadcasts it)."""
+    settings = get_settings()
+    if not settings.worker_token:
+        return {"ok": "beside the database: Grove's own folders are the coordinator's to clean"}
+    try:
+        removed = remote.site(settings).forget_ended([name])
+    except (remote.RemoteError, Superseded) as exc:
+        return {"error": str(exc)[:500]}
+    return {"ok": f"removed {len(removed)} folders of {name}"}
+
+
+@worker_ready.connect
+def _forget_on_start(**_: object) -> None:
+    """Remove what this remote worker still holds of studies that ended while it was away."""
+    settings = get_settings()
+    if settings.worker_token:
+        try:
+            remote.site(settings).forget_ended()
+        except (remote.RemoteError, Superseded) as exc:
+            log.warning("could not ask the API which studies ended: %s", exc)
+
+
+def _broadcast_end(study_id: int) -> None:
+    """Tell every worker that a study ended, so remote ones drop their copies of it."""
+    settings = get_settings()
+    with db.session(settings.db_url) as s:
+        st = s.get(Study, study_id)
+        if st is None or st.status not in (StudyStatus.FINISHED, StudyStatus.FAILED):
+            return
+        name = st.name
+    try:
+        app.control.broadcast("grove_forget", arguments={"name": name})
+    except Exception as exc:  # the broker is away: workers forget at their next start or `grove janitor`
+        log.warning("study %s: could not broadcast its end: %s", name, exc)
 
 
 @celeryd_after_setup.connect
@@ -175,6 +214,8 @@ def advance(self: Task, study_id: int) -> str:
     )  # fmt: skip
     if not ran:
         return "busy"
+    if finished:
+        _broadcast_end(study_id)
     return "finished" if finished else "waiting"
 
 

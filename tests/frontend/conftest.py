@@ -31,7 +31,7 @@ def api(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Ap
     svc = sqlite_service(tmp_path_factory.mktemp("dashboard"), redis_url, db_number=7)
     settings = svc.settings
     svc.start_worker("dash-coord", "coordinator", 2)
-    svc.start_worker("dash-cpu", "cpu", 2)
+    svc.start_worker("dash-cpu", "cpu,sealed", 2)
     port = free_port()
     server, thread = serve(create_app(settings), port)
     approver = create_token(settings, ["operator", "approver"], "dashboard-test")

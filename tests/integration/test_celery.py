@@ -80,7 +80,7 @@ def test_a_gpu_studys_sealed_runs_go_to_the_gpu_queue(redis_url: str, tmp_path: 
     svc = sqlite_service(tmp_path / "svc", redis_url, db_number=15)
     # No cpu worker at all: everything this study runs must reach the gpu worker (a CPU machine here).
     svc.start_worker("gpu-coord", "coordinator", 1)
-    svc.start_worker("gpu", "gpu", 1)
+    svc.start_worker("gpu", "gpu,gpu-sealed", 1)
     try:
         files = tiny_files(name="gpu-sealed", experiments=2)
         files["grove.toml"] += "\n[resources]\ngpu = true\n"
@@ -268,7 +268,7 @@ def test_pool_processes_open_the_database_before_their_first_task(redis_url: str
     svc = sqlite_service(tmp_path / "svc", redis_url, db_number=10)
     db_file = Path(svc.settings.db_url.removeprefix("sqlite:///"))
     assert not db_file.exists() and not svc.settings.checkpoint_path.exists()
-    svc.start_worker("warm", "coordinator,cpu", 2)
+    svc.start_worker("warm", "coordinator,cpu,sealed", 2)
     try:
         # No task was sent: the schema and the coordinator's checkpointer come from the pool's start.
         def migrated() -> bool:

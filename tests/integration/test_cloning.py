@@ -77,7 +77,7 @@ def api(tmp_path: Path, redis_url: str) -> Iterator[tuple[str, dict[str, str], S
     svc.env["GROVE_REPO_HOSTS"] = svc.settings.repo_hosts = "127.0.0.1"
     svc.start_worker("clone-coord", "coordinator", 2)
     svc.start_worker("clone-clone", "clone", 2)
-    svc.start_worker("clone-cpu", "cpu", 2)
+    svc.start_worker("clone-cpu", "cpu,sealed", 2)
     port = free_port()
     server, thread = serve(create_app(svc.settings), port)
     headers = {"Authorization": f"Bearer {create_token(svc.settings, ['operator'], 'cloner')}"}

@@ -47,7 +47,7 @@ def test_worker_health_checks_pass_against_live_workers(tmp_path: Path, redis_ur
     env = {**svc.env, "HOSTNAME": socket.gethostname()}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the image's `celery`
     checks = {"coordinator": "coordinator", "cloner": "clone", "worker-cpu-1": "cpu", "worker-cpu-2": "cpu",
-              "worker-gpu": "gpu"}  # fmt: skip
+              "worker-gpu": "gpu", "worker-sealed": "sealed"}  # fmt: skip
     try:
         for name in set(checks.values()):
             svc.start_worker(name, name, 1)

@@ -67,7 +67,7 @@ def faulty(tmp_path: Path) -> Iterator[tuple[Service, RedisServer]]:
     }
     svc = Service(settings, env)
     svc.start_worker("coord", "coordinator", 2, beat=True)
-    svc.start_worker("cpu", "cpu", 2)
+    svc.start_worker("cpu", "cpu,sealed", 2)
     yield svc, server
     svc.stop()
     if server.proc and server.proc.poll() is None:
@@ -111,7 +111,7 @@ def test_worker_killed_mid_experiment_is_redelivered(
     wait_for(lambda: rows(svc.settings, Node, Node.study_id == sid, Node.status == "running"), timeout=120)
     victim = rows(svc.settings, Node, Node.study_id == sid, Node.status == "running")[0]
     svc.stop_worker("cpu", sig=9)
-    svc.start_worker("cpu", "cpu", 2)
+    svc.start_worker("cpu", "cpu,sealed", 2)
     wait_for(lambda: finished(svc.settings, sid), timeout=240)
     node = rows(svc.settings, Node, Node.id == victim.id)[0]
     assert node.status in ("evaluated", "merged", "rejected") and node.dev_n == 2

@@ -286,7 +286,7 @@ def test_an_executor_longer_than_the_evaluations_but_within_its_minutes_complete
         svc = Service(settings, env)
         try:
             svc.start_worker("coord", "coordinator", 2, beat=True)
-            svc.start_worker("cpu", "cpu", 2)
+            svc.start_worker("cpu", "cpu,sealed", 2)
             with db.session(settings.db_url) as s:
                 sid = create_study(s, settings, spec, str(repo)).id
             make_app(settings).send_task("coordinator.advance", args=[sid])

@@ -39,6 +39,8 @@ class Stack:
         wait_for(self._healthy, timeout=60)
         self.token = security.create_token(self.svc.settings, ["worker"], "fleet")
         self.svc.start_worker("coord", "coordinator", 2, beat=True)
+        # The server's own worker runs the sealed jobs: the remote ones never get held-out data.
+        self.svc.start_worker("sealed", "sealed", 1)
         self.workers: dict[str, Service] = {}
 
     def _healthy(self) -> bool:
@@ -117,13 +119,15 @@ def test_two_workers_without_shared_storage_run_a_study_and_survive_a_kill(
     assert again.status == "done" and again.attempt == victim.attempt
     starts = rows(stack, Event, Event.node_id == victim.node_id, Event.type == "job.started")
     assert len({e.payload["pid"] for e in starts}) >= 2, "the killed job was not taken over"
-    # The sealed runs were jobs on the workers' queue, and the gates ran there.
+    # The sealed runs were jobs on the server's own sealed worker, never on a remote one.
     sealed = [j for j in jobs if j.kind != "experiment"]
     assert {j.kind for j in sealed} == {"baseline", "heldout", "gate"} and all(
         j.status == "done" for j in sealed
     )
     logs = "".join((w.logs / f"{n}.log").read_text() for n, w in stack.workers.items())
-    assert all(f"cpu.sealed[{j.task_id}]" in logs for j in sealed)
+    own = (stack.svc.logs / "sealed.log").read_text()
+    assert all(f"cpu.sealed[{j.task_id}]" in own and f"cpu.sealed[{j.task_id}]" not in logs for j in sealed)
+    assert "cpu.experiment[" in logs and "cpu.experiment[" not in own
     # Each worker kept what it needed in its own directory and never opened a database.
     survivor = w2 if killed == "w1" else w1
     assert (survivor / "repos" / "remote" / ".git").is_dir()
@@ -140,6 +144,35 @@ def test_two_workers_without_shared_storage_run_a_study_and_survive_a_kill(
             == 0
         )
     assert "Traceback" not in logs
+    # Neither remote worker ever held a sealed byte, in its files or its git objects; and once the
+    # study ended, each dropped everything it kept of it: the survivor when told, the killed one
+    # when it starts again.
+    secret = b"777.125"  # the tiny study's sealed data/test/offset.txt
+    for data in (w1, w2):
+        assert not sealed_bytes(data, secret), data
+    gone = w1 if killed == "w1" else w2
+    assert (gone / "repos" / "remote" / ".git").is_dir()  # killed mid-study: nobody told it yet
+    stack.workers[killed].start_worker(killed, "cpu", 1)
+    wait_for(lambda: not any((d / sub / "remote").exists() for d in (w1, w2) for sub in ("repos", "outputs", "worktrees")),
+             timeout=60)  # fmt: skip
+
+
+def sealed_bytes(root: Path, secret: bytes) -> list[str]:
+    """Return where `secret` lies under `root`: in a file as it is, or inside a git repository's objects."""
+    found = [
+        str(p) for p in root.rglob("*") if p.is_file() and not p.is_symlink() and secret in p.read_bytes()
+    ]
+    for git_dir in root.rglob(".git"):
+        if git_dir.is_dir():
+            objects = subprocess.run(
+                ["git", "cat-file", "--batch-all-objects", "--batch"],
+                cwd=git_dir.parent,
+                capture_output=True,
+                check=True,
+            ).stdout
+            if secret in objects:
+                found.append(f"{git_dir} objects")
+    return found
 
 
 def test_grove_worker_checks_its_api_and_token_before_taking_jobs(stack: Stack, tmp_path: Path) -> None:

@@ -342,7 +342,15 @@ def test_promote_pushes_trunk_as_a_new_branch(settings: Settings, tiny_repo: Pat
     assert res.returncode == 0, res.stderr
     st = next(x for x in rows(settings, Study) if x.name == "tiny")
     assert st.trunk_commit != st.base_commit
-    assert git("rev-parse", "grove/tiny", cwd=tiny_repo).strip() == st.trunk_commit
+    # Trunk grew from a copy of base without the sealed files: the branch is trunk's files on the
+    # repository's own base, its sealed files as they were.
+    pushed = git("rev-parse", "grove/tiny", cwd=tiny_repo).strip()
+    assert st.sealed_commit == main_before.strip() != st.base_commit
+    assert git("rev-parse", "grove/tiny^", cwd=tiny_repo) == main_before
+    git("fetch", "-q", st.repo_path, st.trunk_branch, cwd=tiny_repo)
+    assert git("diff", "--name-only", "FETCH_HEAD", pushed, cwd=tiny_repo).split() == ["data/test/offset.txt"]
+    assert git("ls-tree", "-r", "--name-only", "FETCH_HEAD", cwd=tiny_repo).count("data/test/") == 0
+    assert git("diff", "--name-only", main_before.strip(), pushed, "--", "data/test", cwd=tiny_repo) == ""
     assert git("rev-parse", "main", cwd=tiny_repo) == main_before
 
 

@@ -201,7 +201,7 @@ def start_service(
     svc.settings.repo_hosts = env.get("GROVE_REPO_HOSTS", "")
     if whole:
         svc.start_worker("policy-coord", "coordinator", 2, beat=True)
-        svc.start_worker("policy-cpu", "cpu", 2)
+        svc.start_worker("policy-cpu", "cpu,sealed", 2)
     svc.start_worker("policy-clone", "clone", 2)
     return svc
 

@@ -86,7 +86,7 @@ def gate(tmp_path: Path, redis_url: str) -> Iterator[Gate]:
             s.refresh(row)
             s.expunge(row)
     app = create_app(settings)
-    headers = {"Authorization": f"Bearer {create_token(settings, ['worker'], 'fleet')}"}
+    headers = {"Authorization": f"Bearer {create_token(settings, ['worker', 'sealed'], 'vault')}"}
     with TestClient(app) as client:
         yield Gate(settings, client, headers, study, node, job, work)
 
@@ -140,11 +140,13 @@ def clone_trunk(g: Gate) -> str:
 
 
 def test_a_forged_gate_commit_fails_the_gate_and_trunk_stays(gate: Gate) -> None:
-    # Trunk with the evaluator replaced, the sealed file gone and a file added, dressed as the
+    # Trunk with the evaluator replaced, a sealed file made up and a file added, dressed as the
     # merge of trunk and the node (the right parents, its own tree).
     git("checkout", "-q", "-B", "evil", gate.study.trunk_commit, cwd=gate.work)
     (gate.work / "eval.py").write_text('print(\'{"score": 1e9, "size": 0}\')\n')
-    git("rm", "-q", "data/test/offset.txt", cwd=gate.work)
+    (gate.work / "data" / "test").mkdir(parents=True, exist_ok=True)
+    # Trunk holds no sealed file (its base is a copy without them): this one is made up.
+    (gate.work / "data" / "test" / "offset.txt").write_text("1e9\n")
     (gate.work / "added.txt").write_text("mine\n")
     git("add", "-A", cwd=gate.work)
     tree = git("write-tree", cwd=gate.work).strip()
@@ -172,6 +174,22 @@ def test_a_forged_gate_commit_fails_the_gate_and_trunk_stays(gate: Gate) -> None
     assert st.trunk_commit == gate.study.trunk_commit == clone_trunk(gate)
     # The job is over: its token can end or write nothing more.
     assert call(gate, "finish_sealed", status="done", outcome={"passed": True})[0] == 409
+
+
+def test_a_worker_without_the_sealed_role_cannot_act_for_a_gate(gate: Gate) -> None:
+    plain = {"Authorization": f"Bearer {create_token(gate.settings, ['worker'], 'fleet')}"}
+    merged = honest_merge(gate)
+    body = {"token": "gate-t", "args": {"passed": True, "reason": "passed", "commit": merged,
+                                         "values": NODE_HELDOUT, "gain": 1.0}}  # fmt: skip
+    r = gate.client.post(f"{W}/jobs/{gate.job.id}/call/verdict", json=body, headers=plain)
+    assert r.status_code == 403 and "sealed role" in r.text
+    r = gate.client.post(f"{W}/jobs/{gate.job.id}/publish", headers=plain, content=b"",
+                         params={"token": "gate-t", "ref": f"grove/{gate.study.name}/gate/n{gate.node.id}",
+                                 "commit": merged})  # fmt: skip
+    assert r.status_code == 403
+    st, node, job, events = state(gate)
+    assert job.status == "running" and not node.gated and events == []
+    assert st.trunk_commit == gate.study.trunk_commit == clone_trunk(gate)
 
 
 def test_a_pass_the_values_do_not_support_is_refused(gate: Gate) -> None:

@@ -95,7 +95,7 @@ def hostile_service(tmp_path: Path, redis_url: str) -> Iterator[tuple[Service, H
             }
         )
         svc.start_worker("coord", "coordinator", 1, beat=True)
-        svc.start_worker("cpu", "cpu", 1)
+        svc.start_worker("cpu", "cpu,sealed", 1)
         try:
             yield svc, h, llm
         finally:

@@ -220,7 +220,8 @@ def test_the_fleet_token_is_a_worker_token_and_must_be_long(plane: Plane) -> Non
     app = create_app(plane.settings.model_copy(update={"fleet_token": fleet}))
     with TestClient(app) as client:
         assert client.get(f"{W}/ping", headers={"Authorization": f"Bearer {fleet}"}).json() == {
-            "worker": "fleet"
+            "worker": "fleet",
+            "sealed": False,  # the fleet's workers are not trusted with held-out data
         }
         assert client.get(f"{W}/ping", headers={"Authorization": f"Bearer {fleet}x"}).status_code == 401
         # Only the worker role: the fleet token cannot read studies or act as an operator.
@@ -238,12 +239,20 @@ def test_the_baselines_dev_and_held_out_jobs_make_only_their_own_calls(plane: Pl
         s.flush()
         ids = {j.kind: j.id for j in jobs}
 
-    def sealed_call(kind: str, name: str, **args: object) -> int:
+    trusted = {"Authorization": f"Bearer {create_token(plane.settings, ['worker', 'sealed'], 'vault')}"}
+
+    def sealed_call(kind: str, name: str, headers: dict[str, str] = trusted, **args: object) -> int:
         body = {"token": f"job-{kind}", "args": args}
-        r = plane.client.post(f"{W}/jobs/{ids[kind]}/call/{name}", json=body, headers=plane.worker)
+        r = plane.client.post(f"{W}/jobs/{ids[kind]}/call/{name}", json=body, headers=headers)
         return r.status_code
 
     try:
+        # A worker token without the sealed role holds no sealed job, even with the job's own token.
+        for kind in ("baseline", "heldout"):
+            assert sealed_call(kind, "study", headers=plane.worker) == 403
+            r = plane.client.post(f"{W}/jobs/{ids[kind]}/claim-sealed", headers=plane.worker,
+                                  json={"token": f"job-{kind}", "host": "w", "pid": 1})  # fmt: skip
+            assert r.status_code == 403 and "sealed role" in r.text
         # Trunk's dev runs only: the held-out numbers and the sealed-query count are the heldout job's.
         assert sealed_call("baseline", "baseline_heldout", values=[123.0]) == 404
         assert sealed_call("baseline", "test_query") == 404
@@ -306,6 +315,7 @@ def test_a_jobs_token_cannot_be_guessed_from_its_id_and_attempt(plane: Plane) ->
     from backend.worker.celery_app import make_app
     from backend.worker.dispatch import TOKEN_KEY, CeleryDispatcher
 
+    trusted = {"Authorization": f"Bearer {create_token(plane.settings, ['worker', 'sealed'], 'vault')}"}
     with db.session(plane.settings.db_url) as s:
         node = Node(study_id=plane.other.id or 0, parent_id=plane.other.trunk_node_id, depth=1, title="victim",
                     status="queued", base_commit=plane.other.trunk_commit, branch=f"grove/{plane.other.name}/n98")  # fmt: skip
@@ -332,10 +342,10 @@ def test_a_jobs_token_cannot_be_guessed_from_its_id_and_attempt(plane: Plane) ->
     # (A lone surrogate is valid JSON: sent as the escape, it must be refused, not crash the API.)
     for guess in (f"job-{job_id}-a1", f"job-{job_id}-a1-", task_id, row.token, "", token[:-1], "\ud800"):
         body = json.dumps({"token": guess, "host": "thief", "pid": 1})  # ASCII, escapes and all
-        for route in ("claim", "claim-sealed"):
+        for route, headers in (("claim", plane.worker), ("claim-sealed", trusted)):
             r = plane.client.post(
                 f"{W}/jobs/{job_id}/{route}", content=body,
-                headers={**plane.worker, "Content-Type": "application/json"},
+                headers={**headers, "Content-Type": "application/json"},
             )  # fmt: skip
             assert r.status_code in (409, 422), (guess, route, r.status_code)
     clone = git(plane, "clone", "-q", f"{plane.url}/api/v1/worker/git/{plane.other.id}", "stolen",

@@ -22,8 +22,8 @@ SERVICES = COMPOSE["services"]
 def test_compose_file_follows_the_compose_spec() -> None:
     parsed = PyCompose.from_json(json.dumps(COMPOSE))
     assert set(parsed.service_names()) == {
-        "redis", "postgres", "migrate", "api", "coordinator", "cloner", "worker-cpu-1", "worker-cpu-2",
-        "worker-gpu", "dashboard",
+        "redis", "postgres", "migrate", "api", "coordinator", "cloner", "worker-sealed", "worker-cpu-1",
+        "worker-cpu-2", "worker-gpu", "dashboard",
     }  # fmt: skip
 
 
@@ -44,13 +44,25 @@ def test_gpu_worker_reserves_a_gpu_and_is_optional() -> None:
     gpu = SERVICES["worker-gpu"]
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
-    assert gpu["profiles"] == ["gpu"] and gpu["command"][3] == "gpu"
+    assert gpu["profiles"] == ["gpu"] and gpu["command"][3] == "gpu,gpu-sealed"
     # It runs learning jobs too, which need the database: it sits beside it like the coordinator.
     assert "grove-data:/data" in gpu["volumes"] and gpu["env_file"] == ".env"
 
 
+def test_sealed_jobs_run_only_beside_the_database() -> None:
+    sealed = [n for n, svc in SERVICES.items() if "sealed" in ",".join(svc.get("command", [])[3:4])]
+    assert sealed == ["worker-sealed", "worker-gpu"]
+    for name in sealed:
+        svc = SERVICES[name]
+        assert "grove-data:/data" in svc["volumes"] and svc["env_file"] == ".env", name
+        assert "GROVE_WORKER_TOKEN" not in svc.get("environment", {}), name
+    # The fleet's workers hold the fleet token, which the API never trusts with a sealed job.
+    for name in ("worker-cpu-1", "worker-cpu-2"):
+        assert SERVICES[name]["command"][3] == "cpu", name
+
+
 def test_api_and_coordinator_share_data_and_workers_share_nothing() -> None:
-    for name in ("api", "coordinator", "cloner"):
+    for name in ("api", "coordinator", "cloner", "worker-sealed"):
         mounts = SERVICES[name]["volumes"]
         assert "grove-data:/data" in mounts and "grove-worktrees:/worktrees" in mounts, name
         assert SERVICES[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"

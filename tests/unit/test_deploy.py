@@ -70,6 +70,24 @@ def test_cpu_workers_share_nothing_with_the_control_pod() -> None:
     assert control["volumes"] == [{"name": "data", "persistentVolumeClaim": {"claimName": "grove-data"}}]
 
 
+def test_sealed_jobs_run_only_in_pods_beside_the_database() -> None:
+    for name, pod in workloads().items():
+        for c in pod["containers"]:
+            cmd = c.get("command", [])
+            if cmd[:2] != ["grove", "worker"] or "sealed" not in cmd[3]:
+                continue
+            names = {e["name"] for e in c.get("env", [])}
+            assert "GROVE_DATABASE_URL" in names and "GROVE_WORKER_TOKEN" not in names, name
+            assert pod["volumes"] == [{"name": "data", "persistentVolumeClaim": {"claimName": "grove-data"}}]
+    sealed = {
+        cmd[3]
+        for pod in workloads().values()
+        for c in pod["containers"]
+        if (cmd := c.get("command", []))[:2] == ["grove", "worker"]
+    }
+    assert {"sealed", "gpu,gpu-sealed", "cpu"} <= sealed
+
+
 def test_only_pods_that_run_study_code_relax_the_container_defaults() -> None:
     for name, pod in workloads().items():
         relaxed = pod.get("hostUsers") is False

@@ -20,16 +20,20 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ValidationError, validate_call
+from pydantic import BaseModel, Field, ValidationError, validate_call
+from sqlmodel import col, select
 from starlette.concurrency import run_in_threadpool
 
+from agents.tree.status import StudyStatus
 from backend.api.deps import MAX_ID, SettingsDep, Worker
 from backend.core import db, gitops
 from backend.core.models import Node, Study
+from backend.core.security import SEALED_ROLE
 from backend.engine import jobstore
-from backend.engine.jobstore import CALLS, DbStore, Refused, Superseded
+from backend.engine.jobstore import CALLS, SEALED, DbStore, Refused, Superseded
 
 router = APIRouter(prefix="/worker", tags=["worker"])
+FINAL_STUDY = {StudyStatus.FINISHED, StudyStatus.FAILED}
 _PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -88,9 +92,42 @@ def _study(settings: Any, study_id: int) -> Study:
 
 
 @router.get("/ping")
-def ping(who: Worker) -> dict[str, str]:
-    """Answer a worker checking its URL and token before it takes jobs."""
-    return {"worker": who.name}
+def ping(who: Worker) -> dict[str, Any]:
+    """Answer a worker checking its URL and token before it takes jobs (and whether it may take sealed ones)."""
+    return {"worker": who.name, "sealed": SEALED_ROLE in who.roles}
+
+
+def _trusted(who: Any, kind: str) -> None:
+    """Refuse a sealed job's work to a worker whose token is not trusted with held-out data."""
+    if kind in SEALED and SEALED_ROLE not in who.roles:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"a {kind} job reads held-out data: it needs a token with the sealed role",
+        )
+
+
+def _public(study: Study, kind: str) -> dict[str, Any]:
+    """Return a study's row as a job of this kind may see it (where the sealed files are, only to sealed jobs)."""
+    out = _dump(study)
+    if kind not in SEALED:
+        out["sealed_commit"] = ""
+    return out
+
+
+class Names(BaseModel):
+    names: list[str] = Field(max_length=1000)
+
+
+@router.post("/studies/ended")
+def ended(body: Names, settings: SettingsDep, who: Worker) -> dict[str, list[str]]:
+    """Return which of these study names a worker may forget: ended (finished, failed) or unknown."""
+    with db.session(settings.db_url) as s:
+        live = {
+            st.name
+            for st in s.exec(select(Study).where(col(Study.name).in_(body.names)))
+            if st.status not in FINAL_STUDY
+        }
+    return {"ended": sorted(set(body.names) - live)}
 
 
 @router.post("/jobs/{job_id}/claim")
@@ -100,12 +137,13 @@ def claim(job_id: int, body: Claim, settings: SettingsDep, who: Worker) -> dict[
         job, node, study = jobstore.claim_experiment(settings, job_id, body.token, body.host[:200], body.pid)
     except Superseded as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
-    return {"job": _dump(job), "node": _dump(node), "study": _dump(study)}
+    return {"job": _dump(job), "node": _dump(node), "study": _public(study, job.kind)}
 
 
 @router.post("/jobs/{job_id}/claim-sealed")
 def claim_sealed(job_id: int, body: Claim, settings: SettingsDep, who: Worker) -> dict[str, Any]:
     """Mark a sealed (baseline, held-out baseline or gate) job running for this worker; count the try."""
+    _trusted(who, "gate")
     job = jobstore.claim_sealed(settings, job_id, body.token)
     if job is None:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is not ours to run")
@@ -116,6 +154,7 @@ def claim_sealed(job_id: int, body: Claim, settings: SettingsDep, who: Worker) -
 def call(job_id: int, name: str, body: Call, settings: SettingsDep, who: Worker) -> Any:
     """Run one of a job's record calls (`JobStore`) on the database, scoped to the job's study."""
     job = _held(settings, job_id, body.token)
+    _trusted(who, job.kind)
     if name not in CALLS.get(job.kind, frozenset()):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no worker call {name!r} for a {job.kind} job")
     study = _study(settings, job.study_id)
@@ -129,7 +168,9 @@ def call(job_id: int, name: str, body: Call, settings: SettingsDep, who: Worker)
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
     except Superseded as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
-    if isinstance(out, Study | Node):
+    if isinstance(out, Study):
+        return _public(out, job.kind)
+    if isinstance(out, Node):
         return _dump(out)
     return out
 
@@ -213,6 +254,7 @@ async def publish(
 ) -> dict[str, str]:
     """Take a job's commits as a git bundle into Grove's clone, under the job's own branch only."""
     job = await run_in_threadpool(_held, settings, job_id, token)
+    _trusted(who, job.kind)
     study = await run_in_threadpool(_study, settings, job.study_id)
     allowed = {
         "gate": {f"grove/{study.name}/gate/n{job.node_id}"},
@@ -273,10 +315,22 @@ async def git_http(
     if "receive-pack" in path or "receive-pack" in request.url.query:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "the study repository is read-only over HTTP")
     _plain_path(path, request.scope.get("raw_path", b""))
-    await run_in_threadpool(_fetching_job, settings, study_id, request.headers.get(JOB_HEADER, ""))
+    held = await run_in_threadpool(_fetching_job, settings, study_id, request.headers.get(JOB_HEADER, ""))
+    _trusted(who, held.kind)
     study = await run_in_threadpool(_study, settings, study_id)
     repo = Path(study.repo_path)
-    env = gitops.git_env((("http.receivepack", "false"), ("uploadpack.allowFilter", "true")))
+    # Only the study's own branches are served (trunk, nodes, gates: a history without sealed files);
+    # the ref to its repository's base, which holds them, only to a sealed job. Protocol v0 (no
+    # GIT_PROTOCOL passed on): it takes wants of advertised tips only, where v2 would serve any object.
+    shown = [f"!refs/heads/grove/{study.name}/"] + (
+        [f"!refs/grove/sealed/{study.name}"] if held.kind in SEALED else []
+    )
+    hide = (
+        ("uploadpack.hideRefs", "refs/"),
+        ("uploadpack.hideRefs", "HEAD"),
+        *(("uploadpack.hideRefs", r) for r in shown),
+    )
+    env = gitops.git_env((("http.receivepack", "false"), ("uploadpack.allowFilter", "true"), *hide))
     env.update(
         GIT_PROJECT_ROOT=str(repo.parent),
         GIT_HTTP_EXPORT_ALL="1",
@@ -286,7 +340,6 @@ async def git_http(
         CONTENT_TYPE=request.headers.get("content-type", ""),
         REMOTE_USER=who.name,
         REMOTE_ADDR=request.client.host if request.client else "",
-        GIT_PROTOCOL=request.headers.get("git-protocol", ""),
         HTTP_CONTENT_ENCODING=request.headers.get("content-encoding", ""),
     )
     body = await request.body()

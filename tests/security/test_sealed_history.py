@@ -1,0 +1,152 @@
+"""Workers that run experiments never receive a sealed byte: not in trunk, not in its history, not by sha.
+
+A study's trunk starts from a parentless copy of the repository's base without the sealed files;
+the base itself stays under `refs/grove/sealed/<name>`, which the worker git route serves only to a
+sealed job on a token with the sealed role. Protocol v0 takes wants of advertised tips only, so
+asking for the sealed commit's sha by name is refused as well.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from backend.api.main import create_app
+from backend.core import db
+from backend.core.config import Settings
+from backend.core.gitops import git_env
+from backend.core.models import Job, Node, Study
+from backend.core.security import create_token
+from backend.engine.jobstore import token_hash
+from backend.services.studies import create_study
+from tests.conftest import free_port, git, make_repo, serve, tiny_files
+
+SECRET = "777.125"  # the tiny study's sealed offset (data/test/offset.txt)
+
+
+@dataclass
+class Site:
+    settings: Settings
+    url: str
+    study: Study
+    jobs: dict[str, int]
+    plain: str  # a worker token (the fleet's)
+    trusted: str  # a worker token with the sealed role
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Site]:
+    root = tmp_path_factory.mktemp("sealedhistory")
+    settings = Settings(data_dir=root / "data", worktrees_dir=root / "wt", redis_url=redis_url)
+    settings.ensure_dirs()
+    repo = make_repo(root / "repo", tiny_files(name="vault"))
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, (repo / "grove.toml").read_text(), str(repo))
+        node = Node(study_id=study.id or 0, parent_id=study.trunk_node_id, depth=1, title="x", status="running",
+                    base_commit=study.trunk_commit, branch=f"grove/{study.name}/n9")  # fmt: skip
+        s.add(node)
+        s.flush()
+        jobs = [
+            Job(study_id=study.id or 0, node_id=node.id or 0, attempt=attempt, kind=kind, status="running",
+                token=token_hash(f"{kind}-token-0123456789abcdef"))
+            for kind, attempt in (("experiment", 1), ("gate", 0))
+        ]  # fmt: skip
+        s.add_all(jobs)
+        s.flush()
+        ids = {j.kind: j.id or 0 for j in jobs}
+        s.refresh(study)
+        s.expunge(study)
+    port = free_port()
+    server, thread = serve(create_app(settings), port)
+    plain = create_token(settings, ["worker"], "fleet")
+    trusted = create_token(settings, ["worker", "sealed"], "vault")
+    yield Site(settings, f"http://127.0.0.1:{port}", study, ids, plain, trusted)
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def fetch_git(
+    site: Site, *args: str, cwd: Path, kind: str, token: str, protocol: str = "2"
+) -> subprocess.CompletedProcess[str]:
+    """Run git against the worker route as a worker holding the `kind` job (asking for `protocol`)."""
+    extra = (
+        ("protocol.http.allow", "always"),
+        ("protocol.version", protocol),
+        ("http.extraHeader", f"Authorization: Bearer {token}"),
+        ("http.extraHeader", f"X-Grove-Job: {site.jobs[kind]}:{kind}-token-0123456789abcdef"),
+    )
+    env = {**git_env(extra), "GIT_TERMINAL_PROMPT": "0"}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+
+
+def all_bytes(repo: Path) -> bytes:
+    """Return every object of a repository, and its files, as one blob of bytes."""
+    objects = subprocess.run(
+        ["git", "cat-file", "--batch-all-objects", "--batch"], cwd=repo, capture_output=True, timeout=60
+    ).stdout
+    files = b"".join(p.read_bytes() for p in repo.rglob("*") if p.is_file() and ".git" not in p.parts)
+    return objects + files
+
+
+def test_trunk_starts_from_a_copy_of_base_without_the_sealed_files(site: Site) -> None:
+    repo = Path(site.study.repo_path)
+    trunk = site.study.trunk_commit
+    assert site.study.sealed_commit and site.study.sealed_commit != trunk
+    assert git("rev-list", trunk, cwd=repo).split() == [trunk], "no parent: no history holding them"
+    assert "data/test" not in git("ls-tree", "-r", "--name-only", trunk, cwd=repo)
+    assert (
+        git("rev-parse", f"refs/grove/sealed/{site.study.name}", cwd=repo).strip() == site.study.sealed_commit
+    )
+    # Everything else is as base has it.
+    changed = git("diff", "--name-only", site.study.sealed_commit, trunk, cwd=repo).split()
+    assert changed == ["data/test/offset.txt"]
+
+
+@pytest.mark.parametrize("protocol", ["0", "2"])
+def test_an_experiment_job_clones_no_sealed_byte_and_cannot_ask_for_the_base(
+    site: Site, tmp_path: Path, protocol: str
+) -> None:
+    url = f"{site.url}/api/v1/worker/git/{site.study.id}"
+    got = fetch_git(site, "clone", "-q", "--mirror", url, "mirror", cwd=tmp_path, kind="experiment",
+                    token=site.plain, protocol=protocol)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    mirror = tmp_path / "mirror"
+    refs = git("for-each-ref", "--format=%(refname)", cwd=mirror).split()
+    assert refs and all(r.startswith(f"refs/heads/grove/{site.study.name}/") for r in refs), refs
+    assert SECRET.encode() not in all_bytes(mirror)
+    # Named by ref or by sha (a v2 client asks; the server answers in v0, advertised tips only).
+    for want in (f"refs/grove/sealed/{site.study.name}", site.study.sealed_commit, "refs/heads/main"):
+        got = fetch_git(site, "fetch", "-q", url, want, cwd=mirror, kind="experiment", token=site.plain,
+                        protocol=protocol)  # fmt: skip
+        assert got.returncode != 0, want
+    assert SECRET.encode() not in all_bytes(mirror)
+    # A sealed-role token does not widen an experiment job's view.
+    got = fetch_git(site, "fetch", "-q", url, site.study.sealed_commit, cwd=mirror, kind="experiment",
+                    token=site.trusted, protocol=protocol)  # fmt: skip
+    assert got.returncode != 0 and SECRET.encode() not in all_bytes(mirror)
+
+
+def test_a_sealed_job_reaches_the_base_only_on_a_token_with_the_sealed_role(
+    site: Site, tmp_path: Path
+) -> None:
+    url = f"{site.url}/api/v1/worker/git/{site.study.id}"
+    ref = f"refs/grove/sealed/{site.study.name}"
+    got = fetch_git(site, "ls-remote", url, cwd=tmp_path, kind="gate", token=site.plain)
+    assert got.returncode != 0 and "403" in got.stderr
+    got = fetch_git(site, "ls-remote", url, cwd=tmp_path, kind="gate", token=site.trusted)
+    assert got.returncode == 0 and f"{site.study.sealed_commit}\t{ref}" in got.stdout
+
+
+def test_a_worker_learns_which_studies_it_may_forget(site: Site) -> None:
+    import httpx
+
+    r = httpx.post(f"{site.url}/api/v1/worker/studies/ended", json={"names": [site.study.name, "gone"]},
+                   headers={"Authorization": f"Bearer {site.plain}"})  # fmt: skip
+    assert r.status_code == 200 and r.json() == {"ended": ["gone"]}
+    r = httpx.post(f"{site.url}/api/v1/worker/studies/ended", json={"names": ["x"] * 1001},
+                   headers={"Authorization": f"Bearer {site.plain}"})  # fmt: skip
+    assert r.status_code == 422 and "names" in r.text
