@@ -44,28 +44,35 @@ class SamplerUnavailable(RuntimeError):
     """The sampler a spec names cannot run in this installation."""
 
 
-def _encode(v: Any) -> Any:
-    """Return a choice as Optuna can hold it: a list value (`[64, 64]`) as its JSON text."""
+def _encode(space: Space, k: str, v: Any) -> Any:
+    """Return a value as Optuna holds it: an ordered list's by its place, a list value (`[64, 64]`) as JSON."""
+    if space.is_ordered(k):
+        return round(space.index(k, v))
     return json.dumps(v) if isinstance(v, list) else v
 
 
 def _decode(space: Space, k: str, v: Any) -> Any:
-    """Return the choice an encoded value stands for."""
+    """Return the value an encoded one stands for."""
+    if space.is_ordered(k):
+        return space.ordered(k)[int(v)]
     if isinstance(v, str) and not space.is_range(k):
         return next((c for c in space.values(k) if isinstance(c, list) and json.dumps(c) == v), v)
     return v
 
 
-def _params(a: Assignment) -> dict[str, Any]:
-    return {k: _encode(v) for k, v in a.items()}
+def _params(space: Space, a: Assignment) -> dict[str, Any]:
+    return {k: _encode(space, k, v) for k, v in a.items()}
 
 
 def distributions(space: Space) -> dict[str, BaseDistribution]:
-    """Return one Optuna distribution per `[search]` key."""
+    """Return one Optuna distribution per `[search]` key: numbers in a list are ordered (by place)."""
     out: dict[str, BaseDistribution] = {}
     for k in space.keys:
+        if space.is_ordered(k):
+            out[k] = IntDistribution(0, len(space.ordered(k)) - 1)
+            continue
         if not space.is_range(k):
-            out[k] = CategoricalDistribution([_encode(c) for c in space.values(k)])
+            out[k] = CategoricalDistribution([_encode(space, k, c) for c in space.values(k)])
             continue
         lo, hi = space.bounds(k)
         log = bool(space.dims[k].get("log"))
@@ -275,7 +282,7 @@ def _trials(
             # which the coordinator may know. The region is not admissible.
             turned_down = n.status == "rejected" and all(v <= 0 for v in cons.values())
             cons[ADMITTED] = 1.0 if turned_down else -1.0
-        rows.append((n, _params(params), cons))
+        rows.append((n, _params(space, params), cons))
     binding = any(v > 0 for _, _, cons in rows if cons for v in cons.values())
     out = []
     for n, params, cons in rows:
@@ -297,7 +304,7 @@ def pending_trial(space: Space, a: Assignment) -> optuna.trial.FrozenTrial:
     """Return a running trial for an assignment that is proposed but not yet measured."""
     return _replayed(
         create_trial(
-            state=TrialState.RUNNING, params=_params(space.full(a)), distributions=distributions(space)
+            state=TrialState.RUNNING, params=_params(space, space.full(a)), distributions=distributions(space)
         )
     )
 

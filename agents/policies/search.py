@@ -91,7 +91,13 @@ class LocalModel:
         """Return the space's features plus a log coordinate per positive linear range (sizes grow as powers)."""
         extra = []
         for k in self.space.keys:
-            if self.space.is_range(k) and not self.space.dims[k].get("log"):
+            if self.space.is_ordered(k):
+                vs = self.space.ordered(k)
+                lo, hi = float(vs[0]), float(vs[-1])
+                if lo > 0:
+                    v = max(float(self.space.value(a, k)), lo)
+                    extra.append(math.log(v / lo) / math.log(hi / lo) if hi > lo else 0.0)
+            elif self.space.is_range(k) and not self.space.dims[k].get("log"):
                 lo, hi = self.space.bounds(k)
                 if lo > 0:
                     v = max(float(self.space.value(a, k)), lo)
@@ -102,6 +108,22 @@ class LocalModel:
         """Return the predicted metric at an assignment."""
         v = float(np.dot(self.beta, [1.0, *self.features(a)]))
         return float(np.exp(min(v, 700.0))) if self.log else v
+
+
+def _drivers(
+    space: Space, models: list[LocalModel], a: Assignment, singles: list[tuple[str, Any]]
+) -> set[str]:
+    """Return the keys whose moves change a constraint's predicted value (all keys if nothing is modelled)."""
+    if not models:
+        return set(space.keys)
+    effect = dict.fromkeys(space.keys, 0.0)
+    for model in models:
+        here = model.predict(a)
+        scale = abs(here) or 1.0
+        for k, v in singles:
+            effect[k] = max(effect[k], abs(model.predict({**a, k: v}) - here) / scale)
+    top = max(effect.values())
+    return {k for k, e in effect.items() if e >= 0.1 * top} if top > 0 else set(space.keys)
 
 
 def _violation(rule: dict[str, Any], value: float) -> float:
@@ -273,6 +295,10 @@ class SearchPolicy:
         singles = list(
             dict.fromkeys((k, v) for k in space.keys for s in STEPS for v in space.neighbours(a, k, s))
         )
+        # Only the knobs the open constraints depend on (as the history shows them) are moved: the
+        # rest of the parent's change is what the repair should keep.
+        drivers = _drivers(space, [m for _, m in models], a, singles)
+        singles = [(k, v) for k, v in singles if k in drivers]
         moves += [{**a, k: v} for k, v in singles]
         moves += [
             {**a, k1: v1, k2: v2} for (k1, v1), (k2, v2) in itertools.combinations(singles, 2) if k1 != k2
@@ -284,15 +310,16 @@ class SearchPolicy:
             key=lambda n: -sign * float(n.dev_mean or 0.0),
         )[:3]
         for b in (assignment[n.id] for n in anchors):
-            moves += [self._between(space, a, b, t / 10) for t in range(1, 10)]
+            toward = {**a, **{k: space.value(b, k) for k in drivers}}
+            moves += [self._between(space, a, toward, t / 10) for t in range(1, 10)]
         best: tuple[tuple[float, ...], Assignment] | None = None
         for m in moves:
             if space.key_of(m) in seen or space.key_of(m) == space.key_of(a):
                 continue
             worst = max((_violation(r, model.predict(m)) for r, model in models), default=-1.0)
-            # Moves predicted feasible with room to spare (10% inside the bound) first, then the most
-            # objective kept, then the smallest change.
-            rank = (max(worst, -0.1), -sign * objective.predict(m), float(len(space.differing(a, m))))
+            # Moves predicted feasible first (all alike, however close to the bound: the largest
+            # admissible step keeps the most), then the most objective kept, then the smallest change.
+            rank = (max(worst, 0.0), -sign * objective.predict(m), float(len(space.differing(a, m))))
             if best is None or rank < best[0]:
                 best = (rank, m)
         return None if best is None else best[1]
@@ -302,7 +329,7 @@ class SearchPolicy:
         """Return the assignment a fraction `t` of the way from `a` to `b`."""
         out = {}
         for k in space.keys:
-            if space.is_range(k):
+            if space.is_range(k) or space.is_ordered(k):
                 out[k] = space.snap(
                     k, (1 - t) * space.coord(k, space.value(a, k)) + t * space.coord(k, space.value(b, k))
                 )

@@ -28,8 +28,36 @@ class Space:
         return self.dims[key].get("values") is None
 
     def values(self, key: str) -> list[Any]:
-        """Return the choices of a categorical key."""
+        """Return the choices of a list key (an ordered one's in ascending order)."""
+        if self.is_ordered(key):
+            return self.ordered(key)
         return list(self.dims[key]["values"])
+
+    def is_ordered(self, key: str) -> bool:
+        """Return whether a list key holds numbers only: an ordered dimension, not a set of categories."""
+        values = self.dims[key].get("values")
+        return (
+            values is not None
+            and len(values) >= 2
+            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        )
+
+    def ordered(self, key: str) -> list[Any]:
+        """Return an ordered key's values, ascending."""
+        return sorted(self.dims[key]["values"], key=float)
+
+    def index(self, key: str, value: Any) -> float:
+        """Return a value's place among an ordered key's values (interpolated between them)."""
+        vs = [float(v) for v in self.ordered(key)]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return 0.0
+        x = float(value)
+        if x <= vs[0]:
+            return 0.0
+        for i in range(1, len(vs)):
+            if x <= vs[i]:
+                return i - 1 + (x - vs[i - 1]) / (vs[i] - vs[i - 1]) if vs[i] > vs[i - 1] else float(i)
+        return float(len(vs) - 1)
 
     def is_int(self, key: str) -> bool:
         """Return whether a range key takes integers."""
@@ -69,7 +97,9 @@ class Space:
         return lo <= float(v) <= hi
 
     def coord(self, key: str, value: Any) -> float:
-        """Map a range value to [0, 1] (log scale on log ranges); categorical keys map to 0."""
+        """Map a value to [0, 1]: ranges by value (log on log ranges), ordered lists by place; categories to 0."""
+        if self.is_ordered(key):
+            return self.index(key, value) / (len(self.ordered(key)) - 1)
         if not self.is_range(key):
             return 0.0
         lo, hi = self.bounds(key)
@@ -83,7 +113,7 @@ class Space:
         out: list[float] = []
         for k in self.keys:
             v = self.value(a, k)
-            if self.is_range(k):
+            if self.is_range(k) or self.is_ordered(k):
                 out.append(self.coord(k, v))
             else:
                 out += [1.0 if v == c and type(v) is type(c) else 0.0 for c in self.values(k)]
@@ -94,7 +124,7 @@ class Space:
         total = 0.0
         for k in self.keys:
             u, v = self.value(a, k), self.value(b, k)
-            if self.is_range(k):
+            if self.is_range(k) or self.is_ordered(k):
                 total += (self.coord(k, u) - self.coord(k, v)) ** 2
             elif fmt(u) != fmt(v):
                 total += 1.0
@@ -105,9 +135,12 @@ class Space:
         return [k for k in self.keys if fmt(self.value(a, k)) != fmt(self.value(b, k))]
 
     def snap(self, key: str, x: float) -> Any:
-        """Map a coordinate in [0, 1] back to a range value (4 significant digits for floats)."""
-        lo, hi = self.bounds(key)
+        """Map a coordinate in [0, 1] back to a value (4 significant digits for floats; an ordered list's nearest)."""
         x = min(max(x, 0.0), 1.0)
+        if self.is_ordered(key):
+            vs = self.ordered(key)
+            return vs[round(x * (len(vs) - 1))]
+        lo, hi = self.bounds(key)
         if self.dims[key].get("log"):
             v = math.exp(math.log(lo) + x * (math.log(hi) - math.log(lo)))
         else:
@@ -126,6 +159,10 @@ class Space:
     def neighbours(self, a: Assignment, key: str, step: float) -> list[Any]:
         """Return the values one step away from `a[key]` (adjacent choices for categorical keys)."""
         cur = self.value(a, key)
+        if self.is_ordered(key):  # every other value, nearest first: a repair may need a long step
+            x = self.coord(key, cur)
+            others = [c for c in self.values(key) if fmt(c) != fmt(cur)]
+            return sorted(others, key=lambda c: abs(self.coord(key, c) - x))
         if not self.is_range(key):
             return [c for c in self.values(key) if fmt(c) != fmt(cur)]
         x = self.coord(key, cur)

@@ -108,6 +108,8 @@ def test_two_workers_without_shared_storage_run_a_study_and_survive_a_kill(
     wait_for(lambda: rows(stack, Job, Job.study_id == sid, experiment, Job.status == "running"), timeout=120)
     victim = rows(stack, Job, Job.study_id == sid, experiment, Job.status == "running")[0]
     killed = worker_of(victim.pid, stack)
+    held = {"w1": w1, "w2": w2}[killed] / "repos" / "remote" / ".git"
+    wait_for(held.is_dir, timeout=60)  # it has fetched the study's repository
     stack.workers[killed].stop_worker(killed, sig=9)
     wait_for(lambda: rows(stack, Study, Study.id == sid)[0].status == "finished", timeout=300)
 
@@ -129,8 +131,6 @@ def test_two_workers_without_shared_storage_run_a_study_and_survive_a_kill(
     assert all(f"cpu.sealed[{j.task_id}]" in own and f"cpu.sealed[{j.task_id}]" not in logs for j in sealed)
     assert "cpu.experiment[" in logs and "cpu.experiment[" not in own
     # Each worker kept what it needed in its own directory and never opened a database.
-    survivor = w2 if killed == "w1" else w1
-    assert (survivor / "repos" / "remote" / ".git").is_dir()
     for data in (w1, w2):
         assert not (data / "grove.db").exists()
     # Full outputs came back to the API's data directory, and the node's commits to Grove's clone.
@@ -150,8 +150,7 @@ def test_two_workers_without_shared_storage_run_a_study_and_survive_a_kill(
     secret = b"777.125"  # the tiny study's sealed data/test/offset.txt
     for data in (w1, w2):
         assert not sealed_bytes(data, secret), data
-    gone = w1 if killed == "w1" else w2
-    assert (gone / "repos" / "remote" / ".git").is_dir()  # killed mid-study: nobody told it yet
+    assert held.is_dir()  # killed mid-study: nobody told it yet
     stack.workers[killed].start_worker(killed, "cpu", 1)
     wait_for(lambda: not any((d / sub / "remote").exists() for d in (w1, w2) for sub in ("repos", "outputs", "worktrees")),
              timeout=60)  # fmt: skip

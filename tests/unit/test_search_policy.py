@@ -590,3 +590,69 @@ def test_a_coordinator_process_keeps_blas_and_torch_to_one_thread() -> None:
     before, after, torch_threads = json.loads(out.stdout)
     assert before and max(before) == 2  # OpenBLAS would use a second thread
     assert after == [1] * len(before) and torch_threads == 1
+
+
+# -- ordered lists and repairs at the boundary -----------------------------------------------------
+
+WIDTHS = {
+    "c.toml:m.width": {
+        "values": [256, 16, 64, 32, 128],
+        "low": None,
+        "high": None,
+        "log": False,
+        "integer": None,
+    },
+    "c.toml:m.act": {"values": ["relu", "tanh"], "low": None, "high": None, "log": False, "integer": None},
+    "c.toml:t.lr": {"values": None, "low": 1e-4, "high": 1e-1, "log": True, "integer": None},
+}
+WIDTHS_BASE = {"c.toml:m.width": 16, "c.toml:m.act": "relu", "c.toml:t.lr": 0.001}
+PARAMS = {"name": "size", "metric": "n_params", "max": 7000.0, "min": None, "judge": "metric"}
+
+
+def test_a_list_of_numbers_is_ordered_for_the_sampler_and_strings_stay_categories() -> None:
+    space = Space(WIDTHS, WIDTHS_BASE)
+    dists = optuna_bridge.distributions(space)
+    width = dists["c.toml:m.width"]
+    assert isinstance(width, IntDistribution) and (width.low, width.high) == (0, 4)
+    assert isinstance(dists["c.toml:m.act"], CategoricalDistribution)
+    assert space.values("c.toml:m.width") == [16, 32, 64, 128, 256]
+    # Neighbouring sizes are near, far sizes far (a category would put every other value at 1).
+    near = space.distance(WIDTHS_BASE, {**WIDTHS_BASE, "c.toml:m.width": 32})
+    far = space.distance(WIDTHS_BASE, {**WIDTHS_BASE, "c.toml:m.width": 256})
+    assert near == pytest.approx(0.25) and far == pytest.approx(1.0)
+    # A replayed trial holds the value's place; the sampler's suggestions come back as values.
+    nodes = [ev(1, None, WIDTHS_BASE, 0.5, "merged"), ev(2, 1, {"c.toml:m.width": 128}, 0.7)]
+    study = optuna_bridge.replay(
+        space, nodes, [], maximize=True, sampler=optuna_bridge.make_sampler("tpe", 0)
+    )
+    assert [t.params["c.toml:m.width"] for t in study.get_trials(deepcopy=False)] == [0, 3]
+    got = optuna_bridge.ask(study, space, 6, {space.key_of(n.edits) for n in nodes}, seed=1)
+    assert got and all(a["c.toml:m.width"] in (16, 32, 64, 128, 256) for a in got)
+
+
+def widths_ctx(refine: list[RefineRequest]) -> IdeationInput:
+    """Accuracy grows with width; n_params = 100 * width must stay <= 7000 (width <= 64)."""
+    nodes = [ev(1, None, WIDTHS_BASE, 0.5, "merged")]
+    for i, (w, act, lr) in enumerate([(32, "tanh", 0.01), (128, "relu", 0.003), (16, "tanh", 0.05)], start=2):
+        n = ev(i, 1, {"c.toml:m.width": w, "c.toml:m.act": act, "c.toml:t.lr": lr}, 0.5 + w / 1000)
+        nodes.append(replace(n, dev_metrics={"n_params": 100.0 * w}))
+    big = replace(
+        ev(5, 3, {"c.toml:m.width": 256, "c.toml:m.act": "tanh", "c.toml:t.lr": 0.02}, 0.5 + 256 / 1000),
+        depth=2, dev_metrics={"n_params": 25600.0}, status="rejected",
+        constraints=[{"name": "size", "verdict": "violated"}],
+    )  # fmt: skip
+    return IdeationInput(
+        goal="g", metric="acc", maximize=True, search_space=WIDTHS, base_values=WIDTHS_BASE, trunk_node_id=1,
+        trunk_dev_mean=0.5, nodes=[*nodes, big], improvement_state={}, pruned_lessons=[], validated_findings=[],
+        refine=refine, plateau_level=0, k=3, round_no=2, seed=1, constraints=[PARAMS],
+    )  # fmt: skip
+
+
+def test_a_repair_of_an_over_size_node_lands_at_the_largest_admissible_size_and_keeps_the_rest() -> None:
+    props = SearchPolicy().ideate(widths_ctx([RefineRequest(5, ("size",), "fix size")]))
+    first = props[0]
+    assert first.origin == "refine" and first.parent_id == 5
+    # 64 is the widest that fits (6,400 of 7,000 parameters); the knobs size does not depend on
+    # (the activation, the learning rate) stay as the parent had them.
+    assert first.edits["c.toml:m.width"] == 64
+    assert first.edits["c.toml:m.act"] == "tanh" and first.edits["c.toml:t.lr"] == 0.02
