@@ -8,11 +8,13 @@ from pathlib import Path
 
 from sqlmodel import Session, col, select
 
+from agents.spec import Spec
 from backend.core import db
 from backend.core.config import Settings
-from backend.core.models import Event, Job, Node, ReceiptRow, Study
+from backend.core.models import Event, Node, ReceiptRow, Study
 from backend.services import fates
 from backend.services.records import spec_of
+from backend.services.storage import BudgetSpent, budget_spent
 
 
 def _m(values: list[float]) -> str:
@@ -36,15 +38,79 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def budget_line(spent: BudgetSpent, budget: int) -> str:
+    """Return the experiment budget's units spent, and what they went on: experiments and extra dev runs."""
+    line = f"{spent.units} of {budget} units spent: {_n(spent.experiments, 'experiment')}, " + _n(
+        spent.extra_runs, "extra dev run"
+    )
+    if spent.extra_runs:
+        line += f" (adaptive repeats: every {spent.repeats} cost a unit"
+        left = spent.extra_runs % spent.repeats
+        line += f"; {left} not yet charged)" if left else ")"
+    return line
+
+
+def ending(st: Study, spec: Spec, events: list[Event], spent: BudgetSpent) -> str:
+    """Return, in words, the rule that ended the study (or why it has not ended)."""
+    reason, budget = st.stop_reason, spec.budget
+    # A pause (by hand, or by a spent LLM budget) still in force when the study was stopped or read.
+    held = [e for e in sorted(events, key=lambda e: e.id or 0) if e.type in ("study.paused", "study.resumed")]
+    paused = held[-1].payload if held and held[-1].type == "study.paused" else None
+    why = str(paused.get("reason", "")) if paused else ""
+    llm = _llm_budget(why, budget.usd, budget.tokens) if why.startswith("LLM budget spent") else ""
+    if st.status == "paused":
+        if llm:
+            what = f"paused because {llm}"
+        elif paused:
+            what = f"paused: {why}" if why else f"paused by {paused.get('by') or 'someone'}"
+        else:
+            what = "paused"
+        return f"not ended: {what} (resume or stop it)"
+    if st.status not in ("finished", "failed"):
+        return f"not ended: the study is {st.status}"
+    if reason.startswith("experiment budget spent"):
+        return f"the experiment budget was spent ({spent.units} of {budget.experiments} units)"
+    if reason.startswith("time budget spent"):
+        return f"the time budget was spent ({budget.hours:g} h)"
+    if reason.startswith("plateau:"):
+        return f"the plateau stop: {spec.plateau.stop} experiments in a row without improvement"
+    if reason.startswith("frontier exhausted"):
+        return "the frontier was exhausted (no hypothesis left to try)"
+    if reason == "stopped by user":
+        stopper = next((e.payload.get("by") for e in events if e.type == "study.stopping"), None)
+        who = f"stopped by a user ({stopper})" if stopper else "stopped by a user"
+        return f"{who} while paused because {llm}" if llm else who
+    if reason.startswith("ideation failed:"):
+        return f"a failure: {reason}"
+    if st.status == "failed":
+        return f"a failure: {reason or 'no reason recorded'}"
+    return reason or "no reason recorded"
+
+
+def _llm_budget(why: str, usd: float, tokens: int | None) -> str:
+    """Name the LLM budget a pause's reason says was spent."""
+    if "tokens" in why.split(",")[0]:
+        return (
+            f"the LLM token budget ({tokens} tokens) was spent"
+            if tokens
+            else "the LLM token budget was spent"
+        )
+    return f"the LLM budget (${usd:.4g}) was spent"
+
+
 def render(s: Session, study_id: int) -> str:
     """Return the study's report as Markdown."""
     st = s.get(Study, study_id)
     assert st is not None
     nodes = list(s.exec(select(Node).where(Node.study_id == study_id).order_by(col(Node.id))))
-    jobs = list(s.exec(select(Job).where(Job.study_id == study_id, Job.kind == "experiment")))
     receipts = list(s.exec(select(ReceiptRow).where(ReceiptRow.study_id == study_id)))
     events = list(s.exec(select(Event).where(Event.study_id == study_id)))
     spec = spec_of(st)
+    spent = budget_spent(s, study_id, spec.evaluate.repeats)
     metric = spec.objective.metric
     merged = [n for n in nodes if n.status == "merged" and n.parent_id is not None]
     counts = Counter(n.status for n in nodes if n.parent_id is not None)
@@ -56,6 +122,7 @@ def render(s: Session, study_id: int) -> str:
         f"**Goal:** {st.goal}  ",
         f"**Objective:** {spec.objective.direction} `{metric}`  ",
         f"**Status:** {st.status} — {st.stop_reason or 'running'}  ",
+        f"**Ended by:** {ending(st, spec, events, spent)}  ",
         f"**Policy:** {spec.policy_kind} · **gate:** {spec.gate.mode}, margin {spec.gate.margin:g}, "
         f"{spec.gate.test_repeats} test repeats",
         "**Sandbox:** " + SANDBOX.get(st.sandbox, SANDBOX["unknown"]) + "  ",
@@ -87,8 +154,8 @@ def render(s: Session, study_id: int) -> str:
         "## Tree",
         "",
         f"{len(nodes) - 1} hypotheses: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ".  ",
-        f"{len(jobs)} experiments of a budget of {spec.budget.experiments}; wall time {dur:.0f} s; "
-        f"{eval_seconds:.0f} s spent in evaluations ({len(receipts)} runs).",
+        f"Experiment budget: {budget_line(spent, spec.budget.experiments)}.  ",
+        f"Wall time {dur:.0f} s; {eval_seconds:.0f} s spent in evaluations ({len(receipts)} runs).",
         "",
     ]
     ranked = sorted(

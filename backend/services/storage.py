@@ -397,8 +397,21 @@ def prune_subtree(s: Session, study_id: int, node_id: int, reason: str, lesson: 
     add_insight(s, study_id, node_id, f"{pruning.LESSON_PREFIX}{reason}). Lesson: {lesson}", [node_id])
 
 
-def experiments_used(s: Session, study_id: int, repeats: int, pending_runs: int = 0) -> int:
-    """Return the experiments a study has spent: its experiment jobs, and every `repeats` extra dev runs as one.
+@dataclass(frozen=True)
+class BudgetSpent:
+    """What a study's experiment budget (`[budget] experiments`) has been charged, in its units."""
+
+    experiments: int  # experiment jobs: one unit each
+    extra_runs: int  # adaptive dev repeats beyond `repeats`, the nodes' and trunk's: `repeats` a unit
+    repeats: int
+
+    @property
+    def units(self) -> int:
+        return self.experiments + self.extra_runs // self.repeats
+
+
+def budget_spent(s: Session, study_id: int, repeats: int) -> BudgetSpent:
+    """Return what a study's experiment budget has been charged: its experiment jobs and their extra dev runs.
 
     The sealed baseline and gate jobs are not experiments.
     """
@@ -407,7 +420,13 @@ def experiments_used(s: Session, study_id: int, repeats: int, pending_runs: int 
             Job.study_id == study_id, Job.kind == "experiment"
         )
     ).one()
-    return int(jobs) + (int(extra) + pending_runs) // repeats
+    return BudgetSpent(int(jobs), int(extra), max(1, repeats))
+
+
+def experiments_used(s: Session, study_id: int, repeats: int, pending_runs: int = 0) -> int:
+    """Return the experiments a study has spent: its experiment jobs, and every `repeats` extra dev runs as one."""
+    spent = budget_spent(s, study_id, repeats)
+    return spent.experiments + (spent.extra_runs + pending_runs) // spent.repeats
 
 
 class SqlStorage:

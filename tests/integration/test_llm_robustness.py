@@ -227,6 +227,10 @@ def test_a_spent_budget_pauses_the_study_without_overshooting(settings: Settings
     assert len(calls) >= 3 and sum(c.usd for c in calls) <= budget  # several calls, never past the budget
     node = rows(settings, Node, Node.id == 2)[0]
     assert node.status == "failed" and node.failure.startswith("BudgetExhausted: LLM budget spent")
+    # Stopped while the spent budget held it paused: the report says both, in words.
+    report = Path(rows(settings, Study)[0].report_path).read_text()
+    assert "**Ended by:** stopped by a user" in report
+    assert f"while paused because the LLM budget (${budget:.4g}) was spent" in report
 
 
 def test_an_unpriced_model_with_a_usd_budget_is_refused_naming_the_keys(

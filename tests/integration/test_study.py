@@ -375,7 +375,7 @@ def test_user_stop_cancels_running_work_and_finishes(settings: Settings, tmp_pat
     assert not rows(settings, Node, col(Node.status).in_(["queued", "running", "proposed"]))
     assert rows(settings, Node, Node.status == "cancelled")
     assert len(rows(settings, Job)) < 8
-    assert Path(st.report_path).is_file()
+    assert "**Ended by:** stopped by a user" in Path(st.report_path).read_text()
 
 
 UNCLEAR_EVAL = """\
@@ -417,6 +417,11 @@ def test_an_unclear_gain_gets_more_paired_seeds_charged_to_the_budget(
     jobs = rows(settings, Job)
     assert jobs[0].extra_runs == 8
     assert len(jobs) == 1 and "experiment budget spent" in st.stop_reason
+    # The report counts what the budget counts, says what the units went on, and which rule ended it.
+    report = Path(st.report_path).read_text()
+    assert "Experiment budget: 5 of 5 units spent: 1 experiment, 8 extra dev runs" in report
+    assert "**Ended by:** the experiment budget was spent (5 of 5 units)" in report
+    assert "experiments of a budget of" not in report
     # The sealed gate looks again the same way: +0.1 and +0.3 on two test seeds are unclear; on six
     # paired seeds (trunk's too, kept on the study) the gain clears the last look's bound.
     assert len(first.heldout_values) == 6 and len(st.trunk_heldout) == 6
