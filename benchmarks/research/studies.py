@@ -5,7 +5,8 @@ computes the metrics of a configuration on a split for a seed, `eval_dev.py` (pr
 the dev metrics and `eval_test.py` (sealed) the held-out ones. Noise is a deterministic hash of
 (split, seed) shared by every configuration (pairing by seed removes it) plus a hash of
 (split, seed, configuration), salted by the benchmark seed: every method sees exactly the same
-numbers for the same run, and each benchmark seed is an independent draw.
+numbers for the same run, and each benchmark seed is an independent draw. A study may drop the
+noise where it models a deterministic evaluator (`mixed`: dev values identical for every seed).
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ class Study:
     search: dict[str, str]
     constraints: list[dict[str, Any]] = field(default_factory=list)
     null: bool = False
+    # key -> (parent key, value): the key is read only where the parent holds that value. Grove's
+    # spec has no conditional dimensions, so it gets the flat space; Optuna's baselines suggest the
+    # key define-by-run, only when the parent takes that value.
+    conditions: dict[str, tuple[str, Any]] = field(default_factory=dict)
 
     def spec(
         self,
@@ -135,7 +140,7 @@ class Study:
         path.mkdir(parents=True, exist_ok=True)
         files = {
             "config.toml": textwrap.dedent(self.config),
-            "objective.py": "from bench import gauss, noise\nimport math\n\n"
+            "objective.py": "from bench import SALT, gauss, noise\nimport math\n\n"
             + textwrap.dedent(self.objective),
             "bench.py": BENCH.replace("SALT = 0", f"SALT = {seed}"),
             "eval_dev.py": 'from bench import main\n\nmain("dev")\n',
@@ -305,4 +310,91 @@ NULL = Study(
     null=True,
 )
 
-STUDIES = {s.name: s for s in (SMOOTH, CONSTRAINED, CATEGORICAL, TRAP, NULL)}
+CONDITIONAL = Study(
+    name="conditional",
+    about="Lower the loss by choosing an optimizer and the learning rate of the one chosen",
+    metric="loss",
+    maximize=False,
+    config="""\
+        [train]
+        optimizer = "sgd"
+        sgd_lr = 0.5
+        momentum_lr = 0.5
+        adam_lr = 0.05
+        weight_decay = 0.0
+        """,
+    objective="""\
+        # Each optimizer's best loss and the log10 learning rate that reaches it.
+        BEST = {"sgd": (0.40, -1.0), "momentum": (0.32, -1.7), "adam": (0.25, -3.0)}
+
+        def measure(cfg, split, seed):
+            t = cfg["train"]
+            floor, at = BEST[t["optimizer"]]
+            lr = t[t["optimizer"] + "_lr"]  # only the chosen optimizer's learning rate is read
+            loss = floor + 0.06 * (math.log10(lr) - at) ** 2 + 8.0 * (t["weight_decay"] - 0.02) ** 2
+            return {"loss": loss + noise(cfg, split, seed, 0.01)}
+        """,
+    search={
+        "train.optimizer": '{ values = ["sgd", "momentum", "adam"] }',
+        "train.sgd_lr": "{ low = 1e-5, high = 1.0, log = true }",
+        "train.momentum_lr": "{ low = 1e-5, high = 1.0, log = true }",
+        "train.adam_lr": "{ low = 1e-5, high = 1.0, log = true }",
+        "train.weight_decay": "{ low = 0.0, high = 0.1 }",
+    },
+    conditions={
+        "train.sgd_lr": ("train.optimizer", "sgd"),
+        "train.momentum_lr": ("train.optimizer", "momentum"),
+        "train.adam_lr": ("train.optimizer", "adam"),
+    },
+)
+"""A conditional space: each optimizer has its own learning rate, and only the chosen one's matters.
+
+Switching optimizer pays only together with that optimizer's learning rate (Adam at the base's
+0.05 is barely better than SGD at 0.5). Grove's spec has no conditional dimensions yet, so Grove
+searches the flat space: all three learning rates are dimensions of every configuration, and the
+two that the chosen optimizer does not read are inert (they change the noise draw, as any edit of
+the config does, but not the expected loss). Optuna's baselines search it define-by-run: the
+optimizer first, then only its learning rate (`Study.conditions`); the others keep the base's
+values in config.toml.
+"""
+
+MIXED = Study(
+    name="mixed",
+    about="Raise accuracy under a latency budget: dev accuracy is deterministic, latency and held-out are noisy",
+    metric="accuracy",
+    maximize=True,
+    config="""\
+        [model]
+        width = 64
+        bits = 16
+        [train]
+        smoothing = 0.0
+        """,
+    objective="""\
+        QUANT = {4: 0.06, 8: 0.01, 16: 0.0}  # accuracy lost to quantisation
+
+        def measure(cfg, split, seed):
+            m, t = cfg["model"], cfg["train"]
+            acc = 0.55 + 0.06 * math.log2(m["width"] / 16) - QUANT[m["bits"]] - 0.8 * (t["smoothing"] - 0.1) ** 2
+            if split == "test":  # the held-out evaluation is noisy; dev is the same number for every seed
+                acc += noise(cfg, split, seed, 0.01)
+            # Latency is timed: 5% noise on every split and seed.
+            latency = (0.5 + m["width"] * m["bits"] / 200) * (1 + 0.05 * gauss(SALT, split, seed, cfg, "latency"))
+            return {"accuracy": acc, "latency_ms": latency}
+        """,
+    search={
+        "model.width": "{ low = 16, high = 512, log = true }",
+        "model.bits": "{ values = [4, 8, 16] }",
+        "train.smoothing": "{ low = 0.0, high = 0.3 }",
+    },
+    constraints=[{"name": "latency", "metric": "latency_ms", "max": 8.0}],
+)
+"""Deterministic and noisy evaluators in one study.
+
+The dev accuracy is a deterministic evaluator (the same value for every seed: paired seeds show
+no spread at all), the held-out accuracy and the latency on both splits are noisy. The best
+configurations sit on the latency bound, where a configuration that met it on its dev seeds may
+break it on others.
+"""
+
+STUDIES = {s.name: s for s in (SMOOTH, CONSTRAINED, CATEGORICAL, TRAP, CONDITIONAL, MIXED, NULL)}
