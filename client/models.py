@@ -26,6 +26,8 @@ class Study(TypedDict):
     nodes: int
     experiments_used: int
     experiments_budget: int
+    experiments_run: int
+    extra_dev_runs: int
     pending_approvals: int
     best_dev: float | None
     baseline_dev: float | None

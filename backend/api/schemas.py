@@ -50,8 +50,10 @@ class StudyPublic(BaseModel):
     trunk_commit: str
     base_commit: str
     nodes: int
-    experiments_used: int
+    experiments_used: int  # units of the experiment budget spent: experiments_run + extra_dev_runs // repeats
     experiments_budget: int
+    experiments_run: int  # experiment jobs, one unit each
+    extra_dev_runs: int  # adaptive repeats beyond `repeats`, charged to the budget `repeats` to a unit
     pending_approvals: int
     best_dev: float | None
     baseline_dev: float | None

@@ -10,7 +10,7 @@ from sqlmodel import Session, col, func, or_, select
 from backend.api import schemas
 from backend.core.models import Approval, Event, Job, LlmCall, Node, Study
 from backend.services.records import spec_of
-from backend.services.storage import experiments_used
+from backend.services.storage import budget_spent
 
 
 def _mean(values: list[float]) -> float | None:
@@ -21,7 +21,7 @@ def study_public(s: Session, st: Study) -> schemas.StudyPublic:
     """Return a study with its counters."""
     spec = spec_of(st)
     nodes = s.exec(select(func.count()).select_from(Node).where(Node.study_id == st.id)).one()
-    jobs = experiments_used(s, st.id or 0, spec.evaluate.repeats)  # what the budget is charged
+    spent = budget_spent(s, st.id or 0, spec.evaluate.repeats)  # what the budget is charged
     pending = s.exec(
         select(func.count())
         .select_from(Approval)
@@ -57,7 +57,9 @@ def study_public(s: Session, st: Study) -> schemas.StudyPublic:
         trunk_commit=st.trunk_commit,
         base_commit=st.base_commit,
         nodes=nodes,
-        experiments_used=jobs,
+        experiments_used=spent.units,
+        experiments_run=spent.experiments,
+        extra_dev_runs=spent.extra_runs,
         experiments_budget=spec.budget.experiments,
         pending_approvals=pending,
         best_dev=best,

@@ -37,7 +37,7 @@ def study_list() -> None:
             "trunk dev": s["trunk_dev"],
             "trunk held-out": s["trunk_heldout"],
             "baseline held-out": s["baseline_heldout"],
-            "experiments": f"{s['experiments_used']}/{s['experiments_budget']}",
+            "budget units": f"{s['experiments_used']}/{s['experiments_budget']}",
             "USD": f"{s['llm_usd']:.2f}/{s['budget_usd']:.2f}",
             "pending approvals": s["pending_approvals"],
         }

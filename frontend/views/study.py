@@ -92,7 +92,11 @@ def awaiting(api: Grove, s: dict[str, Any]) -> None:
 
 def budget(s: dict[str, Any]) -> None:
     used, total = s["experiments_used"], max(1, s["experiments_budget"])
-    st.progress(min(1.0, used / total), text=f"experiments {used} / {s['experiments_budget']}")
+    st.progress(
+        min(1.0, used / total),
+        text=f"budget units {used} / {s['experiments_budget']}: {s['experiments_run']} experiments, "
+        f"{s['extra_dev_runs']} extra dev runs",
+    )
     if s["started_at"]:
         start = datetime.fromisoformat(s["started_at"]).replace(tzinfo=UTC)
         end = (

@@ -89,7 +89,7 @@ def test_study_page_shows_tree_scores_budget_state_and_events(api: Api, study: S
     assert metrics["baseline dev"] == f"{study.get()['baseline_dev']:.4f}"
     assert metrics["pending approvals"] == "1"
     bars = [p.proto.text for p in at.get("progress")]
-    assert any(b.startswith("experiments ") for b in bars) and any(
+    assert any(b.startswith("budget units ") and " experiments, " in b for b in bars) and any(
         b.startswith("running executors") for b in bars
     )
     events = at.dataframe[-1].value.to_dict("records")

@@ -18,6 +18,7 @@ from sqlmodel import col, select
 
 from agents.policies.base import IdeationInput, Proposal
 from agents.policies.search import SearchPolicy
+from backend.api.serializers import study_public
 from backend.cli.runner import run_study
 from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
@@ -422,6 +423,10 @@ def test_an_unclear_gain_gets_more_paired_seeds_charged_to_the_budget(
     assert "Experiment budget: 5 of 5 units spent: 1 experiment, 8 extra dev runs" in report
     assert "**Ended by:** the experiment budget was spent (5 of 5 units)" in report
     assert "experiments of a budget of" not in report
+    with db.session(settings.db_url) as s:  # the API's summary, which the dashboard shows, counts alike
+        body = study_public(s, s.get(Study, st.id))
+    assert (body.experiments_used, body.experiments_budget) == (5, 5)
+    assert (body.experiments_run, body.extra_dev_runs) == (1, 8)
     # The sealed gate looks again the same way: +0.1 and +0.3 on two test seeds are unclear; on six
     # paired seeds (trunk's too, kept on the study) the gain clears the last look's bound.
     assert len(first.heldout_values) == 6 and len(st.trunk_heldout) == 6
