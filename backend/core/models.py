@@ -83,6 +83,9 @@ class Node(SQLModel, table=True):
     prior: float = 0.0
     edits: dict[str, Any] = _json({})
     base_commit: str = ""
+    # What the node starts from besides trunk (`storage.enqueue`): {"commit": the merge of trunk and
+    # its parent's change, "parent": its number, "title", "diff", "effect", "conflict", "goal"}.
+    inherited: dict[str, Any] = _json({})
     branch: str = ""
     commit: str = ""
     diff_stats: dict[str, Any] = _json({})

@@ -76,9 +76,10 @@ def run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], Non
             store.mark_unsandboxed()
         sandbox.check(workspace.isolation_of(settings))
         repo = site.repo(study, job_id, token)
-        workspace.prepare(
-            repo, path, node.branch, node.base_commit, sealed=spec.files.sealed, reason=f"job {job_id}"
-        )
+        # A child builds on its parent's change where the policy does (`storage.inherit`): it starts
+        # from the merge of trunk and its parent's commit, and is measured against trunk.
+        start = str(node.inherited.get("commit") or node.base_commit)
+        workspace.prepare(repo, path, node.branch, start, sealed=spec.files.sealed, reason=f"job {job_id}")
         policy = make_policy(spec, ledger=StoreLedger(store, node.id))
         inp = ImplementInput(
             node_id=node.id or 0,
@@ -98,6 +99,7 @@ def run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], Non
                 "trunk_dev": summary_of(study.trunk_dev),
                 "constraints": [constraint_text(c) for c in spec.constraints],
                 "reflections": store.reflections() if spec.policy_kind == "llm" else [],
+                "parent": {k: v for k, v in node.inherited.items() if k != "commit"},
             },
             runtime=SandboxRuntime(settings, study, path, label, repo, node.base_commit),
         )

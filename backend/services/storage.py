@@ -397,6 +397,56 @@ def prune_subtree(s: Session, study_id: int, node_id: int, reason: str, lesson: 
     add_insight(s, study_id, node_id, f"{pruning.LESSON_PREFIX}{reason}). Lesson: {lesson}", [node_id])
 
 
+DIFF_CHARS = 6000  # of a parent's diff shown to its child's executor
+
+
+def inherit(s: Session, st: Study, node: Node) -> dict[str, Any]:
+    """Return what a node starts from besides trunk: its parent's change, merged onto trunk.
+
+    A policy that rebases on trunk (the `search` policy writes a whole assignment) starts every node
+    from trunk. Otherwise a child of a node whose change is not in trunk builds on that change: its
+    branch is set to the merge of trunk and the parent's commit, and its executor is told the
+    parent's diff, its measured effect and, for a refine, why it is refined. A conflict with trunk
+    leaves the node on trunk, with the conflict told to the executor to resolve.
+    """
+    parent = s.get(Node, node.parent_id) if node.parent_id is not None else None
+    if parent is None or parent.parent_id is None or not parent.commit or rebases_on_trunk(spec_of(st)):
+        return {}
+    repo = gitops.Repo(Path(st.repo_path))
+    if repo.is_ancestor(parent.commit, st.trunk_commit):
+        return {}  # merged: trunk holds the change
+    out: dict[str, Any] = {
+        "parent": parent.number,
+        "title": parent.title,
+        "diff": repo.diff(parent.base_commit or st.trunk_commit, parent.commit)[:DIFF_CHARS],
+        "effect": _effect(parent),
+    }
+    if node.origin == "refine":
+        out["goal"] = str((parent.verification or {}).get("reason", "")) or "meet its open constraints"
+    try:
+        out["commit"] = repo.merge_onto(
+            node.branch, st.trunk_commit, parent.commit, f"Grove n{node.number}: start from n{parent.number}"
+        )
+    except gitops.MergeConflict as exc:
+        out["conflict"] = str(exc.stderr)[:1000]
+    return out
+
+
+def _effect(parent: Node) -> str:
+    """Return a parent's measured effect in words (its dev mean, gain over its base and fate)."""
+    if parent.dev_mean is None:
+        return f"not measured ({parent.status}{': ' + parent.failure[:200] if parent.failure else ''})"
+    gain = f", gain {parent.gain:+.4g} over its base" if parent.gain is not None else ""
+    return f"dev mean {parent.dev_mean:.4g}{gain}; {parent.status}" + (
+        f": {parent.status_reason[:300]}" if parent.status_reason else ""
+    )
+
+
+def rebases_on_trunk(spec: Any) -> bool:
+    """Return whether a study's policy builds every node on trunk alone (the `search` policy)."""
+    return bool(spec.policy_kind == "search")
+
+
 @dataclass(frozen=True)
 class BudgetSpent:
     """What a study's experiment budget (`[budget] experiments`) has been charged, in its units."""
@@ -630,6 +680,7 @@ class SqlStorage:
             node.attempts += 1
             node.base_commit = st.trunk_commit
             node.branch = f"grove/{st.name}/n{node_id}"  # machine names (branches, folders) keep the id
+            node.inherited = inherit(s, st, node)
             if node.status == NodeStatus.FAILED:
                 node.completed_order = 0
                 node.dev_values, node.dev_mean, node.dev_std, node.dev_n = [], None, None, 0

@@ -265,3 +265,44 @@ def test_failed_attempt_is_retried_with_a_reflection_only(settings: Settings, tm
         records[1]["prompt"][0]["role"] == "system" and "ROLE: executor" in records[1]["prompt"][0]["content"]
     )
     assert any(m.get("tool_calls") for m in records[1]["rollout"])
+
+
+def test_a_refine_child_starts_from_its_parents_change_and_is_told_it(
+    settings: Settings, tmp_path: Path
+) -> None:
+    # n2 sets x = 5: a better score (6 against trunk's 1) but size 5 breaks the `small` rule (<= 4),
+    # so AREX refines it. The refine child's executor edits `x = 5`, which only its parent's code holds.
+    repo = llm_repo(tmp_path, experiments=2)
+    over = json.loads(IDEA["content"])
+    over["children"][0].update(title="Push the knob to 5", mechanism="set knob.x to 5")
+    fix = {"children": [{"parent_id": 2, "title": "Pull the knob back to 3", "mechanism": "set knob.x to 3",
+                         "hypothesis": "3 keeps the score and meets the size rule", "observable": "dev 10",
+                         "risks": "none", "expected_gain": 4.0}]}  # fmt: skip
+    script = {
+        "ideator": [{"content": json.dumps(over)}, {"content": json.dumps(fix)}],
+        "executor": [
+            tool("edit", path="config.toml", search="x = 0", replace="x = 5"),
+            tool("finish", report="Set x = 5."),
+            tool("finish", report="Set x = 5."),
+            tool("edit", path="config.toml", search="x = 5", replace="x = 3"),
+            tool("finish", report="Moved x from 5 to 3."),
+            tool("finish", report="Moved x from 5 to 3."),
+        ],
+    }
+    with FakeLLM(script) as llm:
+        res = grove_run(settings, repo, llm.url)
+    assert res.returncode == 0, res.stderr + res.stdout
+    parent, child = rows(settings, Node, Node.id == 2)[0], rows(settings, Node, Node.id == 3)[0]
+    assert parent.status == "rejected" and any(c["verdict"] == "violated" for c in parent.constraints)
+    assert child.parent_id == 2 and child.origin == "refine", (child.origin, child.failure)
+    st = rows(settings, Study)[0]
+    # It started from the merge of trunk and n2's commit, and its own change took x from 5 to 3.
+    assert child.inherited["parent"] == 2 and child.inherited["commit"]
+    assert git("rev-parse", f"{child.commit}^", cwd=Path(st.repo_path)).strip() == child.inherited["commit"]
+    assert "x = 3" in git("show", f"{child.commit}:config.toml", cwd=Path(st.repo_path))
+    assert child.status == "merged" and child.dev_mean == pytest.approx(10.005)
+    # Its executor was told what it builds on: the parent's diff, effect and the refine's goal.
+    first = json.dumps(prompt(settings, next(c for c in rows(settings, LlmCall) if c.role == "executor"
+                                             and c.node_id == 3)))  # fmt: skip
+    assert "You build on n2 (Push the knob to 5)" in first and "+x = 5" in first
+    assert "This is a refine of n2" in first and "dev mean 6" in first

@@ -118,6 +118,26 @@ class Unusable(ValueError):
     """A model's answer could not be used; the message says why (and goes back to the model)."""
 
 
+def _parent_lines(parent: dict[str, Any]) -> list[str]:
+    """Return the executor's view of the parent change its worktree builds on (none for a child of trunk)."""
+    if not parent:
+        return []
+    n = f"n{parent.get('parent')}"
+    lines = [
+        f"You build on {n} ({parent.get('title', '')}): its change is already in your worktree, on "
+        f"top of trunk. Its measured effect: {parent.get('effect', '')}.",
+    ]
+    if parent.get("goal"):
+        lines.append(f"This is a refine of {n}: keep its mechanism and fix this: {parent['goal']}")
+    if parent.get("conflict"):
+        lines.append(
+            f"{n}'s change conflicts with trunk, so your worktree is trunk alone: re-apply the parts of "
+            f"its diff below that still make sense. Conflict: {parent['conflict']}"
+        )
+    lines.append(f"{n}'s diff against the trunk it was built on:\n{parent.get('diff', '')}")
+    return lines
+
+
 class LlmPolicy:
     """Thinks with a model: the ideator, the executor and the insight synthesiser are prompts."""
 
@@ -230,6 +250,7 @@ class LlmPolicy:
                 *(["Reflections from failed attempts on related nodes (cite them by node when they shape "
                    "your plan):", *(f"- {r}" for r in related)] if related else []),
                 *([f"A previous attempt at this node failed. {node.reflection}"] if node.reflection else []),
+                *_parent_lines(ctx.get("parent") or {}),
             ]
         )  # fmt: skip
         system = prompt("executor").format(editable=", ".join(node.editable))
