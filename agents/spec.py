@@ -209,6 +209,26 @@ class PolicySection(_Section):
     max_input_tokens: int | None = Field(default=None, ge=1000, le=100_000_000)  # None: the model's own
     max_output_tokens: int = Field(default=4096, ge=16, le=1_000_000)
     keep_turns: int = Field(default=4, ge=1, le=1000)  # turns kept whole when the context must shrink
+    # Sampling temperature: one for every role, or a table by role (roles left out: the server's default).
+    temperature: float | dict[str, float] | None = None
+
+    @field_validator("temperature", mode="before")
+    @classmethod
+    def _temperature(cls, v: Any) -> Any:
+        def one(x: Any, where: str) -> float:
+            if isinstance(x, bool) or not isinstance(x, int | float) or not 0 <= x <= 2:
+                raise ValueError(f"{where}must be a number from 0 to 2 (got {x!r})")
+            return float(x)
+
+        if v is None or not isinstance(v, dict):
+            return None if v is None else one(v, "")
+        bad = sorted(k for k in v if k not in LLM_ROLES)
+        if bad:
+            raise ValueError(
+                f"{', '.join(bad)}: not a role; a temperature table takes {', '.join(LLM_ROLES)}, "
+                "e.g. { ideator = 0.9, executor = 0.2 }"
+            )
+        return {k: one(x, f"{k}: ") for k, x in v.items()}
 
     @field_validator("extra")
     @classmethod
@@ -230,6 +250,9 @@ class PolicySection(_Section):
                 )
         return v
 
+
+# The llm policy's roles, each a prompt of its own (`[policy] temperature` may differ by role).
+LLM_ROLES = ("ideator", "executor", "verifier", "insight", "state", "reflect")
 
 # Sampling and server options a spec may pass to the provider as they are; nothing that could
 # redirect a call, change the model, read a key or lift a limit (`fallbacks`, `extra_body`, `n`, …).

@@ -13,6 +13,8 @@ class CoordinatorConfig:
     exploration: float = 0.02
     per_parent: int = 2
     max_attempts: int = 2
+    # More attempts for a node whose last one failed for a format or infrastructure reason (`blameless`).
+    blameless_attempts: int = 2
     prune_window: int = 3
 
 

@@ -37,7 +37,7 @@ from agents.tree.model import Tree, TreeNode
 from agents.tree.sequential import Plan
 from agents.tree.stats import gain_over
 from agents.tree.status import NodeStatus
-from agents.verify.arex import Assessment, Decision, assess
+from agents.verify.arex import Assessment, Decision, assess, blameless
 from agents.verify.constraints import ConstraintResult, ConstraintRule, Verdict, all_satisfied, verify_all
 from agents.verify.state import ImprovementState
 
@@ -531,9 +531,17 @@ def integrate_one(
     ev = rec.evidence
     spec = study.spec
     if ev.status in (NodeStatus.FAILED, NodeStatus.REJECTED, NodeStatus.CANCELLED) or not rec.dev_values:
-        recoverable = ev.status == NodeStatus.FAILED and rec.attempts < config.max_attempts
-        a = assess(succeeded=False, recoverable=recoverable, improves=False, results=[], mechanism=ev.title)
-        istate.reject(ev.id, ev.failure or a.reason)
+        recoverable = ev.status == NodeStatus.FAILED and rec.attempts < attempts_of(rec, config)
+        untested = ev.status == NodeStatus.FAILED and blameless(ev.failure)
+        a = assess(succeeded=False, recoverable=recoverable, improves=False, results=[], mechanism=ev.title,
+                   no_evidence=untested)  # fmt: skip
+        if not untested:
+            istate.reject(ev.id, ev.failure or a.reason)
+        elif not recoverable:
+            istate.concern(
+                f"n{ev.number} untested: its attempts failed for format or infrastructure reasons "
+                f"({ev.failure[:120]}), no evidence against the idea"
+            )
         if a.decision == Decision.RESTART:
             istate.concern(
                 f"restart: n{ev.number} abandoned ({ev.failure[:120]}); exploration re-opens from the root, "
@@ -620,8 +628,13 @@ def _refine_outcome(
 
 def retries_of(records: list[NodeRecord], config: CoordinatorConfig) -> list[int]:
     """Return the ids of failed nodes that get another attempt, oldest first."""
-    failed = index_of(records).failed_below(config.max_attempts)
+    failed = index_of(records).failed_below(config.max_attempts + config.blameless_attempts)
     return [r.evidence.id for r in failed if retryable(r, config)]
+
+
+def attempts_of(rec: NodeRecord, config: CoordinatorConfig) -> int:
+    """Return the attempts a failed node may have: more while its failures are no evidence on its idea."""
+    return config.max_attempts + (config.blameless_attempts if blameless(rec.evidence.failure) else 0)
 
 
 def retryable(rec: NodeRecord, config: CoordinatorConfig) -> bool:
@@ -630,7 +643,7 @@ def retryable(rec: NodeRecord, config: CoordinatorConfig) -> bool:
     return (
         ev.status == NodeStatus.FAILED
         and rec.completed_order > 0
-        and rec.attempts < config.max_attempts
+        and rec.attempts < attempts_of(rec, config)
         and ev.parent_id is not None
     )
 

@@ -7,6 +7,7 @@ Exceptions::
 
     ExecutorError
      └── LimitReached      turn, token, time, context or format-error limit hit before finish()
+          └── FormatLimit  answers in a row held no action that could run (the format failed, not the idea)
     (ModelError, BudgetExhausted come from the model seam)
 
 At any limit, if the last `evaluate_dev` passed and nothing changed since, the run ends as if the
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +37,10 @@ class ExecutorError(RuntimeError):
 
 class LimitReached(ExecutorError):
     """A turn, token, time, context or format-error limit was reached."""
+
+
+class FormatLimit(LimitReached):
+    """Too many answers in a row held no action that could run: the model's format failed, not its idea."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,10 @@ TEXT_FORMAT = (
     "Tools (`?` marks an optional argument):\n" + _tool_lines()
 )
 
-_FENCE = re.compile(r"```[ \t]*(action|json|tool)?[ \t]*\n", re.I)
+_FENCE = re.compile(r"```[ \t]*(action|json|tool|tool_call)?[ \t]*\n", re.I)
+_TAG = re.compile(r"<(tool_call|function_call|action)>\s*", re.I)
+_TRAILING_COMMA = re.compile(r",(\s*[}\]])")
+_ARGS = ("args", "arguments", "parameters")
 
 
 class FormatError(ValueError):
@@ -82,24 +91,90 @@ class FormatError(ValueError):
 
 
 def parse_action(text: str) -> tuple[str, dict[str, Any]]:
-    """Return the tool name and arguments of the first action block in `text`."""
-    for m in _FENCE.finditer(text):
+    """Return the tool name and arguments of the first action in `text`.
+
+    An action is a JSON object naming a tool: `{"tool": name, ...arguments}` (or with its arguments
+    under "args", "arguments" or "parameters"), or a function call `{"name": name, "arguments": {...}}`
+    (also under "function", or in a list of calls, of which the first runs). It stands in a fenced
+    block (```action, ```json, ```tool or unlabelled), in a `<tool_call>` tag, or bare in the text
+    (a bare function call needs its arguments key). Arguments written as a JSON string are read too.
+    """
+    marks = sorted(
+        [(m.end(), "the <" + m.group(1) + "> block") for m in _TAG.finditer(text)]
+        + [(m.end(), "the action block" if m.group(1) else "") for m in _FENCE.finditer(text)]
+    )
+    first_error = ""
+    for end, where in marks:
         try:
-            value, _ = json.JSONDecoder().raw_decode(text[m.end() :].lstrip())
+            value = _decode(text[end:].lstrip())
         except ValueError as exc:
-            if m.group(1):
-                raise FormatError(f"the action block is not valid JSON ({exc})") from None
+            first_error = first_error or (f"{where} is not valid JSON ({exc})" if where else "")
             continue
-        if not isinstance(value, dict) or not isinstance(value.get("tool"), str):
-            if m.group(1):
-                raise FormatError('the action block must be a JSON object with a "tool" key') from None
-            continue
-        raw = value.get("args")
-        args: dict[str, Any] = (
-            raw if isinstance(raw, dict) else {k: v for k, v in value.items() if k != "tool"}
+        action = _action(value, marked=True)
+        if action is not None:
+            return action
+        first_error = first_error or (
+            f'{where} must be a JSON object with a "tool" key, or {{"name": ..., "arguments": {{...}}}}'
+            if where
+            else ""
         )
-        return str(value["tool"]), args
-    raise FormatError("the answer holds no action block")
+    for m in re.finditer(r"[{\[]", text):
+        try:
+            value = _decode(text[m.start() :])
+        except ValueError:
+            continue
+        action = _action(value, marked=False)
+        if action is not None:
+            return action
+    raise FormatError(first_error or "the answer holds no action block")
+
+
+def _decode(text: str) -> Any:
+    """Return the JSON value at the start of `text`, forgiving trailing commas."""
+    try:
+        return json.JSONDecoder().raw_decode(text)[0]
+    except ValueError:
+        lenient = _TRAILING_COMMA.sub(r"\1", text)
+        if lenient == text:
+            raise
+        return json.JSONDecoder().raw_decode(lenient)[0]
+
+
+def _action(value: Any, marked: bool) -> tuple[str, dict[str, Any]] | None:
+    """Return the call a decoded value spells, or None; `marked`: it stood in a block or tag."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    if not isinstance(value, dict):
+        return None
+    function = value.get("function")
+    if isinstance(function, dict) and isinstance(function.get("name"), str):
+        value = function
+    if isinstance(value.get("tool"), str):
+        name, key = value["tool"], "tool"
+    elif isinstance(value.get("name"), str) and (marked or any(k in value for k in _ARGS)):
+        name, key = value["name"], "name"
+    else:
+        return None
+    raw = next((value[k] for k in _ARGS if k in value), None)
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw or "{}")
+        except ValueError:
+            raise FormatError(f"the arguments of {name} are not a JSON object") from None
+    if isinstance(raw, dict):
+        args = raw
+    elif raw is None and key == "tool":
+        args = {k: v for k, v in value.items() if k != "tool"}
+    elif raw is None:
+        args = {}
+    else:
+        raise FormatError(f"the arguments of {name} must be a JSON object")
+    return tool_name(name), args
+
+
+def tool_name(name: str) -> str:
+    """Return a tool's name without the namespace some chat templates give it (`functions.edit`)."""
+    return name.strip().rsplit(".", 1)[-1]
 
 
 def run(
@@ -109,8 +184,12 @@ def run(
     task: str,
     limits: Limits = Limits(),
     tr: Transcript | None = None,
+    refused: Callable[[str, str], None] | None = None,
 ) -> str:
-    """Run until the model calls finish(report) and return the report; `tr` records the conversation."""
+    """Run until the model calls finish(report) and return the report; `tr` records the conversation.
+
+    `refused(reason, answer)` is told of every answer (or tool call) refused for its format.
+    """
     tr = tr if tr is not None else Transcript()
     text_mode = getattr(model, "tool_mode", "native") == "text"
     tr.messages[:] = [
@@ -151,23 +230,31 @@ def run(
             turn.message() if not text_mode else {"role": "assistant", "content": turn.content}
         )
         try:
-            ran = (_text_turn if text_mode or not turn.tool_calls else _tool_turn)(toolbox, turn, tr)
+            if text_mode or not turn.tool_calls:
+                ran = _text_turn(toolbox, turn, tr)
+            else:
+                ran = _tool_turn(toolbox, turn, tr, refused)
         except Submitted as done:
             return done.report
         except FormatError as exc:
             ran = False
             tr.messages.append({"role": "user", "content": _format_help(exc, turn.finish_reason, text_mode)})
             tr.feedback.append(f"format: {exc}")
+            if refused is not None:
+                refused(_why(exc, turn.finish_reason), turn.content)
         errors = 0 if ran else errors + 1
         if errors >= FORMAT_ERRORS:
-            return _stop(tr, f"{FORMAT_ERRORS} answers in a row held no action that could run")
+            return _stop(tr, f"{FORMAT_ERRORS} answers in a row held no action that could run", FormatLimit)
         _stamp(tr, limits)
 
 
-def _tool_turn(toolbox: Toolbox, turn: Turn, tr: Transcript) -> bool:
+def _tool_turn(
+    toolbox: Toolbox, turn: Turn, tr: Transcript, refused: Callable[[str, str], None] | None = None
+) -> bool:
     """Run a turn's native tool calls; return whether any ran."""
     ran = False
     for call in turn.tool_calls:
+        name = tool_name(call.name)
         if turn.finish_reason == "length":
             obs = (
                 "error: your answer was cut off by the output limit, so this call's arguments are "
@@ -175,16 +262,22 @@ def _tool_turn(toolbox: Toolbox, turn: Turn, tr: Transcript) -> bool:
             )
             tr.feedback.append(f"{call.name}: {obs}")
             tr.messages.append({"role": "tool", "tool_call_id": call.id, "content": obs})
+            if refused is not None:
+                refused(f"{call.name}: {obs.removeprefix('error: ')}", call.arguments)
             continue
         try:
-            args = json.loads(call.arguments or "{}")
+            args = _decode((call.arguments or "{}").strip() or "{}")
+            if isinstance(args, str):  # arguments encoded twice, as a JSON string of a JSON object
+                args = _decode(args.strip() or "{}")
             if not isinstance(args, dict):
                 raise ValueError("arguments must be a JSON object")
         except ValueError as exc:
             obs = f"error: malformed arguments for {call.name}: {exc}. Send the arguments as a JSON object."
+            if refused is not None:
+                refused(obs.removeprefix("error: "), call.arguments)
         else:
             ran = True
-            obs = _act(toolbox, call.name, args, tr, call.id)
+            obs = _act(toolbox, name, args, tr, call.id)
         tr.messages.append({"role": "tool", "tool_call_id": call.id, "content": obs})
     return ran
 
@@ -223,12 +316,14 @@ def _stamp(tr: Transcript, limits: Limits) -> None:
         last["content"] = f"{last['content']}\n[turn {tr.turns} of {limits.turns}]"
 
 
+def _why(exc: FormatError, finish_reason: str) -> str:
+    if finish_reason == "length":
+        return "your answer was cut off by the output limit before its action was complete"
+    return str(exc)
+
+
 def _format_help(exc: FormatError, finish_reason: str, text_mode: bool) -> str:
-    why = (
-        "your answer was cut off by the output limit before its action was complete"
-        if finish_reason == "length"
-        else str(exc)
-    )
+    why = _why(exc, finish_reason)
     how = (
         'End your answer with one ```action block holding a JSON object with a "tool" key.'
         if text_mode
@@ -238,10 +333,10 @@ def _format_help(exc: FormatError, finish_reason: str, text_mode: bool) -> str:
     return f"error: {why}; nothing ran. {how} Call finish(report) when you are done."
 
 
-def _stop(tr: Transcript, reason: str) -> str:
-    """End at a limit: keep the change if its last dev evaluation passed, else raise LimitReached."""
+def _stop(tr: Transcript, reason: str, limit: type[LimitReached] = LimitReached) -> str:
+    """End at a limit: keep the change if its last dev evaluation passed, else raise `limit`."""
     if not tr.dev_ok:
-        raise LimitReached(reason)
+        raise limit(reason)
     tr.stopped = reason
     return f"Stopped: {reason}. The last evaluate_dev passed on the files as they are, so they are kept."
 

@@ -121,6 +121,10 @@ class ImplementationError(RuntimeError):
     """The implementer could not realise the hypothesis in the worktree."""
 
 
+class AnswerFormatError(ImplementationError):
+    """The model's answers could not be used (no runnable action): a failure of format, not evidence on the idea."""
+
+
 class Policy(Protocol):
     """Ideate children, implement a node in its worktree, summarise evidence into insights."""
 

@@ -43,6 +43,7 @@ def make_policy(spec: Spec, ledger: object | None = None) -> Policy:
         extra=dict(spec.policy.extra),
         max_input_tokens=spec.policy.max_input_tokens,
         max_output_tokens=spec.policy.max_output_tokens,
+        temperature=spec.policy.temperature,
     )
     limits = Limits(
         turns=spec.policy.max_turns,
@@ -50,7 +51,9 @@ def make_policy(spec: Spec, ledger: object | None = None) -> Policy:
         seconds=spec.policy.executor_minutes * 60,
         keep_turns=spec.policy.keep_turns,
     )
-    return LlmPolicy(LitellmModel(config, ledger), limits)  # type: ignore[arg-type]
+    # A ledger that keeps a study's events is told of every answer the policy refuses.
+    refused = getattr(ledger, "refused", None)
+    return LlmPolicy(LitellmModel(config, ledger), limits, refused)  # type: ignore[arg-type]
 
 
 def endpoint(spec: Spec, model: str) -> tuple[str | None, str | None]:

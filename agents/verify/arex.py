@@ -24,6 +24,20 @@ class Assessment:
     refine_goal: str = ""
 
 
+# What a failed attempt's reason starts with when it says nothing about its idea: the model's answers
+# could not be used, or the machinery (model server, budget, sandbox, git, disk) failed.
+BLAMELESS = frozenset({
+    "AnswerFormatError", "ModelError", "ContextTooLong", "ToolsUnsupported", "BudgetExhausted",
+    "SandboxUnavailable", "GitError", "OSError", "PermissionError", "FileNotFoundError", "ConnectionError",
+    "TimeoutError",
+})  # fmt: skip
+
+
+def blameless(failure: str) -> bool:
+    """Return whether a failed attempt's reason (`Type: message`) is no evidence against its idea."""
+    return failure.split(":", 1)[0].strip() in BLAMELESS
+
+
 def assess(
     *,
     succeeded: bool,
@@ -31,9 +45,19 @@ def assess(
     improves: bool,
     results: Sequence[ConstraintResult],
     mechanism: str,
+    no_evidence: bool = False,
 ) -> Assessment:
-    """Turn one candidate's evidence into AREX's accept / refine / restart / reject call."""
+    """Turn one candidate's evidence into AREX's accept / refine / restart / reject call.
+
+    A failure that is `no_evidence` against the idea (format, infrastructure) never restarts.
+    """
     if not succeeded:
+        if no_evidence:
+            return Assessment(
+                Decision.REJECT,
+                "the attempt failed for a format or infrastructure reason, no evidence against the idea; "
+                + ("it is tried again" if recoverable else "no attempt is left"),
+            )
         if recoverable:
             return Assessment(Decision.REJECT, "the run failed; a retry starts clean")
         return Assessment(

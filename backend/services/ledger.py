@@ -53,6 +53,15 @@ class StoreLedger:
         )  # fmt: skip
         self._last[role] = (call_id, copy.deepcopy(messages))  # the loop may shorten old messages in place
 
+    def refused(self, role: str, node_id: int | None, reason: str, answer: str, tries: str = "") -> None:
+        """Record a model answer Grove could not use as an `llm.refused` event, on its node if it has one."""
+        payload = {"role": role, "reason": reason[:1000], "answer": answer[:500]}
+        self.store.event(
+            "llm.refused",
+            node_id if node_id is not None else self.node_id,
+            payload | ({"try": tries} if tries else {}),
+        )
+
 
 def prompt_of(s: Session, call: LlmCall) -> list[dict[str, Any]]:
     """Return the whole prompt a call sent, rebuilt from the calls it extends."""

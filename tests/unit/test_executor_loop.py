@@ -191,15 +191,60 @@ def test_tokens_count_what_is_new_not_the_resent_prompt(box: Toolbox) -> None:
     assert tr.tokens == 1010 + 4 * 100 + 10  # the last call's smaller prompt adds only its answer
 
 
+def test_answers_without_an_action_are_reported_and_end_the_attempt_as_a_format_failure(box: Toolbox) -> None:
+    model = Scripted([
+        call("functions.edit", raw=json.dumps(json.dumps({"path": "config.toml", "search": "x = 0", "replace": "x = 1"}))),
+        call("read", raw='{"path": "config.toml"'),
+        text("I will now think about the knob."),
+        text("```action\n{'tool': 'read'}\n```"),
+    ])  # fmt: skip
+    refused: list[tuple[str, str]] = []
+    with pytest.raises(loop.FormatLimit, match="3 answers in a row held no action"):
+        loop.run(
+            model,
+            box,
+            "sys",
+            "task",
+            loop.Limits(turns=10),
+            refused=lambda why, answer: refused.append((why, answer)),
+        )
+    assert (box.root / "config.toml").read_text() == "x = 1\n"  # arguments encoded twice still ran
+    assert [why.split(":")[0] for why, _ in refused] == ["malformed arguments for read", "the answer holds no action block",
+                                                         "the action block is not valid JSON (Expecting property name enclosed in double quotes"]  # fmt: skip
+    assert refused[1][1] == "I will now think about the knob."  # the answer itself goes with the reason
+
+
 def test_parse_action_formats() -> None:
     assert loop.parse_action('x\n```action\n{"tool": "read", "path": "a"}\n```') == ("read", {"path": "a"})
     assert loop.parse_action('```\n{"tool": "list", "args": {"path": "."}}\n```') == ("list", {"path": "."})
     with pytest.raises(loop.FormatError, match="not valid JSON"):
         loop.parse_action("```action\n{'tool': 'read'}\n```")
     with pytest.raises(loop.FormatError, match='"tool" key'):
-        loop.parse_action('```action\n{"name": "read"}\n```')
+        loop.parse_action('```action\n{"path": "read"}\n```')
     with pytest.raises(loop.FormatError, match="no action block"):
-        loop.parse_action('{"tool": "read"}')
+        loop.parse_action("I will read the config next.")
+    # What open models write besides: a function call in a block, a tag, bare, or in a list of calls.
+    assert loop.parse_action('```action\n{"name": "read"}\n```') == ("read", {})
+    assert loop.parse_action('{"tool": "read", "path": "a"}') == ("read", {"path": "a"})
+    tagged = '<tool_call>\n{"name": "edit", "arguments": {"path": "a", "search": "x", "replace": "y"}}\n</tool_call>'
+    assert loop.parse_action(tagged) == ("edit", {"path": "a", "search": "x", "replace": "y"})
+    assert loop.parse_action('Reading.\n{"name": "read", "arguments": {"path": "a"}}') == (
+        "read",
+        {"path": "a"},
+    )
+    assert loop.parse_action('```json\n{"name": "evaluate_dev", "arguments": {},}\n```') == (
+        "evaluate_dev",
+        {},
+    )
+    assert loop.parse_action('[TOOL_CALLS] [{"name": "read", "arguments": "{\\"path\\": \\"a\\"}"}]') == (
+        "read", {"path": "a"},
+    )  # fmt: skip
+    wrapped = '{"type": "function", "function": {"name": "functions.read", "parameters": {"path": "a"}}}'
+    assert loop.parse_action(wrapped) == ("read", {"path": "a"})
+    with pytest.raises(loop.FormatError, match="<tool_call> block is not valid JSON"):
+        loop.parse_action("<tool_call>{'name': 'read'}</tool_call>")
+    with pytest.raises(loop.FormatError, match="no action block"):  # a bare object that is no call
+        loop.parse_action('lr is {"name": "lr", "value": 3}')
 
 
 def test_check_arguments() -> None:

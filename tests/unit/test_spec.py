@@ -125,3 +125,18 @@ def test_policy_sampler_and_max_depth() -> None:
     assert spec.policy.sampler == "gp" and spec.policy.max_depth == 2
     assert parse_spec(GOOD).policy.sampler == "auto"
     assert list(issues(GOOD.replace("[policy]\n", '[policy]\nsampler = "cmaes"\n'))) == ["policy.sampler"]
+
+
+def test_policy_temperature_is_one_number_or_a_table_by_role() -> None:
+    spec = parse_spec(GOOD.replace("[policy]\n", "[policy]\ntemperature = 0.7\n"))
+    assert spec.policy.temperature == 0.7 and parse_spec(GOOD).policy.temperature is None
+    table = parse_spec(
+        GOOD.replace("[policy]\n", "[policy]\ntemperature = { ideator = 0.9, executor = 0 }\n")
+    )
+    assert table.policy.temperature == {"ideator": 0.9, "executor": 0.0}
+    got = issues(GOOD.replace("[policy]\n", "[policy]\ntemperature = { ideatr = 0.9 }\n"))
+    assert list(got) == ["policy.temperature"] and "ideatr: not a role" in got["policy.temperature"]
+    assert "ideator, executor, verifier" in got["policy.temperature"]
+    for bad in ("3", '"hot"', "true", "{ executor = -1 }", '{ executor = "low" }'):
+        got = issues(GOOD.replace("[policy]\n", f"[policy]\ntemperature = {bad}\n"))
+        assert list(got) == ["policy.temperature"] and "from 0 to 2" in got["policy.temperature"], got

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from agents.verify.arex import Decision, assess
+from agents.verify.arex import Decision, assess, blameless
 from agents.verify.constraints import ConstraintRule, Verdict, check, verify_all
 from agents.verify.state import ImprovementState
 
@@ -49,3 +49,18 @@ def test_improvement_state_roundtrip_and_updates() -> None:
     assert back.concerns == ["plateau"]
     back.set_constraint("size", "satisfied", "ok", 6)
     assert back.open_constraints == []
+
+
+def test_a_format_or_infrastructure_failure_is_no_evidence_and_never_restarts() -> None:
+    assert blameless("AnswerFormatError: 3 answers in a row held no action that could run")
+    assert blameless("ModelError: APIConnectionError: refused") and blameless("GitError: worktree add failed")
+    assert not blameless("dev evaluation seed 0: exit code 1") and not blameless("the change is empty")
+    assert not blameless("ImplementationError: turn limit (30) reached before finish()")
+    spent = assess(
+        succeeded=False, recoverable=False, improves=False, results=[], mechanism="m", no_evidence=True
+    )
+    assert spent.decision == Decision.REJECT and "no evidence against the idea" in spent.reason
+    again = assess(
+        succeeded=False, recoverable=True, improves=False, results=[], mechanism="m", no_evidence=True
+    )
+    assert again.decision == Decision.REJECT and "tried again" in again.reason

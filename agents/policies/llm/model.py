@@ -120,7 +120,9 @@ class ModelConfig:
     retries: int = 5
     backoff: float = 1.0  # seconds before the first retry; doubles each time, with jitter
     max_backoff: float = 60.0  # no wait is longer, whatever `Retry-After` asks
-    temperature: float | None = None
+    temperature: float | dict[str, float] | None = (
+        None  # one for every role, or by role (others: the server's)
+    )
     prices: dict[str, float] | None = None  # input_cost_per_token, output_cost_per_token
     tool_mode: ToolMode = "auto"  # native function calling, the text action format, or ask litellm
     system_role: bool = True  # false: the system prompt is sent as the head of the first user message
@@ -184,7 +186,7 @@ class LitellmModel:
             self.price(tokens_in, self.config.max_output_tokens), tokens_in + self.config.max_output_tokens
         )
         try:
-            resp = self._call(sent, tools)
+            resp = self._call(sent, tools, role)
             try:
                 turn = _turn(resp, 0.0)
             except (AttributeError, IndexError, TypeError, ValueError) as exc:
@@ -200,7 +202,9 @@ class LitellmModel:
         self.ledger.record(role, self.config.model, messages, turn, hold)
         return turn
 
-    def _call(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any:
+    def _call(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, role: str = ""
+    ) -> Any:
         kwargs: dict[str, Any] = {
             **self.config.extra,
             "model": self.config.model,
@@ -215,8 +219,11 @@ class LitellmModel:
             kwargs["api_base"] = self.config.api_base
         if self.config.api_key:
             kwargs["api_key"] = self.config.api_key
-        if self.config.temperature is not None:
-            kwargs["temperature"] = self.config.temperature
+        temperature = self.config.temperature
+        if isinstance(temperature, dict):
+            temperature = temperature.get(role)
+        if temperature is not None:
+            kwargs["temperature"] = temperature
         for attempt in range(self.config.retries + 1):
             try:
                 return self._litellm.completion(**kwargs)

@@ -12,11 +12,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
 
 from agents.executor import loop
 from agents.executor.tools import Runtime, Toolbox
 from agents.policies.base import (
+    AnswerFormatError,
     IdeationInput,
     ImplementationError,
     ImplementInput,
@@ -24,7 +25,16 @@ from agents.policies.base import (
     NodeEvidence,
     Proposal,
 )
-from agents.policies.llm.answers import json_object
+from agents.policies.llm.answers import (
+    choice,
+    confidence,
+    json_list,
+    json_object,
+    name_key,
+    node_number,
+    node_refs,
+    number,
+)
 from agents.policies.llm.model import BudgetExhausted, Model, ModelError
 from agents.policies.search import SearchPolicy
 from agents.verify.state import ImprovementState, renumber
@@ -44,17 +54,44 @@ class Child(BaseModel):
     risks: str = ""
     expected_gain: float = 0.0
 
+    @field_validator("parent_id", mode="before")
+    @classmethod
+    def _node(cls, v: Any) -> Any:
+        return node_number(v)  # 3, "3" and "n3" (as the prompts write nodes) are node 3
+
+    @field_validator("expected_gain", mode="before")
+    @classmethod
+    def _gain(cls, v: Any, info: ValidationInfo) -> Any:
+        return 0.0 if v is None else number(v, (info.context or {}).get("trunk"))  # "5%": of trunk's dev
+
 
 class Verdict(BaseModel):
     name: str
     confidence: int = Field(ge=0, le=100)
     reason: str = ""
 
+    @field_validator("confidence", mode="before")
+    @classmethod
+    def _scale(cls, v: Any) -> Any:
+        return confidence(v)  # 0.9, 90 and "90%" are 90
+
 
 class Verdicts(BaseModel):
     verdicts: list[Verdict] = []
     call: Literal["", "accept", "refine", "restart"] = ""
     why: str = ""
+
+    @field_validator("verdicts", mode="before")
+    @classmethod
+    def _listed(cls, v: Any) -> Any:
+        if isinstance(v, dict):  # {"readable": 90} or {"readable": {"confidence": 90, ...}}
+            return [{"name": k, **(x if isinstance(x, dict) else {"confidence": x})} for k, x in v.items()]
+        return [] if v is None else v
+
+    @field_validator("call", mode="before")
+    @classmethod
+    def _call(cls, v: Any) -> Any:
+        return "" if v is None else choice(v, ("accept", "refine", "restart"))
 
 
 def _words(text: str) -> set[str]:
@@ -145,8 +182,15 @@ class LlmPolicy:
     rebase_on_trunk = False
     reads_baseline = True
 
-    def __init__(self, model: Model, limits: loop.Limits = loop.Limits()) -> None:
+    def __init__(
+        self,
+        model: Model,
+        limits: loop.Limits = loop.Limits(),
+        refused: Callable[[str, int | None, str, str, str], None] | None = None,
+    ) -> None:
         self.model, self.limits = model, limits
+        # Told of every answer that could not be used: (role, node id or None, reason, answer, try).
+        self.refused = refused
         self._stats = SearchPolicy()
 
     def ideate(self, ctx: IdeationInput) -> list[Proposal]:
@@ -185,7 +229,7 @@ class LlmPolicy:
             {"role": "user", "content": json.dumps(evidence, indent=1, default=str)},
         ]  # fmt: skip
         try:
-            children = self._ask("ideator", messages, _children)
+            children = self._ask("ideator", messages, lambda text: _children(text, ctx.trunk_dev_mean))
         except Unusable as exc:
             raise ModelError(f"the ideator's answer is not the requested JSON: {exc}") from exc
         valid = {n.id: n for n in ctx.nodes if n.status not in ("pruned", "cancelled")}
@@ -216,15 +260,26 @@ class LlmPolicy:
             out.append(Proposal(c.parent_id, c.title, hyp, prior, {}, origin, ref))
         return out
 
-    def _ask(self, role: str, messages: list[dict[str, Any]], parse: Callable[[str], T]) -> T:
-        """Ask for a structured answer; ask once more, with what was wrong, if it cannot be used."""
-        turn = self.model.complete(role, messages)
-        try:
-            return parse(turn.content)
-        except Unusable as exc:
-            again = [*messages, turn.message(), {"role": "user", "content": f"Your answer could not be used: {exc}. "
-                                                 "Answer again with the JSON object only."}]  # fmt: skip
-            return parse(self.model.complete(role, again).content)
+    def _ask(
+        self, role: str, messages: list[dict[str, Any]], parse: Callable[[str], T], node_id: int | None = None
+    ) -> T:
+        """Ask for a structured answer; while it cannot be used, ask again (`REASKS` times at most),
+        quoting what was wrong. Every refused answer is reported (on `node_id`, if given)."""
+        for tried in range(1, REASKS + 2):
+            turn = self.model.complete(role, messages)
+            try:
+                return parse(turn.content)
+            except Unusable as exc:
+                self._refuse(role, node_id, str(exc), turn.content, f"{tried} of {REASKS + 1}")
+                if tried > REASKS:
+                    raise
+                messages = [*messages, turn.message(), {"role": "user", "content": f"Your answer could not be used: "
+                            f"{exc}. Answer again with the JSON object only."}]  # fmt: skip
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _refuse(self, role: str, node_id: int | None, reason: str, answer: str, tried: str = "") -> None:
+        if self.refused is not None:
+            self.refused(role, node_id, reason, answer, tried)
 
     def implement(self, worktree: Path, node: ImplementInput) -> str:
         """Run the executor loop on the node's hypothesis; return its report."""
@@ -257,7 +312,12 @@ class LlmPolicy:
         transcript = loop.Transcript()
         report = ""
         try:
-            report = loop.run(self.model, toolbox, system, task, self.limits, transcript)
+            report = loop.run(
+                self.model, toolbox, system, task, self.limits, transcript,
+                lambda reason, answer: self._refuse("executor", node.node_id, reason, answer),
+            )  # fmt: skip
+        except loop.FormatLimit as exc:
+            raise AnswerFormatError(str(exc)) from exc
         except loop.ExecutorError as exc:
             raise ImplementationError(str(exc)) from exc
         finally:
@@ -325,8 +385,22 @@ class LlmPolicy:
             {"role": "system", "content": prompt("verifier")},
             {"role": "user", "content": json.dumps(evidence, default=str)},
         ]
+        names = {name_key(c["name"]): c["name"] for c in soft}
+
+        def parse(text: str) -> Verdicts:
+            answer = _model_of(Verdicts)(text)
+            for v in answer.verdicts:  # "Readable" judges the constraint `readable`
+                v.name = names.get(name_key(v.name), v.name)
+            missing = [c["name"] for c in soft if c["name"] not in {v.name for v in answer.verdicts}]
+            if missing:
+                raise Unusable(
+                    f"no verdict for {', '.join(missing)}; give one per soft constraint, named as listed: "
+                    + ", ".join(c["name"] for c in soft)
+                )
+            return answer
+
         try:
-            answer = self._ask("verifier", messages, _model_of(Verdicts))
+            answer = self._ask("verifier", messages, parse, node.id)
         except (ModelError, BudgetExhausted, Unusable):
             return Judgement()
         verdicts = {v.name: (v.confidence, v.reason) for v in answer.verdicts}
@@ -363,7 +437,7 @@ class LlmPolicy:
 
         def parse(text: str) -> dict[str, Any]:
             try:
-                fresh = ImprovementState.from_dict(renumber(_object(text), node_of.get)).to_dict()
+                fresh = ImprovementState.from_dict(renumber(node_refs(_object(text)), node_of.get)).to_dict()
             except (TypeError, KeyError, AttributeError, ValueError) as exc:
                 raise Unusable(f"not an improvement state with the listed keys ({exc})") from None
             if accepted is not None:
@@ -380,6 +454,7 @@ class LlmPolicy:
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
+REASKS = 2  # times an unusable structured answer is asked for again, with what was wrong
 
 
 def _object(text: str) -> dict[str, Any]:
@@ -403,15 +478,32 @@ def _errors(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'answer'}: {e['msg']}" for e in exc.errors()[:5])
 
 
-def _children(text: str) -> list[Child]:
-    """Return the valid children of an ideator's answer; each is checked on its own."""
-    raw = _object(text).get("children")
+def _children(text: str, trunk: float | None = None) -> list[Child]:
+    """Return the valid children of an ideator's answer; each is checked on its own.
+
+    A bare list of children, or one child alone, is read as the "children" list; `trunk` (trunk's dev
+    mean) is what a percentage gain is a percentage of.
+    """
+    found = json_object(text)
+    raw = found.get("children") if found is not None else None
+    listed = json_list(text) if raw is None else None
+    if (
+        listed is not None
+        and all(isinstance(x, dict) for x in listed)
+        and (found is None or listed[:1] == [found])
+    ):
+        raw = listed  # a bare list of children
+    if raw is None and found is not None:  # {"proposals": [...]}, or one child alone
+        lists = [v for v in found.values() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]  # fmt: skip
+        raw = lists[0] if len(lists) == 1 else [found] if "title" in found else None
+    if found is None and raw is None:
+        raise Unusable("it holds no JSON object")
     if not isinstance(raw, list):
         raise Unusable('the object needs a "children" list')
     out, wrong = [], []
     for i, item in enumerate(raw):
         try:
-            out.append(Child.model_validate(item))
+            out.append(Child.model_validate(item, context={"trunk": trunk}))
         except ValidationError as exc:
             wrong.append(f"child {i}: {_errors(exc)}")
     if raw and not out:
