@@ -123,6 +123,10 @@ def observe(
     return Command(update={"awaiting": awaiting}, goto="wait")
 
 
+EMPTY_ROUNDS = 2  # rounds in a row with nothing to run that are asked again before the frontier is exhausted
+DROPPED_KEPT = 12  # dropped ideas kept in the state to tell the policy of (the latest)
+
+
 def ideate(
     state: CoordinatorState, runtime: Runtime[CoordinatorContext]
 ) -> Command[Literal["select", "observe"]]:
@@ -138,7 +142,11 @@ def ideate(
     round_no = state.get("round_no", 0)
     if waiting + retry < slots:
         k = max(study.spec.policy.children, slots - waiting - retry)
-        ctx = replace(ideation_input(study, records, k=k, round_no=round_no), free=slots - waiting - retry)
+        ctx = replace(
+            ideation_input(study, records, k=k, round_no=round_no),
+            free=slots - waiting - retry,
+            dropped=list(state.get("dropped", [])),
+        )
         if study.spec.policy_kind == "llm":  # only a model reads the repository and the lab memory
             ctx = replace(ctx, memory=storage.memory(sid), repo_map=storage.repo_map(sid))
         try:
@@ -152,25 +160,43 @@ def ideate(
             storage.add_proposals(sid, round_no, [])
             return Command(update={"round_no": round_no + 1, "ideation_error": str(exc)[:500]}, goto="select")
         max_depth = study.spec.policy.max_depth
-        kept = [
-            p
-            for p in proposals
-            if p.parent_id in index.by_id and index.by_id[p.parent_id].evidence.depth < max_depth
-        ]
+        kept, dropped = [], []
         for p in proposals:
-            if p not in kept:
-                storage.event(
-                    sid, "proposal.dropped", p.parent_id,
-                    {"title": p.title, "reason": f"its parent is at policy.max_depth ({max_depth})"},
-                )  # fmt: skip
+            parent = p.parent_id if p.parent_id in index.by_id else None
+            why = p.dropped or _misplaced(parent, index, max_depth)
+            if not why:
+                kept.append(p)
+                continue
+            payload = {"title": p.title[:200], "reason": why[:500], "round": round_no}
+            storage.event(sid, "proposal.dropped", parent, payload)
+            dropped.append({**payload, "parent_id": parent})
+        if not proposals:
+            dropped.append({"title": "", "reason": "no child in the answer", "round": round_no})
         storage.add_proposals(sid, round_no, kept)
+        told = [*state.get("dropped", []), *dropped][-DROPPED_KEPT:]  # the policy hears of them next round
+        update = {"round_no": round_no + 1, "ideation_error": "", "dropped": told}
+        return Command(update=update, goto="select")
     return Command(update={"round_no": round_no + 1, "ideation_error": ""}, goto="select")
+
+
+def _misplaced(parent: int | None, index: RecordIndex, max_depth: int) -> str:
+    """Return why a proposal cannot hang under `parent` ("" if it can)."""
+    if parent is None:
+        return "its parent is not a node of this study"
+    if index.by_id[parent].evidence.depth >= max_depth:
+        return f"its parent is at policy.max_depth ({max_depth})"
+    return ""
 
 
 def select(
     state: CoordinatorState, runtime: Runtime[CoordinatorContext]
-) -> Command[Literal["dispatch", "wait", "approve", "finish"]]:
-    """Choose retries and frontier nodes for the free slots; go to dispatch, wait or finish."""
+) -> Command[Literal["dispatch", "wait", "approve", "observe", "finish"]]:
+    """Choose retries and frontier nodes for the free slots; go to dispatch, wait or finish.
+
+    With nothing to run, nothing running and budget left, the policy is asked again (through
+    observe, which checks the budgets first) up to `EMPTY_ROUNDS` times in a row before the study
+    ends with its frontier exhausted.
+    """
     storage, config = runtime.context.storage, runtime.context.config
     sid = state["study_id"]
     study = storage.study(sid)
@@ -184,13 +210,18 @@ def select(
     cfg = selection.SelectionConfig(config.exploration, config.per_parent, study.seed)
     chosen = retries + selection.select(tree_of(records), slots - len(retries), cfg, state.get("round_no", 0))
     if chosen or _unsent(state):
-        return Command(update={"selected": chosen}, goto="dispatch")
+        return Command(update={"selected": chosen, "empty_rounds": 0}, goto="dispatch")
     if pending or _sealed_running(state):
         return Command(goto="wait")
     if state.get("awaiting") is not None:
         return Command(goto="approve")  # nothing left to explore: the open approval decides what follows
     if state.get("ideation_error"):
         return Command(update={"stop_reason": f"ideation failed: {state['ideation_error']}"}, goto="finish")
+    empty = state.get("empty_rounds", 0)
+    if empty < EMPTY_ROUNDS and slots > 0:
+        asks = {"round": state.get("round_no", 0), "asks_left": EMPTY_ROUNDS - empty}
+        storage.event(sid, "ideation.empty", None, asks)
+        return Command(update={"empty_rounds": empty + 1}, goto="observe")
     return Command(update={"stop_reason": "frontier exhausted: nothing left to try"}, goto="finish")
 
 

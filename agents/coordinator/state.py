@@ -1,6 +1,9 @@
-"""The coordinator's control state: ids and phase only (the database holds the rest)."""
+"""The coordinator's control state: ids and phase (the database holds the rest), and the ideas the
+last rounds dropped, which the next ideation is told of."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from typing_extensions import TypedDict
 
@@ -22,3 +25,5 @@ class CoordinatorState(TypedDict, total=False):
     approved_by: str  # who approved the gate node ("auto" in auto mode)
     stop_reason: str
     ideation_error: str  # the last ideation failure, reported if nothing is left to run
+    empty_rounds: int  # rounds in a row that left nothing to run (asked again up to `EMPTY_ROUNDS`)
+    dropped: list[dict[str, Any]]  # the latest dropped proposals: {"title", "reason", "round", "parent_id"}

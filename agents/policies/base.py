@@ -75,6 +75,8 @@ class IdeationInput:
     memory: list[str] = field(default_factory=list)
     editable: list[str] = field(default_factory=list)  # `files.editable`: what a change may touch
     repo_map: dict[str, Any] = field(default_factory=dict)  # trunk's files, symbols, editable text (llm)
+    # Ideas the last rounds dropped, oldest first: {"title", "parent_id" (a node id or None), "reason"}.
+    dropped: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the whole input as plain data (what a prompt could be built from)."""
@@ -90,6 +92,7 @@ class Proposal:
     edits: dict[str, Any]
     origin: str = "policy"
     origin_ref: int | None = None
+    dropped: str = ""  # why the policy dropped it (a duplicate, an unknown parent): logged, never added
 
 
 @dataclass(frozen=True)

@@ -333,11 +333,11 @@ class ScriptedIdeator:
 def test_the_llm_ideators_first_root_child_answers_a_restart_request() -> None:
     from agents.policies.llm.policy import LlmPolicy
 
-    child = {"mechanism": "m", "hypothesis": "h", "observable": "o", "risks": "r", "expected_gain": 0.1}
+    child = {"hypothesis": "h", "observable": "o", "risks": "r", "expected_gain": 0.1}
     model = ScriptedIdeator([
-        {"parent_id": 2, "title": "tune the second idea further", **child},
-        {"parent_id": 1, "title": "a different approach entirely", **child},
-        {"parent_id": 1, "title": "another fresh direction from scratch", **child},
+        {"parent_id": 2, "title": "tune the second idea further", "mechanism": "tune it", **child},
+        {"parent_id": 1, "title": "a different approach entirely", "mechanism": "another model", **child},
+        {"parent_id": 1, "title": "another fresh direction from scratch", "mechanism": "new data", **child},
     ])  # fmt: skip
     nodes = [ev(1, None, {}, 0.5, "merged"), ev(2, 1, {}, 0.6), replace(ev(3, 1, {}, None), status="failed")]
     ctx = replace(ctx_of(nodes), restart=[3])
@@ -363,7 +363,10 @@ def test_the_llm_ideator_sees_and_answers_node_numbers_not_database_ids() -> Non
     ]
     ctx = replace(ctx_of(nodes), trunk_node_id=101, restart=[103])
     props = LlmPolicy(model).ideate(ctx)  # type: ignore[arg-type]
-    assert [(p.parent_id, p.title) for p in props] == [(102, "tune the second idea further")]
+    assert [(p.parent_id, p.title) for p in props if not p.dropped] == [(102, "tune the second idea further")]
+    assert [p.dropped for p in props if p.dropped] == [
+        "its parent n102 is not a node that may take children (unknown, pruned, cancelled)"
+    ]
     shown = json.loads(model.seen[0])
     assert [(n["id"], n["parent_id"]) for n in shown["nodes"]] == [(1, None), (2, 1), (3, 1)]
     assert shown["trunk_node_id"] == 1 and shown["restart_from_root_away_from"] == [3]
@@ -556,7 +559,10 @@ def test_a_proposal_that_repeats_a_nodes_mechanism_in_other_words_is_dropped() -
         {"parent_id": 1, "title": "Widen the knob's range", "mechanism": "allow knob.x up to 8"},
     ])  # fmt: skip
     props = LlmPolicy(model).ideate(ctx_of(nodes))  # type: ignore[arg-type]
-    assert [p.title for p in props] == ["Widen the knob's range"]
+    assert [p.title for p in props if not p.dropped] == ["Widen the knob's range"]
+    assert [p.dropped for p in props if p.dropped] == [
+        "a duplicate of n2 (Centre the knob): the same mechanism and parameters"
+    ]
     assert json.loads(model.seen[0])["nodes"][1]["mechanism"] == "set knob.x to 3"
 
 

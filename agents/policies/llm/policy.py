@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
-import re
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -35,8 +33,11 @@ from agents.policies.llm.answers import (
     node_refs,
     number,
 )
+from agents.policies.llm.fitting import cut, fitted
+from agents.policies.llm.ideas import Identity, identity, same
 from agents.policies.llm.model import BudgetExhausted, Model, ModelError
 from agents.policies.search import SearchPolicy
+from agents.tree.insights import INSIGHT_CHARS, bounded
 from agents.verify.state import ImprovementState, renumber
 
 
@@ -94,23 +95,6 @@ class Verdicts(BaseModel):
         return "" if v is None else choice(v, ("accept", "refine", "restart"))
 
 
-def _words(text: str) -> set[str]:
-    return set(re.findall(r"[a-z0-9]+", text.lower()))
-
-
-def near_duplicate(title: str, others: list[str], threshold: float = 0.8) -> bool:
-    """Return whether a text matches an existing one: word overlap (Jaccard) or characters ≥ threshold."""
-    w = _words(title)
-    flat = " ".join(sorted(w))
-    for other in others:
-        o = _words(other)
-        if w and o and len(w & o) / len(w | o) >= threshold:
-            return True
-        if flat and difflib.SequenceMatcher(None, flat, " ".join(sorted(o))).ratio() >= 0.9:
-            return True
-    return False
-
-
 def prior_of(expected: float, nodes: list[NodeEvidence], trunk_mean: float | None) -> float:
     """Shrink and clip a model's expected gain against the gains the study has measured.
 
@@ -130,25 +114,113 @@ SHOWN_NODES = 60  # nodes an ideator's prompt lists at most
 
 
 def shown_nodes(ctx: IdeationInput, limit: int = SHOWN_NODES) -> list[NodeEvidence]:
-    """Return a bounded view of the tree for a prompt: root, open nodes, trunk, the best, the recent, then parents."""
+    """Return a bounded view of the tree for a prompt, by priority: the root, trunk, refine and restart
+    requests, the best, the recent, then open nodes, each followed by its parent while there is room."""
     nodes = ctx.nodes
     if len(nodes) <= limit:
         return list(nodes)
     sign = 1.0 if ctx.maximize else -1.0
     by_id = {n.id: n for n in nodes}
     measured = sorted((n for n in nodes if n.dev_mean is not None), key=lambda n: -sign * (n.dev_mean or 0.0))
-    wanted = [n.id for n in nodes if n.parent_id is None or n.status in ("proposed", "queued", "running")]
+    wanted = [n.id for n in nodes if n.parent_id is None]
     wanted += [ctx.trunk_node_id, *(r.node_id for r in ctx.refine), *ctx.restart]
     wanted += [n.id for n in measured[: limit // 3]] + [
         n.id for n in sorted(nodes, key=lambda n: -n.id)[: limit // 3]
     ]
-    keep = dict.fromkeys(i for i in wanted if i in by_id)
-    keep = dict.fromkeys(list(keep)[:limit])
-    for i in list(keep):  # then their parents, while there is room
-        parent = by_id[i].parent_id
-        if len(keep) < limit and parent is not None:
-            keep[parent] = None
+    wanted += [n.id for n in nodes if n.status in ("proposed", "queued", "running")]
+    keep: dict[int, None] = {}
+    for i in wanted:
+        for j in (i, by_id[i].parent_id if i in by_id else None):
+            if j is not None and j in by_id and len(keep) < limit:
+                keep[j] = None
     return sorted((by_id[i] for i in keep), key=lambda n: n.id)
+
+
+@dataclass(frozen=True)
+class Detail:
+    """How much of the evidence the ideator's prompt holds at one level (`IDEATOR_LEVELS`)."""
+
+    nodes: int  # nodes listed (`shown_nodes`)
+    text: int  # characters of each node's mechanism and insight
+    failure: int  # characters of each node's failure
+    items: int  # entries of each list: pruned lessons, lab memory, findings, the state's lists
+    item: int  # characters of each entry
+    contents: int | None  # characters of each editable file's text (None: as the map gives them)
+    files: int | None  # files of the repository map listed (None: all it gives)
+    indent: int | None  # JSON indentation
+
+
+# The ideator's prompt, fullest first: `fitting.fitted` sends the first level that fits the model's input.
+IDEATOR_LEVELS = (
+    Detail(SHOWN_NODES, 400, 300, 30, 400, None, None, 1),
+    Detail(40, 240, 200, 16, 240, 4000, 120, None),
+    Detail(24, 160, 120, 8, 160, 1500, 60, None),
+    Detail(12, 100, 80, 4, 120, 400, 20, None),
+    Detail(6, 60, 60, 2, 80, 0, 0, None),
+    Detail(3, 0, 0, 0, 60, 0, 0, None),
+)
+DROPPED_SHOWN = 12  # dropped ideas the ideator is told of at most (the latest)
+# The other roles' prompts at their levels of detail, fullest first.
+INSIGHT_LEVELS = ((10_000, INSIGHT_CHARS), (24, 600), (12, 300), (6, 160), (3, 80))  # children, chars each
+VERIFIER_LEVELS = ((20_000, 60_000, 4000), (6000, 16_000, 2000), (2500, 6000, 1000), (1000, 2000, 400),
+                   (400, 600, 200))  # report, diff, failure characters  # fmt: skip
+STATE_LEVELS = ((2000, None), (800, 600), (300, 300), (120, 160))  # evidence texts, each state text
+
+
+def _cut_all(value: Any, chars: int) -> Any:
+    """Return a value with every string in it cut to `chars` characters."""
+    if isinstance(value, str):
+        return cut(value, chars)
+    if isinstance(value, list):
+        return [_cut_all(v, chars) for v in value]
+    if isinstance(value, dict):
+        return {k: _cut_all(v, chars) for k, v in value.items()}
+    return value
+
+
+def _items(values: Any, d: Detail) -> list[Any]:
+    """Return the latest `d.items` entries of a list, each text in it cut to `d.item` characters."""
+    if not isinstance(values, list):
+        return []
+    kept = values[-d.items :] if d.items else []
+    return [
+        cut(v, d.item) if isinstance(v, str)
+        else {k: cut(x, d.item) if isinstance(x, str) else x for k, x in v.items()} if isinstance(v, dict)
+        else v
+        for v in kept
+    ]  # fmt: skip
+
+
+def _repo_view(repo: dict[str, Any], d: Detail) -> dict[str, Any]:
+    """Return the repository map at a level: fewer files, editable texts cut, no symbols past level 1."""
+    if d.files is None:
+        return repo
+    out: dict[str, Any] = {
+        "files": list(repo.get("files", []))[: d.files],
+        "files_total": repo.get("files_total"),
+    }
+    if d.files >= 60:
+        out["python_symbols"] = repo.get("python_symbols", {})
+    if d.contents:
+        out["editable_contents"] = {
+            path: cut(text, d.contents) for path, text in dict(repo.get("editable_contents", {})).items()
+        }
+    return {k: v for k, v in out.items() if v}
+
+
+def _node_view(n: NodeEvidence, number: dict[int, int], d: Detail, full: bool) -> dict[str, Any]:
+    """Return one node as the ideator sees it at a level (empty fields left out past the first)."""
+    view = {
+        "id": number[n.id], "parent_id": number.get(n.parent_id) if n.parent_id is not None else None,
+        "depth": n.depth, "status": n.status, "title": cut(n.title, 200 if full else 120),
+        "mechanism": cut(n.mechanism, d.text), "dev_mean": n.dev_mean, "dev_n": n.dev_n, "gain": n.gain,
+        "gain_lcb": n.gain_lcb,
+        "constraints": n.constraints if full else [
+            {k: c.get(k) for k in ("name", "verdict", "value")} for c in n.constraints
+        ],
+        "insight": cut(n.insight, d.text), "failure": cut(n.failure, d.failure),
+    }  # fmt: skip
+    return view if full else {k: v for k, v in view.items() if v not in ("", None, [])}
 
 
 class Unusable(ValueError):
@@ -194,58 +266,79 @@ class LlmPolicy:
         self._stats = SearchPolicy()
 
     def ideate(self, ctx: IdeationInput) -> list[Proposal]:
-        """Ask the ideator for `ctx.k` children; drop invalid parents and near-duplicates."""
+        """Ask the ideator for `ctx.k` children; those with an invalid parent or that repeat an idea come
+        back `dropped`, with why (`ideas.same`: equal change, or equal mechanism and parameters)."""
         data = asdict(ctx)
         # The model sees each node by its number in the study, as every page does; answers map back.
         number = {n.id: n.number for n in ctx.nodes}
         node_of = {n.number: n.id for n in ctx.nodes}
-        shown = shown_nodes(ctx)
-        evidence = {
-            "goal": data["goal"],
-            "objective": {"metric": data["metric"], "maximize": data["maximize"]},
-            "constraints": data["constraints"],
-            "trunk_node_id": number.get(ctx.trunk_node_id),
-            "trunk_dev_mean": data["trunk_dev_mean"],
-            "nodes": [
-                {"id": number[n.id], "parent_id": number.get(n.parent_id) if n.parent_id is not None else None, "depth": n.depth, "status": n.status,
-                 "title": n.title, "mechanism": n.mechanism, "dev_mean": n.dev_mean, "dev_n": n.dev_n, "gain": n.gain, "gain_lcb": n.gain_lcb,
-                 "constraints": n.constraints, "insight": n.insight[:400], "failure": n.failure[:300]}
-                for n in shown
-            ],
-            "nodes_shown": f"{len(shown)} of {len(ctx.nodes)} (the best, the recent, the open and their parents)"
-            if len(shown) < len(ctx.nodes) else f"all {len(ctx.nodes)}",
-            "repository": ctx.repo_map,
-            "improvement_state": renumber(data["improvement_state"], number.get),
-            "validated_findings": data["validated_findings"],
-            "pruned_lessons": data["pruned_lessons"],
-            "lab_memory": data["memory"],
-            "refine_requests": [{**r, "node_id": number.get(r["node_id"])} for r in data["refine"]],
-            "restart_from_root_away_from": [number.get(i) for i in data["restart"]],
-            "max_depth": data["max_depth"],
-            "plateau_level": data["plateau_level"],
-        }  # fmt: skip
-        messages = [
-            {"role": "system", "content": prompt("ideator").format(k=ctx.k, editable=", ".join(ctx.editable) or "any file")},
-            {"role": "user", "content": json.dumps(evidence, indent=1, default=str)},
+        system = prompt("ideator").format(k=ctx.k, editable=", ".join(ctx.editable) or "any file")
+        dropped = [
+            {"title": cut(x.get("title"), 160), "parent_id": number.get(x.get("parent_id")),  # type: ignore[arg-type]
+             "reason": cut(x.get("reason"), 300)}
+            for x in ctx.dropped[-DROPPED_SHOWN:]
         ]  # fmt: skip
+
+        def build(level: int) -> list[dict[str, Any]]:
+            d, full = IDEATOR_LEVELS[level], level == 0
+            shown = shown_nodes(ctx, d.nodes)
+            state = renumber(data["improvement_state"], number.get)
+            evidence = {
+                "goal": data["goal"],
+                "objective": {"metric": data["metric"], "maximize": data["maximize"]},
+                "constraints": data["constraints"],
+                "trunk_node_id": number.get(ctx.trunk_node_id),
+                "trunk_dev_mean": data["trunk_dev_mean"],
+                "nodes": [_node_view(n, number, d, full) for n in shown],
+                "nodes_shown": f"{len(shown)} of {len(ctx.nodes)} (root, trunk, the best, the recent, the open "
+                               "and their parents)" if len(shown) < len(ctx.nodes) else f"all {len(ctx.nodes)}",
+                **({} if full else {"shortened": "texts and lists are cut to fit the model's context; … marks a cut"}),
+                "dropped_ideas": dropped,
+                "repository": _repo_view(ctx.repo_map, d),
+                "improvement_state": state if full else {k: _items(v, d) for k, v in state.items()},
+                "validated_findings": data["validated_findings"] if full else _items(data["validated_findings"], d),
+                "pruned_lessons": _items(data["pruned_lessons"], d),
+                "lab_memory": [cut(x, d.item) for x in data["memory"][: d.items]],
+                "refine_requests": [{**r, "node_id": number.get(r["node_id"])} for r in data["refine"]],
+                "restart_from_root_away_from": [number.get(i) for i in data["restart"]],
+                "max_depth": data["max_depth"],
+                "plateau_level": data["plateau_level"],
+            }  # fmt: skip
+            return [
+                {"role": "system", "content": system},
+                {"role": "user", "content": json.dumps(evidence, indent=d.indent, default=str)},
+            ]
+
+        messages = fitted(self.model, "ideator", build, len(IDEATOR_LEVELS))
         try:
             children = self._ask("ideator", messages, lambda text: _children(text, ctx.trunk_dev_mean))
         except Unusable as exc:
             raise ModelError(f"the ideator's answer is not the requested JSON: {exc}") from exc
         valid = {n.id: n for n in ctx.nodes if n.status not in ("pruned", "cancelled")}
-        titles = [n.title for n in ctx.nodes]
-        ideas = [f"{n.title} {n.mechanism}" for n in ctx.nodes]
+        # What is tried already: every node but the root and those cancelled before they ran.
+        known: list[tuple[str, Identity]] = [
+            (f"n{n.number} ({cut(n.title, 80)})", identity(n.title, n.mechanism, n.edits))
+            for n in ctx.nodes
+            if n.parent_id is not None and n.status != "cancelled"
+        ]
         refine = {r.node_id for r in ctx.refine}
         out = []
         root = next((n.id for n in ctx.nodes if n.parent_id is None), None)
         restarts = list(ctx.restart)  # the first root child after each abandoned branch answers it
         for c in children[: ctx.k]:
+            asked = c.parent_id
             c.parent_id = node_of.get(c.parent_id, -1)
-            idea = f"{c.title} {c.mechanism}"
-            if c.parent_id not in valid or near_duplicate(c.title, titles) or near_duplicate(idea, ideas):
+            idea = identity(c.title, c.mechanism)
+            twin = next((name for name, other in known if same(idea, other)), None)
+            why = ""
+            if c.parent_id not in valid:
+                why = f"its parent n{asked} is not a node that may take children (unknown, pruned, cancelled)"
+            elif twin:
+                why = f"a duplicate of {twin}: the same mechanism and parameters"
+            if why:
+                out.append(Proposal(c.parent_id, c.title, {"mechanism": c.mechanism}, 0.0, {}, dropped=why))
                 continue
-            titles.append(c.title)
-            ideas.append(idea)
+            known.append((f"{cut(c.title, 80)!r}, proposed beside it", idea))
             hyp = {
                 "mechanism": c.mechanism,
                 "hypothesis": c.hypothesis,
@@ -362,29 +455,51 @@ class LlmPolicy:
              "n": c.dev_n, "insight": c.insight or c.summary}
             for c in children
         ]  # fmt: skip
-        messages = [
-            {"role": "system", "content": prompt("insight")},
-            {"role": "user", "content": json.dumps({"node": {"id": ancestor.number, "title": ancestor.title},
-                                                    "metric": metric, "children": kids}, default=str)},
-        ]  # fmt: skip
+        # Past the first level: fewer children (the measured best, then the latest), shorter lessons.
+        lcb = [c.gain_lcb if c.gain_lcb is not None else float("-inf") for c in children]
+        ranked = sorted(range(len(children)), key=lambda i: (-lcb[i], -children[i].number))
+
+        def build(level: int) -> list[dict[str, Any]]:
+            most, chars = INSIGHT_LEVELS[level]
+            shown = kids if level == 0 else [kids[i] for i in sorted(ranked[:most])]
+            body = {"node": {"id": ancestor.number, "title": cut(ancestor.title, 200)}, "metric": metric,
+                    "children": [{**k, "title": cut(k["title"], 200), "insight": cut(k["insight"], chars)}
+                                 for k in shown]}  # fmt: skip
+            if len(shown) < len(kids):
+                body["children_shown"] = f"{len(shown)} of {len(kids)} (the best measured and the latest)"
+            return [
+                {"role": "system", "content": prompt("insight")},
+                {"role": "user", "content": json.dumps(body, default=str)},
+            ]
+
         try:
-            text = self.model.complete("insight", messages).content.strip()
+            messages = fitted(self.model, "insight writer", build, len(INSIGHT_LEVELS))
+            text = bounded(self.model.complete("insight", messages).content)
         except (ModelError, BudgetExhausted):
             text = ""  # the statistical summary still records the lesson
         return text or self._stats.synthesize(ancestor, children, metric)
 
     def verify(self, node: NodeEvidence, soft: list[dict[str, Any]]) -> Judgement:
         """Ask the verifier for a 0-100 confidence per soft constraint and AREX's refine/restart call."""
-        evidence = {
-            "node": {"id": node.number, "title": node.title, "report": node.report, "diff": node.diff,
-                     "dev_metrics": node.dev_metrics, "gain": node.gain, "gain_lcb": node.gain_lcb,
-                     "constraints": node.constraints, "failure": node.failure},
-            "soft_constraints": [{"name": c["name"], "description": c["description"]} for c in soft],
-        }  # fmt: skip
-        messages = [
-            {"role": "system", "content": prompt("verifier")},
-            {"role": "user", "content": json.dumps(evidence, default=str)},
-        ]
+
+        def build(level: int) -> list[dict[str, Any]]:
+            report, diff, failure = VERIFIER_LEVELS[level]
+            evidence = {
+                "node": {"id": node.number, "title": node.title, "report": cut(node.report, report),
+                         "diff": cut(node.diff, diff), "dev_metrics": node.dev_metrics, "gain": node.gain,
+                         "gain_lcb": node.gain_lcb, "constraints": node.constraints,
+                         "failure": cut(node.failure, failure)},
+                "soft_constraints": [{"name": c["name"], "description": c["description"]} for c in soft],
+            }  # fmt: skip
+            return [
+                {"role": "system", "content": prompt("verifier")},
+                {"role": "user", "content": json.dumps(evidence, default=str)},
+            ]
+
+        try:
+            messages = fitted(self.model, "verifier", build, len(VERIFIER_LEVELS))
+        except ModelError:
+            return Judgement()  # too long even shortened: no judgement, as when the call fails
         names = {name_key(c["name"]): c["name"] for c in soft}
 
         def parse(text: str) -> Verdicts:
@@ -420,20 +535,29 @@ class LlmPolicy:
         """
         number = numbers if numbers is not None else {n.id: n.id for n in recent}
         node_of = {v: k for k, v in number.items()}
-        evidence = [
-            {"id": number.get(n.id), "title": n.title, "status": n.status, "gain": n.gain, "gain_lcb": n.gain_lcb,
-             "constraints": n.constraints, "failure": n.failure, "summary": n.summary}
-            for n in recent
-        ]  # fmt: skip
-        messages = [
-            {"role": "system", "content": prompt("state")},
-            {
-                "role": "user",
-                "content": json.dumps(
-                    {"state": renumber(state, number.get), "new_evidence": evidence}, default=str
-                ),
-            },
-        ]
+        shown = renumber(state, number.get)
+
+        def build(level: int) -> list[dict[str, Any]]:
+            text, item = STATE_LEVELS[level]  # the state's lists stay whole: its rewrite replaces them
+            evidence = [
+                {"id": number.get(n.id), "title": cut(n.title, 200), "status": n.status, "gain": n.gain,
+                 "gain_lcb": n.gain_lcb, "constraints": n.constraints, "failure": cut(n.failure, text),
+                 "summary": cut(n.summary, text)}
+                for n in recent
+            ]  # fmt: skip
+            view = shown if item is None else {k: _cut_all(v, item) for k, v in shown.items()}
+            return [
+                {"role": "system", "content": prompt("state")},
+                {
+                    "role": "user",
+                    "content": json.dumps({"state": view, "new_evidence": evidence}, default=str),
+                },
+            ]
+
+        try:
+            messages = fitted(self.model, "state writer", build, len(STATE_LEVELS))
+        except ModelError:
+            return state  # too long even shortened: the state stays as it is, as when the call fails
 
         def parse(text: str) -> dict[str, Any]:
             try:
