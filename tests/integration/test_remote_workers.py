@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -157,20 +158,26 @@ def test_two_workers_without_shared_storage_run_a_study_and_survive_a_kill(
 
 
 def sealed_bytes(root: Path, secret: bytes) -> list[str]:
-    """Return where `secret` lies under `root`: in a file as it is, or inside a git repository's objects."""
-    found = [
-        str(p) for p in root.rglob("*") if p.is_file() and not p.is_symlink() and secret in p.read_bytes()
-    ]
-    for git_dir in root.rglob(".git"):
-        if git_dir.is_dir():
+    """Return where `secret` lies under `root`: in a file as it is, or inside a git repository's objects.
+
+    A worker may be deleting a study's folders meanwhile: what vanishes under the walk is skipped.
+    """
+    found: list[str] = []
+    for here, dirs, files in os.walk(root):
+        for name in files:
+            path = Path(here) / name
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                if not path.is_symlink() and secret in path.read_bytes():
+                    found.append(str(path))
+        if ".git" in dirs and (Path(here) / ".git").is_dir():
             objects = subprocess.run(
                 ["git", "cat-file", "--batch-all-objects", "--batch"],
-                cwd=git_dir.parent,
+                cwd=here,
                 capture_output=True,
-                check=True,
+                check=False,
             ).stdout
             if secret in objects:
-                found.append(f"{git_dir} objects")
+                found.append(f"{here}/.git objects")
     return found
 
 

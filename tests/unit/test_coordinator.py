@@ -18,11 +18,16 @@ from agents.tree.insights import InsightUpdate
 from tests.conftest import tiny_files
 
 
+# Half steps: enough untried values that exploring never runs out before the budget (the sampler
+# reads the list as ordered, and finds x = 3 early on).
+KNOB = "[0, 0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5]"
+
+
 class Memory:
     """Storage, dispatcher and gatekeeper in one deterministic in-memory double."""
 
     def __init__(self, mode: str = "approve", experiments: int = 4, gate_passes: bool = True) -> None:
-        self.spec = parse_spec(tiny_files(mode=mode, experiments=experiments)["grove.toml"])
+        self.spec = parse_spec(tiny_files(mode=mode, experiments=experiments, values=KNOB)["grove.toml"])
         self.status = "running"
         self.rows: dict[int, dict[str, Any]] = {}
         self.jobs: dict[int, int] = {}
@@ -287,7 +292,7 @@ class GateJobs(Memory):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.spec = parse_spec(
-            tiny_files(mode=kw.get("mode", "auto"), experiments=kw.get("experiments", 6))[
+            tiny_files(mode=kw.get("mode", "auto"), experiments=kw.get("experiments", 6), values=KNOB)[
                 "grove.toml"
             ].replace("parallel = 2", "parallel = 1")
         )
