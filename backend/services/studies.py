@@ -385,7 +385,7 @@ def clone_study(
         # them, from the repository's own commit, kept under a ref no worker's fetch names.
         repo.git("update-ref", f"refs/grove/sealed/{name}", base)
         study.sealed_commit = base
-        base = repo.without(base, sealed, f"Grove: {name}'s base {base[:12]} without its sealed files")
+        base = repo.without(base, sealed, f"Grove: {name}'s base without its sealed files")
     repo.set_branch(trunk, base)
     study.repo_path, study.base_commit = str(dest), base
     study.trunk_branch, study.trunk_commit, study.base_values = trunk, base, values

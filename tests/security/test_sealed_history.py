@@ -150,3 +150,87 @@ def test_a_worker_learns_which_studies_it_may_forget(site: Site) -> None:
     r = httpx.post(f"{site.url}/api/v1/worker/studies/ended", json={"names": ["x"] * 1001},
                    headers={"Authorization": f"Bearer {site.plain}"})  # fmt: skip
     assert r.status_code == 422 and "names" in r.text
+
+
+def _bundle(repo: Path, ref: str, commit: str, prerequisites: list[str], objects: list[str]) -> bytes:
+    """Write a git bundle by hand: any prerequisite lines, one head, a pack of exactly `objects`."""
+    pack = subprocess.run(["git", "pack-objects", "--stdout"], cwd=repo, input="\n".join(objects).encode() + b"\n",
+                          capture_output=True, check=True, timeout=60).stdout  # fmt: skip
+    head = (
+        "# v2 git bundle\n"
+        + "".join(f"-{p} base\n" for p in prerequisites)
+        + f"{commit} refs/heads/{ref}\n\n"
+    )
+    return head.encode() + pack
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["prerequisite", "unnamed"])
+def test_a_bundle_cannot_lead_a_study_branch_to_the_sealed_base(
+    site: Site, tmp_path: Path, named: bool
+) -> None:
+    """A commit whose parent is the sealed base (its sha leaked, say) is refused, named or not."""
+    import httpx
+
+    url = f"{site.url}/api/v1/worker/git/{site.study.id}"
+    assert fetch_git(site, "clone", "-q", "--bare", url, "mine", cwd=tmp_path, kind="experiment",
+                     token=site.plain).returncode == 0  # fmt: skip
+    mine = tmp_path / "mine"
+    tree = git("rev-parse", f"{site.study.trunk_commit}^{{tree}}", cwd=mine).strip()
+    body = f"tree {tree}\nparent {site.study.sealed_commit}\nauthor a <a@b> 0 +0000\ncommitter a <a@b> 0 +0000\n\nx\n"
+    commit = subprocess.run(["git", "hash-object", "-t", "commit", "-w", "--literally", "--stdin"], cwd=mine,
+                            input=body, capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    ref = f"grove/{site.study.name}/n9"
+    data = _bundle(mine, ref, commit, [site.study.sealed_commit] if named else [], [commit])
+    clone = Path(site.study.repo_path)
+    before = git("for-each-ref", f"refs/heads/{ref}", cwd=clone)
+    r = httpx.post(
+        f"{site.url}/api/v1/worker/jobs/{site.jobs['experiment']}/publish",
+        params={"token": "experiment-token-0123456789abcdef", "ref": ref, "commit": commit},
+        content=data, headers={"Authorization": f"Bearer {site.plain}"}, timeout=60,
+    )  # fmt: skip
+    assert r.status_code == 422 and "study" in r.text, r.text
+    assert git("for-each-ref", f"refs/heads/{ref}", cwd=clone) == before
+    assert SECRET.encode() not in all_bytes(mine)
+    # The same job publishing a commit on its own trunk is taken.
+    body = f"tree {tree}\nparent {site.study.trunk_commit}\nauthor a <a@b> 0 +0000\ncommitter a <a@b> 0 +0000\n\ny\n"
+    good = subprocess.run(["git", "hash-object", "-t", "commit", "-w", "--stdin"], cwd=mine,
+                          input=body, capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    r = httpx.post(
+        f"{site.url}/api/v1/worker/jobs/{site.jobs['experiment']}/publish",
+        params={"token": "experiment-token-0123456789abcdef", "ref": ref, "commit": good},
+        content=_bundle(mine, ref, good, [site.study.trunk_commit], [good]),
+        headers={"Authorization": f"Bearer {site.plain}"}, timeout=60,
+    )  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert git("rev-parse", f"refs/heads/{ref}", cwd=clone).strip() == good
+
+
+def test_a_job_that_is_not_sealed_reads_no_sealed_commit_and_no_held_out_number(site: Site) -> None:
+    import httpx
+
+    with db.session(site.settings.db_url) as s:
+        study = s.get(Study, site.study.id)
+        assert study is not None and study.repository_key
+        study.trunk_heldout, study.baseline_heldout = [0.5], [0.25]
+        node = s.get(Node, study.trunk_node_id)
+        assert node is not None
+        node.heldout_values, node.heldout_gain, node.gate_reason = [0.5], 0.25, "passed: LCB 0.1"
+        s.add_all([study, node])
+    got = {}
+    for kind, token in (("experiment", site.plain), ("gate", site.trusted)):
+        call = f"{site.url}/api/v1/worker/jobs/{site.jobs[kind]}/call"
+        auth = {"Authorization": f"Bearer {token}"}
+        body = {"token": f"{kind}-token-0123456789abcdef"}
+        st = httpx.post(f"{call}/study", json={**body, "args": {}}, headers=auth)
+        nd = httpx.post(
+            f"{call}/node", json={**body, "args": {"node_id": site.study.trunk_node_id}}, headers=auth
+        )
+        assert st.status_code == nd.status_code == 200, (st.text, nd.text)
+        got[kind] = st.json() | nd.json()
+    seen = {k: got["experiment"][k] for k in ("sealed_commit", "repository_key", "trunk_heldout",
+                                               "baseline_heldout", "heldout_values", "heldout_gain", "gate_reason")}  # fmt: skip
+    assert seen == {"sealed_commit": "", "repository_key": "", "trunk_heldout": [], "baseline_heldout": [],
+                    "heldout_values": [], "heldout_gain": None, "gate_reason": ""}  # fmt: skip
+    # A sealed job (on a sealed-role token) reads them all.
+    assert got["gate"]["trunk_heldout"] == [0.5] and got["gate"]["heldout_gain"] == 0.25
+    assert got["gate"]["sealed_commit"] == site.study.sealed_commit

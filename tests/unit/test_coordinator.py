@@ -17,7 +17,6 @@ from agents.spec import parse_spec
 from agents.tree.insights import InsightUpdate
 from tests.conftest import tiny_files
 
-
 # Half steps: enough untried values that exploring never runs out before the budget (the sampler
 # reads the list as ordered, and finds x = 3 early on).
 KNOB = "[0, 0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5]"

@@ -106,12 +106,27 @@ def _trusted(who: Any, kind: str) -> None:
         )
 
 
+# What a job that is not sealed never reads: where the sealed files are (the repository's own
+# commits, which name them) and every held-out number.
+_STUDY_SEALED: dict[str, Any] = {
+    "sealed_commit": "",
+    "repository_key": "",
+    "baseline_heldout": [],
+    "trunk_heldout": [],
+}
+_NODE_SEALED: dict[str, Any] = {"heldout_values": [], "heldout_gain": None, "gate_reason": ""}
+
+
 def _public(study: Study, kind: str) -> dict[str, Any]:
-    """Return a study's row as a job of this kind may see it (where the sealed files are, only to sealed jobs)."""
+    """Return a study's row as a job of this kind may see it (sealed commits and held-out numbers only to sealed jobs)."""
     out = _dump(study)
-    if kind not in SEALED:
-        out["sealed_commit"] = ""
-    return out
+    return out if kind in SEALED else out | _STUDY_SEALED
+
+
+def _public_node(node: Node, kind: str) -> dict[str, Any]:
+    """Return a node's row as a job of this kind may see it (held-out numbers only to sealed jobs)."""
+    out = _dump(node)
+    return out if kind in SEALED else out | _NODE_SEALED
 
 
 class Names(BaseModel):
@@ -137,7 +152,7 @@ def claim(job_id: int, body: Claim, settings: SettingsDep, who: Worker) -> dict[
         job, node, study = jobstore.claim_experiment(settings, job_id, body.token, body.host[:200], body.pid)
     except Superseded as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
-    return {"job": _dump(job), "node": _dump(node), "study": _public(study, job.kind)}
+    return {"job": _dump(job), "node": _public_node(node, job.kind), "study": _public(study, job.kind)}
 
 
 @router.post("/jobs/{job_id}/claim-sealed")
@@ -171,7 +186,7 @@ def call(job_id: int, name: str, body: Call, settings: SettingsDep, who: Worker)
     if isinstance(out, Study):
         return _public(out, job.kind)
     if isinstance(out, Node):
-        return _dump(out)
+        return _public_node(out, job.kind)
     return out
 
 
@@ -263,26 +278,40 @@ async def publish(
     if ref not in allowed:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"job {job_id} may not publish {ref!r}")
     data = await request.body()
-    await run_in_threadpool(_take_bundle, gitops.Repo(Path(study.repo_path)), data, ref, commit)
+    await run_in_threadpool(_take_bundle, gitops.Repo(Path(study.repo_path)), data, study.name, ref, commit)
     return {"ref": ref, "commit": commit}
 
 
-def _take_bundle(repo: gitops.Repo, data: bytes, ref: str, commit: str) -> None:
+def _take_bundle(repo: gitops.Repo, data: bytes, name: str, ref: str, commit: str) -> None:
+    """Store a bundle's `ref` in the clone if it needs nothing but the study's own branches and itself.
+
+    It is unpacked first into a scratch repository that holds only what the study's branches reach
+    (what the job could fetch): a bundle that names, or deltas against, any other object of the
+    clone (the repository's own base holding the sealed files, say) fails there, before the clone
+    sees it, and no branch of the study can come to lead to a sealed byte.
+    """
     with tempfile.TemporaryDirectory(prefix="grove-bundle-") as tmp:
-        bundle = Path(tmp) / "in.bundle"
+        bundle, scratch = Path(tmp) / "in.bundle", Path(tmp) / "scratch"
         bundle.write_bytes(data)
         try:
-            repo.git("bundle", "verify", "-q", str(bundle))
-            heads = repo.git("bundle", "list-heads", str(bundle), f"refs/heads/{ref}").split()
+            gitops.git("init", "--quiet", str(scratch))
+            gitops.git("fetch", "--quiet", "--no-tags", str(repo.path),
+                       f"+refs/heads/grove/{name}/*:refs/heads/grove/{name}/*", cwd=scratch)  # fmt: skip
+            gitops.git("bundle", "verify", "-q", str(bundle), cwd=scratch)
+            heads = gitops.git("bundle", "list-heads", str(bundle), f"refs/heads/{ref}", cwd=scratch).split()
             if heads[:1] != [commit]:
                 raise HTTPException(
                     status.HTTP_422_UNPROCESSABLE_CONTENT, f"the bundle's {ref} is not {commit}"
                 )
+            gitops.git(
+                "fetch", "--quiet", "--no-tags", str(bundle), f"+refs/heads/{ref}:refs/incoming", cwd=scratch
+            )
             with repo.lock():
-                repo.git("fetch", "--quiet", "--no-tags", str(bundle), f"+refs/heads/{ref}:refs/heads/{ref}")
+                repo.git("fetch", "--quiet", "--no-tags", str(scratch), f"+refs/incoming:refs/heads/{ref}")
         except gitops.GitError as exc:
             raise HTTPException(
-                status.HTTP_422_UNPROCESSABLE_CONTENT, f"bundle: {exc.stderr[:500]}"
+                status.HTTP_422_UNPROCESSABLE_CONTENT,
+                f"bundle (it may need only commits of study {name}'s branches): {exc.stderr[:500]}",
             ) from None
 
 
