@@ -463,10 +463,17 @@ class DbStore:
             add_event(s, self.study_id, "node.evaluated", root.id, dev=values, baseline=True)
 
     def baseline_heldout(self, values: list[float]) -> None:
-        """Record the unchanged repository's held-out values."""
+        """Record the unchanged repository's held-out values (each one a recorded run of this job)."""
         with db.session(self.settings.db_url) as s:
             self._current(s)
             study, root = self._study_and_trunk(s)
+            spec = spec_of(study)
+            why = _out_of_bounds(spec, values) or (
+                "" if self.job_id is None
+                else _unrecorded(s, spec, ReceiptRow.job_id == self.job_id, values, study.base_commit)
+            )  # fmt: skip
+            if not values or why:
+                raise Refused(f"the baseline's held-out values: {why or 'none'}")
             study.baseline_heldout = study.trunk_heldout = values
             root.heldout_values = values
             s.add_all([study, root])
@@ -525,22 +532,12 @@ class DbStore:
         self, s: Session, study: Study, node: Node, spec: Any, values: list[float], passed: bool, commit: str
     ) -> tuple[str, float | None]:
         """Return why a reported gate result cannot be kept ('' if it can) and the held-out gain recomputed."""
-        low, high = spec.objective.bounds or (-math.inf, math.inf)
-        if not all(isinstance(v, int | float) and math.isfinite(v) and low <= v <= high for v in values):
-            return f"held-out values {values[:12]} are not finite numbers within objective.bounds", None
+        if why := _out_of_bounds(spec, values):
+            return why, None
         if self.job_id is not None and values:
-            rows = s.exec(
-                select(ReceiptRow).where(
-                    ReceiptRow.job_id == self.job_id, ReceiptRow.kind == "test", col(ReceiptRow.ok)
-                )
-            ).all()
-            latest = {
-                r.seed: r for r in sorted(rows, key=lambda r: r.id or 0)
-            }  # a retried job ran them again
-            metric = spec.objective.metric
-            recorded = [(latest[k].metrics or {}).get(metric) for k in sorted(latest)]
-            if recorded != list(values):
-                return "the held-out values are not those of the job's recorded test runs", None
+            mine = ReceiptRow.job_id == self.job_id
+            if why := _unrecorded(s, spec, mine, values, commit if passed else ""):
+                return why, None
         trunk = list(study.trunk_heldout)
         gain = None
         if values and len(trunk) >= len(values):
@@ -562,12 +559,21 @@ class DbStore:
         return (f"{why} (trunk {study.trunk_commit[:12]} merged with n{node.number})" if why else ""), gain
 
     def keep_trunk_heldout(self, trunk_commit: str, values: list[float]) -> None:
-        """Keep trunk's longer held-out values unless trunk moved meanwhile."""
+        """Keep trunk's longer held-out values unless trunk moved meanwhile (each one a recorded run of trunk)."""
         with db.session(self.settings.db_url) as s:
             self._current(s)
             study = s.get(Study, self.study_id)
             assert study is not None
             if study.trunk_commit == trunk_commit and len(study.trunk_heldout) < len(values):
+                spec, have = spec_of(study), len(study.trunk_heldout)
+                if list(values[:have]) != study.trunk_heldout:
+                    return  # another gate extended them first
+                trunk_runs = ReceiptRow.node_id == study.trunk_node_id
+                why = _out_of_bounds(spec, values) or _unrecorded(
+                    s, spec, trunk_runs, values[have:], trunk_commit, first=have, latest=False
+                )
+                if why:
+                    raise Refused(f"trunk's held-out values: {why}")
                 study.trunk_heldout = list(values)
                 root = s.get(Node, study.trunk_node_id)
                 if root is not None:
@@ -691,3 +697,37 @@ def record_verdict(
 def local_repo(study: Study) -> Repo:
     """Return Grove's clone of a study's repository."""
     return Repo(Path(study.repo_path))
+
+
+def _out_of_bounds(spec: Any, values: list[float]) -> str:
+    """Return why held-out values cannot be a metric's ('' if they can): finite, within objective.bounds."""
+    low, high = spec.objective.bounds or (-math.inf, math.inf)
+    if all(isinstance(v, int | float) and math.isfinite(v) and low <= v <= high for v in values):
+        return ""
+    return f"held-out values {values[:12]} are not finite numbers within objective.bounds"
+
+
+def _unrecorded(
+    s: Session, spec: Any, which: Any, values: list[float], commit: str, first: int = 0, latest: bool = True
+) -> str:
+    """Return why `values` are not the metric of the recorded test runs `which` selects ('' if they are).
+
+    Seeds start at `first`; where `commit` is named, only runs that evaluated it count. With
+    `latest`, a seed's last run counts (a retried job runs them again); without, any of its runs
+    (jobs running side by side each measure trunk's next seeds).
+    """
+    where = [which, ReceiptRow.kind == "test", col(ReceiptRow.ok)] + (
+        [ReceiptRow.commit == commit] if commit else []
+    )
+    seen: dict[int, list[Any]] = {}
+    for r in sorted(s.exec(select(ReceiptRow).where(*where)).all(), key=lambda r: r.id or 0):
+        seen.setdefault(r.seed, []).append((r.metrics or {}).get(spec.objective.metric))
+    seeds = [k for k in sorted(seen) if k >= first]
+    if latest:
+        fits = [seen[k][-1] for k in seeds] == list(values)
+    else:
+        fits = all(v in seen.get(first + i, ()) for i, v in enumerate(values))
+    if not fits:
+        at = f" of {commit[:12]}" if commit else ""
+        return f"the held-out values are not those of the job's recorded test runs{at}"
+    return ""

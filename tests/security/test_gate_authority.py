@@ -56,7 +56,11 @@ def _worker_clone(study: Study, dest: Path) -> Path:
 def gate(tmp_path: Path, redis_url: str) -> Iterator[Gate]:
     settings = Settings(data_dir=tmp_path / "data", worktrees_dir=tmp_path / "wt", redis_url=redis_url)
     settings.ensure_dirs()
-    repo = make_repo(tmp_path / "tiny", tiny_files(mode="approve", margin=0.0))
+    files = tiny_files(mode="approve", margin=0.0)
+    files["grove.toml"] = files["grove.toml"].replace(
+        'direction = "maximize"', 'direction = "maximize"\nbounds = [0, 1000]'
+    )
+    repo = make_repo(tmp_path / "tiny", files)
     with db.session(settings.db_url) as s:
         study = create_study(s, settings, (repo / "grove.toml").read_text(), str(repo))
         study.baseline_heldout = study.trunk_heldout = list(TRUNK_HELDOUT)
@@ -252,3 +256,36 @@ def test_trunk_does_not_move_to_a_recorded_gate_commit_the_server_did_not_make(g
     assert st.trunk_commit == gate.study.trunk_commit == clone_trunk(gate)
     assert node.status == NodeStatus.REJECTED and "refused" in node.status_reason
     assert events and "parents" in events[0].payload["reason"]
+
+
+def test_runs_recorded_for_another_commit_do_not_support_a_pass(gate: Gate) -> None:
+    merged = honest_merge(gate)
+    publish(gate, merged)
+    record_test_runs(gate, gate.node.commit, NODE_HELDOUT)  # the node alone, not the merge the gate names
+    code, body = call(
+        gate, "verdict", passed=True, reason="passed", commit=merged, values=NODE_HELDOUT, gain=9.0
+    )
+    assert code == 422 and f"recorded test runs of {merged[:12]}" in str(body), body
+
+
+def test_trunk_held_out_values_must_be_bounded_recorded_runs_of_trunk(gate: Gate) -> None:
+    trunk = gate.study.trunk_commit
+    longer = [*TRUNK_HELDOUT, 768.145]
+    # Made up (no run of trunk's seed 2 recorded) or out of bounds.
+    for values in (longer, [*TRUNK_HELDOUT, 1e9]):
+        code, body = call(gate, "keep_trunk_heldout", trunk_commit=trunk, values=values)
+        assert code == 422 and "trunk's held-out values" in str(body), (values, body)
+    # Values that do not extend trunk's are not kept.
+    assert call(gate, "keep_trunk_heldout", trunk_commit=trunk, values=[1.0, 2.0, 3.0])[0] == 200
+    receipts = [
+        {"kind": "test", "seed": 2, "ok": True, "commit": gate.node.commit, "metrics": {"score": 768.145}}
+    ]
+    assert call(gate, "add_receipts", node_id=gate.study.trunk_node_id, receipts=receipts)[0] == 200
+    assert call(gate, "keep_trunk_heldout", trunk_commit=trunk, values=longer)[0] == 422  # not a run of trunk
+    st, *_ = state(gate)
+    assert st.trunk_heldout == TRUNK_HELDOUT
+    receipts[0]["commit"] = trunk
+    assert call(gate, "add_receipts", node_id=gate.study.trunk_node_id, receipts=receipts)[0] == 200
+    assert call(gate, "keep_trunk_heldout", trunk_commit=trunk, values=longer)[0] == 200
+    st, *_ = state(gate)
+    assert st.trunk_heldout == longer
