@@ -28,6 +28,7 @@ from backend.core.models import Event, Job, Node, Study
 from backend.engine import evaluation, sandbox, workspace
 from backend.engine.driver import thread_id
 from backend.engine.environment import SetupFailed
+from backend.engine.trial import trial_run
 from backend.services import lifecycle
 from backend.services.records import spec_of
 from backend.services.studies import (
@@ -35,7 +36,6 @@ from backend.services.studies import (
     create_study,
     get_by_name,
     repository_files,
-    trial_run,
     validate,
 )
 

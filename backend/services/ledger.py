@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlmodel import Session
 
 from agents.policies.llm.model import BudgetExhausted, Turn
 from backend.core.models import LlmCall
 
-if TYPE_CHECKING:
-    from backend.engine.jobstore import JobStore
+
+class JobStore(Protocol):
+    """The calls of a job's store the ledger makes (the engine's `JobStore` has them)."""
+
+    def llm_reserve(self, usd: float, tokens: int) -> dict[str, Any]: ...
+    def llm_release(self, hold: int) -> None: ...
+    def llm_record(self, call: dict[str, Any], hold: int | None = None) -> int: ...
+    def event(self, kind: str, node_id: int | None, payload: dict[str, Any]) -> None: ...
 
 
 class StoreLedger:

@@ -6,7 +6,6 @@ import hashlib
 import os
 import shutil
 import tempfile
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ from agents.tree.status import NodeStatus, StudyStatus
 from backend.core import cloning, gitops
 from backend.core.config import Settings
 from backend.core.models import Node, Study
-from backend.engine import environment, evaluation, workspace
 from backend.services import lifecycle, memory
 from backend.services.records import add_event, spec_of
 
@@ -162,31 +160,6 @@ def uncommitted(source_repo: str) -> list[SpecIssue]:
             "(values, the evaluator and the files all come from it); commit the changes to include them",
         )
     ]
-
-
-def trial_run(settings: Settings, spec: Spec, repo: gitops.Repo, base: str) -> evaluation.Receipt:
-    """Build the study's environment and run its dev command once (seed 0) on `base`, in the sandbox.
-
-    Raises `environment.SetupFailed` when the environment cannot be built.
-    """
-    study = Study(name=spec.study.name, goal=spec.study.goal, spec_toml="", source="")
-    label = f"validate-{uuid.uuid4().hex[:8]}"
-    tree = workspace.worktree_path(settings, study, label)
-    out = Path(tempfile.mkdtemp(prefix="grove-trial-"))
-    workspace.prepare(
-        repo, tree, f"grove/{study.name}/validate", base, sealed=spec.files.sealed, reason=label
-    )
-    try:
-        iso = environment.ensure(settings, study, spec, repo, base, workspace.isolation_of(settings))
-        return evaluation.evaluate(
-            kind="dev", command=spec.evaluate.dev, worktree=tree, output_dir=out, seed=0,
-            metric=spec.objective.metric, commit=base, limits=workspace.limits_of(spec),
-            evaluator_fingerprint="", isolation=iso, output_cap=settings.output_cap_bytes,
-            tail_bytes=settings.tail_bytes,
-        )  # fmt: skip
-    finally:
-        repo.remove_worktree(tree)
-        shutil.rmtree(out, ignore_errors=True)
 
 
 def check_new(s: Session, spec: Spec, source_repo: str, allow_plain_folder: bool = False) -> None:

@@ -234,3 +234,30 @@ def test_a_job_that_is_not_sealed_reads_no_sealed_commit_and_no_held_out_number(
     # A sealed job (on a sealed-role token) reads them all.
     assert got["gate"]["trunk_heldout"] == [0.5] and got["gate"]["heldout_gain"] == 0.25
     assert got["gate"]["sealed_commit"] == site.study.sealed_commit
+
+
+def test_a_study_made_before_trunk_left_sealed_files_out_is_fetched_only_by_sealed_jobs(
+    site: Site, tmp_path: Path
+) -> None:
+    """Its trunk's history holds the sealed files: a job that is not sealed gets 409, not a byte."""
+
+    def as_before(sealed_commit: str, base_commit: str) -> None:
+        with db.session(site.settings.db_url) as s:
+            study = s.get(Study, site.study.id)
+            assert study is not None
+            study.sealed_commit, study.base_commit = sealed_commit, base_commit
+            s.add(study)
+
+    url = f"{site.url}/api/v1/worker/git/{site.study.id}"
+    as_before("", site.study.sealed_commit)
+    try:
+        got = fetch_git(
+            site, "clone", "-q", "--mirror", url, "old", cwd=tmp_path, kind="experiment", token=site.plain
+        )
+        assert got.returncode != 0 and "409" in got.stderr, got.stderr
+        got = fetch_git(site, "ls-remote", url, cwd=tmp_path, kind="gate", token=site.trusted)
+        assert got.returncode == 0, got.stderr
+    finally:
+        as_before(site.study.sealed_commit, site.study.base_commit)
+    got = fetch_git(site, "ls-remote", url, cwd=tmp_path, kind="experiment", token=site.plain)
+    assert got.returncode == 0, got.stderr

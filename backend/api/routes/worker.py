@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field, ValidationError, validate_call
 from sqlmodel import col, select
 from starlette.concurrency import run_in_threadpool
 
+from agents import globs
 from agents.tree.status import StudyStatus
 from backend.api.deps import MAX_ID, SettingsDep, Worker
 from backend.core import db, gitops
@@ -31,6 +32,7 @@ from backend.core.models import Node, Study
 from backend.core.security import SEALED_ROLE
 from backend.engine import jobstore
 from backend.engine.jobstore import CALLS, SEALED, DbStore, Refused, Superseded
+from backend.services.records import spec_of
 
 router = APIRouter(prefix="/worker", tags=["worker"])
 FINAL_STUDY = {StudyStatus.FINISHED, StudyStatus.FAILED}
@@ -334,6 +336,17 @@ def _fetching_job(settings: Any, study_id: int, header: str) -> Held:
     return held
 
 
+def _no_sealed_on_trunk(study: Study) -> None:
+    """Refuse a study made before trunk left the sealed files out, if its base holds any, to a job that is not sealed."""
+    repo = gitops.Repo(Path(study.repo_path))
+    if study.base_commit and globs.select(spec_of(study).files.sealed, repo.files_at(study.base_commit)):
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"study {study.name!r} was made before trunk left its sealed files out: its history holds them, "
+            "so only workers with the sealed role may fetch it (or run it on the API's own workers)",
+        )
+
+
 @router.api_route("/git/{study_id}/{path:path}", methods=["GET", "POST"], include_in_schema=False)
 async def git_http(
     study_id: int, path: str, request: Request, settings: SettingsDep, who: Worker
@@ -347,6 +360,8 @@ async def git_http(
     held = await run_in_threadpool(_fetching_job, settings, study_id, request.headers.get(JOB_HEADER, ""))
     _trusted(who, held.kind)
     study = await run_in_threadpool(_study, settings, study_id)
+    if held.kind not in SEALED and not study.sealed_commit:
+        await run_in_threadpool(_no_sealed_on_trunk, study)
     repo = Path(study.repo_path)
     # Only the study's own branches are served (trunk, nodes, gates: a history without sealed files);
     # the ref to its repository's base, which holds them, only to a sealed job. Protocol v0 (no

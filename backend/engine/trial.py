@@ -1,0 +1,39 @@
+"""One trial run of a study's dev evaluator on its base, before any study exists (`grove validate`)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+from agents.spec import Spec
+from backend.core import gitops
+from backend.core.config import Settings
+from backend.core.models import Study
+from backend.engine import environment, evaluation, workspace
+
+
+def trial_run(settings: Settings, spec: Spec, repo: gitops.Repo, base: str) -> evaluation.Receipt:
+    """Build the study's environment and run its dev command once (seed 0) on `base`, in the sandbox.
+
+    Raises `environment.SetupFailed` when the environment cannot be built.
+    """
+    study = Study(name=spec.study.name, goal=spec.study.goal, spec_toml="", source="")
+    label = f"validate-{uuid.uuid4().hex[:8]}"
+    tree = workspace.worktree_path(settings, study, label)
+    out = Path(tempfile.mkdtemp(prefix="grove-trial-"))
+    workspace.prepare(
+        repo, tree, f"grove/{study.name}/validate", base, sealed=spec.files.sealed, reason=label
+    )
+    try:
+        iso = environment.ensure(settings, study, spec, repo, base, workspace.isolation_of(settings))
+        return evaluation.evaluate(
+            kind="dev", command=spec.evaluate.dev, worktree=tree, output_dir=out, seed=0,
+            metric=spec.objective.metric, commit=base, limits=workspace.limits_of(spec),
+            evaluator_fingerprint="", isolation=iso, output_cap=settings.output_cap_bytes,
+            tail_bytes=settings.tail_bytes,
+        )  # fmt: skip
+    finally:
+        repo.remove_worktree(tree)
+        shutil.rmtree(out, ignore_errors=True)
