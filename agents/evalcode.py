@@ -21,7 +21,14 @@ if TYPE_CHECKING:
     from agents.spec import Spec
 
 SHELL_WORDS = frozenset({"&&", "||", ";", "|", "&", "(", ")"})
-DYNAMIC = frozenset({"import_module", "__import__", "exec", "run_path", "run_module", "load_source"})
+# Calls that import, execute or start something named at run time: whatever they reach is unknown.
+DYNAMIC = frozenset({"import_module", "__import__", "exec", "eval", "compile", "run_path", "run_module",
+                     "load_source", "exec_module", "spec_from_file_location", "system", "popen", "Popen",
+                     "check_call", "check_output", "execv", "execvp", "execl", "execlp", "spawnv", "spawnl"})  # fmt: skip
+# `module.call` pairs that do the same: `subprocess.run`, and unpickling (which imports and calls
+# whatever the pickle names, e.g. a candidate's output read by the scorer).
+DYNAMIC_OF = {"subprocess": {"run", "call"}, "pickle": {"load", "loads"}, "joblib": {"load"},
+              "dill": {"load", "loads"}, "cloudpickle": {"load", "loads"}, "torch": {"load"}}  # fmt: skip
 Finding = tuple[str, str, Literal["error", "warning"]]  # (dotted key, message, level)
 
 
@@ -82,6 +89,9 @@ def _reach(command: str, present: set[str], read: Callable[[str], str]) -> tuple
         elif i > 0 and words[i - 1] == "-m":
             named_code = True
             todo += [(p, "") for p in _module(word, "", present)]
+            main = posixpath.join(*word.split("."), "__main__.py")
+            if main in present:  # `python -m package` runs its __main__
+                todo.append((main, ""))
         elif i > 0 and words[i - 1] == "-c":
             named_code = True
             inline[f"<-c {len(inline)}>"] = word
@@ -143,6 +153,7 @@ def _dynamic(tree: ast.AST) -> str:
         if isinstance(node, ast.Call):
             f = node.func
             name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-            if name in DYNAMIC:
-                return f"{name}()"
+            owner = f.value.id if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else ""
+            if name in DYNAMIC or name in DYNAMIC_OF.get(owner, ()):
+                return f"{owner + '.' if owner else ''}{name}()"
     return ""

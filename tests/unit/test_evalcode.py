@@ -1,0 +1,60 @@
+"""What `grove validate` reads of a sealed-test command: the editable code it runs, or what it cannot tell."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.evalcode import findings
+from agents.spec import parse_spec
+
+SPEC = """\
+[study]
+name = "t"
+goal = "g"
+base = "main"
+[objective]
+metric = "score"
+direction = "maximize"
+[evaluate]
+dev = "python eval.py"
+{test}
+[files]
+editable = ["model.py", "pkg/**"]
+protected = ["eval.py", "score.py", "run.sh"]
+sealed = ["data/test/**"]
+[budget]
+experiments = 2
+"""
+
+
+def check(test: str, files: dict[str, str]) -> list[tuple[str, str, str]]:
+    spec = parse_spec(SPEC.format(test=test))
+    return findings(spec, list(files), files.__getitem__)
+
+
+def test_python_m_of_an_editable_package_runs_its_main() -> None:
+    files = {"pkg/__init__.py": "", "pkg/__main__.py": "print(1)\n", "eval.py": ""}
+    out = check('test = "python -m pkg"', files)
+    assert [level for _, _, level in out] == ["error"] and "pkg/__main__.py" in out[0][1]
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import subprocess\nsubprocess.run(['python', 'model.py'])\n",
+        "import os\nos.system('python model.py')\n",
+        "eval(open('model.py').read())\n",
+        "import importlib.util as u\nu.spec_from_file_location('m', 'model.py')\n",
+        "import pickle\npickle.load(open('out/model.pkl', 'rb'))\n",
+    ],
+    ids=["subprocess.run", "os.system", "eval", "spec_from_file_location", "pickle.load"],
+)
+def test_a_scorer_that_runs_something_named_at_run_time_is_warned_about(code: str) -> None:
+    out = check('test = "python eval.py"', {"eval.py": code, "model.py": ""})
+    assert [(key, level) for key, _, level in out] == [("evaluate.test", "warning")]
+    assert "cannot tell" in out[0][1]
+
+
+def test_a_scorer_of_plain_imports_is_neither_refused_nor_warned_about() -> None:
+    out = check('test = "python eval.py"', {"eval.py": "import json\nimport numpy\nprint(json.dumps({}))\n"})
+    assert out == []
