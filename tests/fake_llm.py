@@ -8,7 +8,12 @@ system role, of its first message) to that role's queue of scripted answers:
 - `"finish_reason": "length"` on either: the answer was cut off by the output limit;
 - `{"status": 502, "retry_after": "0"}`: an error status, with a `Retry-After` header if given;
 - `{"context_error": True}`: the 400 a server sends for a prompt longer than its context;
-- `{"wait": threading.Event()}` before any of these: the answer waits until the event is set.
+- `{"wait": threading.Event()}` before any of these: the answer waits until the event is set;
+  `{"set": threading.Event()}` sets the event when the answer is given.
+
+A key `"<role>|<text>"` holds a queue of its own for that role's requests whose messages contain
+`<text>` (e.g. `"executor|(node n3)"`): it is served before the role's queue, while it lasts, so
+concurrent nodes can be scripted apart.
 
 An empty queue repeats a `finish` it ended on (the confirmation finish asks for), or gets a
 harmless default. `refuse_tool_choice` and `refuse_tools` make the server
@@ -103,6 +108,10 @@ class FakeLLM:
                 return 400, {
                     "error": {"message": "this model does not support tools", "type": "BadRequestError"}
                 }
+            own = next((k for k, q in self.script.items() if q and k.startswith(f"{role}|")
+                        and k.split("|", 1)[1] in text), None)  # fmt: skip
+            if own is not None:
+                role = own
             queue = self.script.get(role, [])
             last = self.last.get(role, {})
             if queue:
@@ -112,6 +121,8 @@ class FakeLLM:
             else:
                 step = DEFAULTS.get(role, {"content": ""})
             self.last[role] = step
+        if "set" in step:
+            step["set"].set()
         if "wait" in step:
             step["wait"].wait(timeout=120)
         if step.get("context_error"):

@@ -25,7 +25,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
 from agents.coordinator.configuration import CoordinatorConfig, CoordinatorContext
-from agents.coordinator.ports import Integration, NodeRecord, Pending, StudyView
+from agents.coordinator.ports import Integration, NodeRecord, Pending, Storage, StudyView
 from agents.coordinator.records import RecordIndex, Records, index_of
 from agents.coordinator.state import CoordinatorState
 from agents.policies.base import IdeationInput, Judgement, NodeEvidence, Policy, RefineRequest
@@ -148,7 +148,12 @@ def ideate(
             dropped=list(state.get("dropped", [])),
         )
         if study.spec.policy_kind == "llm":  # only a model reads the repository and the lab memory
-            ctx = replace(ctx, memory=storage.memory(sid), repo_map=storage.repo_map(sid))
+            ctx = replace(
+                ctx,
+                memory=storage.memory(sid),
+                repo_map=storage.repo_map(sid),
+                recent=recent(storage, sid, records),
+            )
         try:
             proposals = runtime.context.policy.ideate(ctx)
         except BudgetExhausted as exc:
@@ -583,12 +588,14 @@ def integrate_one(
         summary = policy.summarise(_with(ev, status=status), spec.objective.metric, None)
         verification: dict[str, Any] = {"decision": str(a.decision), "reason": a.reason}
         return Integration(ev.id, str(status), None, None, [], verification, summary)
-    # Paired by seed on the seeds both have, at the level of the look the node's seed count reached.
+    # Paired by seed on the seeds both have, at the level of the look the node's seed count reached,
+    # against the trunk the node was built on: a merge since then does not change what it did.
     plan = Plan(spec.evaluate.repeats, spec.evaluate.most_repeats)
-    n = min(len(rec.dev_values), len(study.trunk_dev))
+    base = base_dev(study, rec, records)
+    n = min(len(rec.dev_values), len(base))
     g = gain_over(
         rec.dev_values[:n],
-        study.trunk_dev[:n],
+        base[:n],
         maximize=spec.maximize,
         alpha=plan.alpha_at(len(rec.dev_values)),
     )
@@ -630,6 +637,11 @@ def integrate_one(
         "refine_goal": a.refine_goal,
         "verifier": {"call": judged.call, "why": judged.why},
     }
+    if base is not study.trunk_dev:  # built on an older trunk: its gain there, and against trunk now
+        m = min(len(rec.dev_values), len(study.trunk_dev))
+        if m:
+            now = gain_over(rec.dev_values[:m], study.trunk_dev[:m], maximize=spec.maximize)
+            verification["trunk_gain"] = {"gain": now.mean, "trunk_node": study.trunk_node_id}
     if ev.origin == "refine":
         outcome = {
             Decision.ACCEPT: "resolved: every constraint holds and the gain is kept",
@@ -641,6 +653,15 @@ def integrate_one(
     updated = _with(ev, status=status, gain=g.mean, gain_lcb=g.lcb, constraints=cons)
     summary = policy.summarise(updated, spec.objective.metric, records.get(ev.parent_id or -1, rec).evidence)
     return Integration(ev.id, str(status), g.mean, g.lcb, cons, verification, summary)
+
+
+def base_dev(study: StudyView, rec: NodeRecord, records: dict[int, NodeRecord]) -> list[float]:
+    """Return the dev values of the trunk a node was built on (trunk's own while it has not moved)."""
+    if rec.base_commit and rec.base_commit != study.trunk_commit:
+        made = next((r for r in records.values() if r.trunk_commit == rec.base_commit and r.dev_values), None)
+        if made is not None:
+            return made.dev_values
+    return study.trunk_dev
 
 
 def _refine_outcome(
@@ -737,14 +758,24 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
     ]
     sign = 1.0 if study.spec.maximize else -1.0
     trunk_mean = trunk_dev_mean(study)
+    # A change that improved the trunk it was built on is tried once more on the current trunk (only
+    # nodes on it may query the gate). The `search` policy writes a whole assignment, so its change on
+    # the new trunk is itself: worth it only where it beats trunk. Other policies merge it onto trunk.
+    whole = study.spec.policy_kind == "search"
+    held = set() if whole else in_trunk(index)
     stale = [
         r for r in index.decided("accept")
         if r.evidence.status == NodeStatus.EVALUATED
         and r.base_commit != study.trunk_commit and r.evidence.id not in index.refs["revisit"]
-        and r.evidence.dev_mean is not None and trunk_mean is not None
-        and sign * (r.evidence.dev_mean - trunk_mean) > 0
+        and (whole or r.evidence.id not in held)
+        and (not whole or (r.evidence.dev_mean is not None and trunk_mean is not None
+                           and sign * (r.evidence.dev_mean - trunk_mean) > 0))
     ]  # fmt: skip
-    revisit = [r.evidence.id for r in sorted(stale, key=lambda r: -sign * (r.evidence.dev_mean or 0.0))]
+    if whole:
+        stale.sort(key=lambda r: -sign * (r.evidence.dev_mean or 0.0))
+    else:
+        stale.sort(key=lambda r: -(r.evidence.gain_lcb or 0.0))
+    revisit = [r.evidence.id for r in stale]
     restart = [r.evidence.id for r in index.decided("restart") if r.evidence.id not in index.refs["restart"]]
     trunk = index.by_id.get(study.trunk_node_id)
     istate = study.improvement_state
@@ -771,6 +802,34 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         max_depth=max_depth,
         revisit=revisit,
     )
+
+
+RECENT = 4  # finished nodes whose executor reports and diffs the ideator reads
+
+
+def recent(storage: Storage, study_id: int, records: list[NodeRecord]) -> list[dict[str, Any]]:
+    """Return the latest finished nodes' executor reports and diffs, newest first."""
+    done = sorted((r for r in records if r.completed_order and r.evidence.parent_id is not None),
+                  key=lambda r: -r.completed_order)  # fmt: skip
+    return [
+        {"id": r.evidence.id, "report": r.evidence.report, "diff": storage.change(study_id, r.evidence.id)}
+        for r in done[:RECENT]
+    ]
+
+
+def in_trunk(index: RecordIndex) -> set[int]:
+    """Return the nodes whose change trunk holds: the merged ones, their ancestors and what they revisited."""
+    held: set[int] = set()
+    todo = list(index.by_status.get(NodeStatus.MERGED, {}))
+    while todo:
+        nid = todo.pop()
+        r = index.by_id.get(nid)
+        if nid in held or r is None:
+            continue
+        held.add(nid)
+        todo += [x for x in (r.evidence.parent_id, r.evidence.origin_ref if r.evidence.origin == "revisit" else None)
+                 if x is not None]  # fmt: skip
+    return held
 
 
 PRUNED_LESSONS = 30  # the lessons of pruned branches an ideator reads at most

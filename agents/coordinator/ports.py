@@ -44,6 +44,7 @@ class NodeRecord:
     passed_unread: bool = (
         False  # the gate passed it (its query counted) and the coordinator has not acted yet
     )
+    trunk_commit: str = ""  # the trunk this node made (the root's base, a merged node's gate commit)
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,8 @@ class IdeationInput:
     constraints: list[dict[str, Any]] = field(default_factory=list)
     restart: list[int] = field(default_factory=list)  # nodes whose branch was abandoned (AREX restart)
     max_depth: int = 6  # no node may sit deeper than this
-    # Candidates built on an older trunk that beat the current trunk on dev, best first: a
-    # config-edit policy may test the same edits again on the current trunk.
+    # Candidates built on an older trunk that improved it, best first, to be tried again on the
+    # current trunk (for the `search` policy only those that beat the current trunk on dev).
     revisit: list[int] = field(default_factory=list)
     free: int = 0  # experiments that can start now (a sampler asks for no more, so none go stale)
     # Lab memory: what earlier studies of this repository learned, one line each with its provenance.
@@ -77,6 +77,8 @@ class IdeationInput:
     repo_map: dict[str, Any] = field(default_factory=dict)  # trunk's files, symbols, editable text (llm)
     # Ideas the last rounds dropped, oldest first: {"title", "parent_id" (a node id or None), "reason"}.
     dropped: list[dict[str, Any]] = field(default_factory=list)
+    # The latest finished nodes' executor reports and diffs, newest first: {"id", "report", "diff"} (llm).
+    recent: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the whole input as plain data (what a prompt could be built from)."""

@@ -20,7 +20,8 @@ class Facts(NamedTuple):
     gated: bool = False
     gate_reason: str = ""
     failure: str = ""
-    on_trunk: bool = True  # measured against the current trunk
+    on_trunk: bool = True  # built on the current trunk
+    revisited_as: tuple[int, ...] = ()  # numbers of the nodes that measure its change again on a newer trunk
 
 
 def _lcb(x: float) -> str:
@@ -76,5 +77,10 @@ def _evaluated(f: Facts) -> str:
     if f.gain_lcb is None:
         return "evaluated"
     if not f.on_trunk:
-        return f"not a gate candidate: dev LCB {_lcb(f.gain_lcb)}, but measured against an older trunk"
+        where = f"dev LCB {_lcb(f.gain_lcb)} on the older trunk it was built on"
+        if f.revisited_as:
+            return f"{where} \u2192 measured again on a newer trunk as " + ", ".join(
+                f"n{i}" for i in f.revisited_as
+            )
+        return f"not a gate candidate: {where}"
     return f"gate candidate: dev LCB {_lcb(f.gain_lcb)} > {bar:g}"

@@ -106,13 +106,17 @@ def run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], Non
         # A human's own words stay; a generated title is rewritten from the real change.
         edits = dict(node.edits) if node.origin != "human" else {}
         before = key_values(spec, path, edits)  # the worktree is still at the base commit
+        # A revisit that merged cleanly is its source's change on the current trunk: nothing to write.
+        merged = node.origin == "revisit" and bool(node.inherited.get("commit"))
         try:
-            account = policy.implement(path, inp)
+            account = "" if merged else policy.implement(path, inp)
         finally:
             if inp.trajectory:
                 store.save_trajectory(inp.trajectory)
         title = diff_title(before, key_values(spec, path, edits)) or node.title
-        commit = repo.commit_all(path, f"Grove n{node.number}: {title}\n\n{account}")
+        commit = repo.commit_all(path, f"Grove n{node.number}: {title}\n\n{account}") or (
+            start if merged else None
+        )
         if title != node.title:
             store.relabel(node.title, title)
         if commit is None:

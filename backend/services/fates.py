@@ -39,8 +39,14 @@ def _names(value: Any) -> tuple[str, ...]:
     return tuple(str(c) for c in value or ())
 
 
-def node_fate(row: Mapping[str, Any], refined_as: Sequence[int], trunk_commit: str, min_gain: float) -> str:
-    # refined_as: the numbers of the node's refine children
+def node_fate(
+    row: Mapping[str, Any],
+    refined_as: Sequence[int],
+    trunk_commit: str,
+    min_gain: float,
+    revisited_as: Sequence[int] = (),
+) -> str:
+    # refined_as, revisited_as: the numbers of the node's refine children and of the nodes revisiting it
     """Return a node's fate from its columns (a node summary's fields and `fate_columns`)."""
     return fate(
         Facts(
@@ -57,6 +63,7 @@ def node_fate(row: Mapping[str, Any], refined_as: Sequence[int], trunk_commit: s
             gate_reason=row["gate_reason"],
             failure=row["failure"],
             on_trunk=row["base_commit"] == trunk_commit,
+            revisited_as=tuple(revisited_as),
         )
     )
 
@@ -65,12 +72,16 @@ def fate_of(s: Session, n: Node) -> str:
     """Return one node's fate (its refine children and its study's trunk are looked up)."""
     st = s.get(Study, n.study_id)
     assert st is not None
-    refined = s.exec(
-        select(Node.number)
-        .where(Node.origin_ref == n.id, Node.origin == "refine", Node.study_id == n.study_id)
+    refs = s.exec(
+        select(Node.origin, Node.number)
+        .where(
+            Node.origin_ref == n.id, col(Node.origin).in_(("refine", "revisit")), Node.study_id == n.study_id
+        )
         .order_by(col(Node.id))
     ).all()
-    return node_fate(_row(n), list(refined), st.trunk_commit, spec_of(st).plateau.min_gain)
+    refined = [num for origin, num in refs if origin == "refine"]
+    revisited = [num for origin, num in refs if origin == "revisit"]
+    return node_fate(_row(n), refined, st.trunk_commit, spec_of(st).plateau.min_gain, revisited)
 
 
 def _row(n: Node) -> dict[str, Any]:
@@ -82,11 +93,18 @@ def _row(n: Node) -> dict[str, Any]:
 def study_fates(s: Session, st: Study) -> dict[int, str]:
     """Return the fate of every node of a study."""
     nodes = list(s.exec(select(Node).where(Node.study_id == st.id).order_by(col(Node.id))))
-    refined: dict[int, list[int]] = {}
+    refs: dict[str, dict[int, list[int]]] = {"refine": {}, "revisit": {}}
     for n in nodes:
-        if n.origin == "refine" and n.origin_ref is not None:
-            refined.setdefault(n.origin_ref, []).append(n.number)
+        if n.origin in refs and n.origin_ref is not None:
+            refs[n.origin].setdefault(n.origin_ref, []).append(n.number)
     min_gain = spec_of(st).plateau.min_gain
     return {
-        n.id or 0: node_fate(_row(n), refined.get(n.id or 0, []), st.trunk_commit, min_gain) for n in nodes
+        n.id or 0: node_fate(
+            _row(n),
+            refs["refine"].get(n.id or 0, []),
+            st.trunk_commit,
+            min_gain,
+            refs["revisit"].get(n.id or 0, []),
+        )
+        for n in nodes
     }

@@ -30,6 +30,9 @@ from backend.services.records import add_event, add_insight, spec_of, transition
 MAX_DIFF = 12_000  # characters of a node's diff the verifier is shown
 # The ideator's repository map: files listed, files whose Python symbols are read, characters of text.
 MAP_FILES, MAP_SYMBOL_FILES, MAP_TEXT = 300, 60, 16_000
+# The protected files' preview in the map: the first lines of the smallest text files, within a budget.
+PREVIEW_TEXT, PREVIEW_EACH, PREVIEW_LINES, PREVIEW_FILE_BYTES = 6000, 1500, 30, 2_000_000
+EVAL_OUTPUT = 2000  # characters of trunk's last dev output shown to the ideator
 
 
 def _mean_metrics(receipts: list[dict[str, Any]]) -> dict[str, float]:
@@ -367,6 +370,9 @@ def _record(
         verification=dict(node.verification),
         gated=node.gated and not passed_unread,
         passed_unread=passed_unread,
+        trunk_commit=(node.commit if node.parent_id is None else node.gate_commit)
+        if node.status == NodeStatus.MERGED
+        else "",
     )
 
 
@@ -406,10 +412,12 @@ def inherit(s: Session, st: Study, node: Node) -> dict[str, Any]:
     A policy that rebases on trunk (the `search` policy writes a whole assignment) starts every node
     from trunk. Otherwise a child of a node whose change is not in trunk builds on that change: its
     branch is set to the merge of trunk and the parent's commit, and its executor is told the
-    parent's diff, its measured effect and, for a refine, why it is refined. A conflict with trunk
-    leaves the node on trunk, with the conflict told to the executor to resolve.
+    parent's diff, its measured effect and, for a refine, why it is refined. A revisit builds on the
+    node it revisits the same way (it hangs under trunk). A conflict with trunk leaves the node on
+    trunk, with the conflict told to the executor to resolve.
     """
-    parent = s.get(Node, node.parent_id) if node.parent_id is not None else None
+    source = node.origin_ref if node.origin == "revisit" else node.parent_id
+    parent = s.get(Node, source) if source is not None else None
     if parent is None or parent.parent_id is None or not parent.commit or rebases_on_trunk(spec_of(st)):
         return {}
     repo = gitops.Repo(Path(st.repo_path))
@@ -567,13 +575,23 @@ class SqlStorage:
                 return {}
             spec = spec_of(st)
             key, repo_path = (study_id, st.trunk_commit), st.repo_path
+            if key not in self._maps:  # what trunk's dev evaluation printed (dev only: never a sealed run)
+                out = s.exec(
+                    select(ReceiptRow.stdout_tail)
+                    .where(ReceiptRow.node_id == st.trunk_node_id, ReceiptRow.kind == "dev", ReceiptRow.ok)
+                    .order_by(col(ReceiptRow.id).desc())
+                    .limit(1)
+                ).first()
         if key not in self._maps:
             try:
-                self._maps[key] = repository_map(
-                    gitops.Repo(Path(repo_path)), key[1], spec.files.editable, spec.files.sealed
-                )
+                found = repository_map(
+                    gitops.Repo(Path(repo_path)), key[1], spec.files.editable, spec.files.sealed,
+                    spec.files.protected,
+                )  # fmt: skip
             except Exception:  # the repository is the study's, hostile until proven otherwise: no map
-                self._maps[key] = {}
+                found = {}
+            evaluator = {"dev_command": spec.evaluate.dev, "dev_output": (out or "")[-EVAL_OUTPUT:]}
+            self._maps[key] = {**found, "evaluator": evaluator}
             while len(self._maps) > 16:
                 self._maps.pop(next(iter(self._maps)))
         return self._maps[key]
@@ -783,8 +801,11 @@ class SqlStorage:
                     transition(s, n, NodeStatus.CANCELLED, reason=reason)
 
 
-def repository_map(repo: gitops.Repo, commit: str, editable: list[str], sealed: list[str]) -> dict[str, Any]:
-    """Map a commit's tree: paths and sizes, top-level Python symbols, and editable files' text within a budget."""
+def repository_map(
+    repo: gitops.Repo, commit: str, editable: list[str], sealed: list[str], protected: Iterable[str] = ()
+) -> dict[str, Any]:
+    """Map a commit's tree: paths and sizes, top-level Python symbols, editable files' text within a
+    budget, and the start of the protected files (what the evaluator reads; sealed ones never)."""
     files: list[tuple[str, int]] = []
     for item in repo.git("ls-tree", "-r", "-l", "-z", commit).split("\0"):
         meta, _, path = item.partition("\t")
@@ -825,4 +846,24 @@ def repository_map(repo: gitops.Repo, commit: str, editable: list[str], sealed: 
         "files_total": len(files),
         "python_symbols": symbols,
         "editable_contents": contents,
+        "protected_preview": _preview(repo, commit, [f for f in files if globs.match_any(protected, f[0])]),
     }
+
+
+def _preview(repo: gitops.Repo, commit: str, files: list[tuple[str, int]]) -> dict[str, str]:
+    """Return the first lines of the smallest text files given, within `PREVIEW_TEXT` characters."""
+    out: dict[str, str] = {}
+    left = PREVIEW_TEXT
+    for path, size in sorted(files, key=lambda f: f[1]):
+        if left <= 0 or size > PREVIEW_FILE_BYTES:
+            continue
+        try:
+            text = repo.read_at(commit, path)
+        except (gitops.GitError, UnicodeDecodeError):
+            continue
+        if "\0" in text:
+            continue
+        head = "\n".join(text.splitlines()[:PREVIEW_LINES])[: min(PREVIEW_EACH, left)]
+        out[path] = head
+        left -= len(head)
+    return out

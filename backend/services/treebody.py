@@ -95,16 +95,17 @@ def _body(s: Session, url: str, st: Study, fields: list[str], kept: _Kept) -> by
             # The stamp the row was read with: a write between the two queries is read next time.
             kept.stamps[row["id"]] = row.pop("updated_at")
             kept.rows[row["id"]] = row
-    refined: dict[int, list[int]] = {}
+    refs: dict[str, dict[int, list[int]]] = {"refine": {}, "revisit": {}}
     for nid in sorted(kept.rows):
         row = kept.rows[nid]
-        if row["origin"] == "refine" and row["origin_ref"] is not None:
-            refined.setdefault(row["origin_ref"], []).append(row["number"])
+        if row["origin"] in refs and row["origin_ref"] is not None:
+            refs[row["origin"]].setdefault(row["origin_ref"], []).append(row["number"])
+    refined, revisited = refs["refine"], refs["revisit"]
     for nid, row in kept.rows.items():
-        key = (kept.stamps[nid], trunk, tuple(refined.get(nid, ())), min_gain)
+        key = (kept.stamps[nid], trunk, tuple(refined.get(nid, ())), tuple(revisited.get(nid, ())), min_gain)
         piece = kept.pieces.get(nid)
         if piece is None or piece[0] != key:
-            told = fates.node_fate(row, refined.get(nid, ()), trunk, min_gain)
+            told = fates.node_fate(row, refined.get(nid, ()), trunk, min_gain, revisited.get(nid, ()))
             summary = {f: row[f] for f in fields}
             kept.pieces[nid] = (key, pydantic_core.to_json({**summary, "fate": told}, inf_nan_mode="null"))
     head = pydantic_core.to_json({"study_id": st.id, "trunk_node_id": st.trunk_node_id})

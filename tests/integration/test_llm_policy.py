@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,9 @@ from sqlmodel import col, select
 from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.models import LlmCall, Node, ReceiptRow, Study, Trajectory
+from backend.services.fates import fate_of
 from backend.services.ledger import prompt_of
-from tests.conftest import git, make_repo, tiny_files
+from tests.conftest import TINY_EVAL, git, make_repo, tiny_files
 from tests.fake_llm import FakeLLM
 
 LLM_POLICY = """\
@@ -47,6 +49,7 @@ def llm_repo(
     policy: str = "",
     extra_files: dict[str, str] | None = None,
     name: str = "llm-study",
+    parallel: int = 1,
 ) -> Path:
     files = tiny_files(name=name, experiments=experiments) | (extra_files or {})
     spec = files["grove.toml"]
@@ -54,7 +57,7 @@ def llm_repo(
         spec = spec.replace("[search]", SOFT.lstrip() + "\n[search]")
     spec = spec[: spec.index("[search]")] + spec[spec.index("[budget]") :]
     spec = spec.replace('[policy]\nkind = "search"\nseed = 0\nchildren = 2\n', LLM_POLICY + policy)
-    spec = spec.replace("parallel = 2", f"parallel = 1\nusd = {usd}")
+    spec = spec.replace("parallel = 2", f"parallel = {parallel}\nusd = {usd}")
     files["grove.toml"] = spec
     files["eval.py"] = files["eval.py"].replace(
         'print(json.dumps({"score": score, "size": x}))',
@@ -169,6 +172,10 @@ def test_scripted_executor_edits_evaluates_finishes_and_merges(settings: Setting
     files = {f["path"] for f in ideator["repository"]["files"]}
     assert {"config.toml", "eval.py"} <= files and not any(f.startswith("data/test") for f in files)
     assert ideator["repository"]["editable_contents"]["config.toml"].startswith("[knob]")
+    # The dev evaluator's command and what it printed on trunk, and the start of the protected files.
+    evaluator = ideator["repository"]["evaluator"]
+    assert evaluator["dev_command"] == "python eval.py dev" and '"score": 1.0' in evaluator["dev_output"]
+    assert ideator["repository"]["protected_preview"]["eval.py"].startswith("import json, os, sys")
     assert st.improvement_state["concerns"] == ["scripted concern"]  # the state updater's rewrite
     assert st.improvement_state["verified_findings"][0]["node_ids"] == [2]
     verifier = next(c for c in calls if c.role == "verifier")
@@ -306,3 +313,64 @@ def test_a_refine_child_starts_from_its_parents_change_and_is_told_it(
                                              and c.node_id == 3)))  # fmt: skip
     assert "You build on n2 (Push the knob to 5)" in first and "+x = 5" in first
     assert "This is a refine of n2" in first and "dev mean 6" in first
+
+
+def test_a_change_made_stale_by_a_merge_is_measured_again_on_the_new_trunk(
+    settings: Settings, tmp_path: Path
+) -> None:
+    # Trunk scores 1. n2 centres x (+9) and n3 raises y (+2) side by side; n2 merges while n3's
+    # executor is held, so n3 is measured on the trunk it was built on (1), not on the new one (10).
+    y = ' + 2 * cfg["knob"].get("y", 0)'
+    evaluator = TINY_EVAL.replace("+ 0.01 * seed", "+ 0.01 * seed" + y)
+    repo = llm_repo(
+        tmp_path, experiments=3, parallel=2,
+        extra_files={"eval.py": evaluator, "config.toml": "[knob]\nx = 0\nsleep = 0\n# y adds to the score\ny = 0\n"},
+    )  # fmt: skip
+    both = {"children": [
+        {"parent_id": 1, "title": "Centre the knob", "mechanism": "set knob.x to 3", "hypothesis": "peak at 3",
+         "observable": "dev near 10", "risks": "none", "expected_gain": 5.0},
+        {"parent_id": 1, "title": "Raise y", "mechanism": "set knob.y to 1", "hypothesis": "y adds to the score",
+         "observable": "dev up by 2", "risks": "none", "expected_gain": 2.0},
+    ]}  # fmt: skip
+    held = threading.Event()
+    script = {
+        # The next ideation comes once n2 is merged (its slot is free): n3's executor goes on then.
+        "ideator": [{"content": json.dumps(both)}, {"content": '{"children": []}', "set": held}],
+        "executor|(node n2)": [
+            tool("edit", path="config.toml", search="x = 0", replace="x = 3"),
+            tool("finish", report="Set x = 3."),
+            tool("finish", report="Set x = 3."),
+        ],
+        "executor|(node n3)": [
+            {"wait": held, **tool("edit", path="config.toml", search="y = 0", replace="y = 1")},
+            tool("finish", report="Set y = 1."),
+            tool("finish", report="Set y = 1."),
+        ],
+    }
+    with FakeLLM(script) as llm:
+        res = grove_run(settings, repo, llm.url)
+    assert res.returncode == 0, res.stderr + res.stdout
+    n2, n3, n4 = (rows(settings, Node, Node.id == i)[0] for i in (2, 3, 4))
+    st = rows(settings, Study)[0]
+    assert n3.base_commit != n2.gate_commit  # built on the trunk n2 replaced
+    # Its gain is paired against the trunk it was built on (3 against 1), and the gain against the
+    # new trunk (3 against 10) is kept beside it.
+    assert n3.gain == pytest.approx(2.0) and n3.status == "evaluated", (n3.status, n3.gain, n3.status_reason)
+    assert n3.verification["trunk_gain"]["gain"] == pytest.approx(-7.0)
+    # n4 measures n3's change merged onto the new trunk, with no executor at work, and merges.
+    assert (n4.origin, n4.origin_ref, n4.parent_id) == ("revisit", 3, 2), (n4.origin, n4.title)
+    assert n4.base_commit == n2.gate_commit and n4.inherited["commit"] == n4.commit
+    assert "x = 3" in git("show", f"{n4.commit}:config.toml", cwd=Path(st.repo_path))
+    assert "y = 1" in git("show", f"{n4.commit}:config.toml", cwd=Path(st.repo_path))
+    assert n4.gain == pytest.approx(2.0) and n4.status == "merged", (n4.status, n4.status_reason)
+    assert not [c for c in rows(settings, LlmCall) if c.role == "executor" and c.node_id == 4]
+    # The ideation after n2 read what n2's executor reported and the diff it made.
+    later = json.loads(
+        [r for r in llm.requests if r["role"] == "ideator"][1]["body"]["messages"][1]["content"]
+    )
+    done = later["recent_changes"][0]
+    assert done["id"] == 2 and done["executor_report"] == "Set x = 3." and "+x = 3" in done["diff"]
+    assert st.trunk_node_id == 4
+    with db.session(settings.db_url) as s:
+        told = fate_of(s, s.get(Node, 3))  # type: ignore[arg-type]
+    assert told.endswith("measured again on a newer trunk as n4"), told

@@ -448,12 +448,20 @@ def test_the_repository_map_shows_files_symbols_and_editable_text_but_nothing_se
         "data/test/offset.txt": "777.125\n",
         "data/test/labels.py": "def secret():\n    return 777.125\n",
         "README.md": "a repository\n",
+        "data/dev/rows.csv": "a,b\n" + "".join(f"{i},{i * 2}\n" for i in range(100)),
+        "data/dev/blob.bin": "\0\1\2",
     })  # fmt: skip
     head = gitops.git("rev-parse", "HEAD", cwd=repo).strip()
-    m = repository_map(gitops.Repo(repo), head, ["config.toml", "model.py"], ["data/test/**"])
-    assert {f["path"] for f in m["files"]} == {"model.py", "config.toml", "README.md"}
+    m = repository_map(gitops.Repo(repo), head, ["config.toml", "model.py"], ["data/test/**"], ["data/**"])
+    assert {f["path"] for f in m["files"]} == {
+        "model.py", "config.toml", "README.md", "data/dev/rows.csv", "data/dev/blob.bin"
+    }  # fmt: skip
     assert m["python_symbols"] == {"model.py": ["Net", "train"]}
     assert m["editable_contents"]["config.toml"] == "[knob]\nx = 0\n"
+    # What the evaluator reads, protected: the first lines of its text files; binary and sealed ones never.
+    assert set(m["protected_preview"]) == {"data/dev/rows.csv"}
+    assert m["protected_preview"]["data/dev/rows.csv"].startswith("a,b\n0,0\n1,2\n")
+    assert m["protected_preview"]["data/dev/rows.csv"].count("\n") == 29  # 30 lines
     assert "777" not in json.dumps(m) and "secret" not in json.dumps(m)
 
 

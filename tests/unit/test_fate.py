@@ -24,7 +24,8 @@ def test_each_fate_reads_as_one_line() -> None:
         Facts("awaiting_approval"): "passed the held-out gate; waiting for a human decision",
         Facts("cancelled", reason="the study was stopped before a decision"): "cancelled: the study was stopped before a decision",
         Facts("evaluated", gain_lcb=0.2, decision="accept"): "gate candidate: dev LCB +0.2 > 0",
-        Facts("evaluated", gain_lcb=0.2, decision="accept", on_trunk=False): "not a gate candidate: dev LCB +0.2, but measured against an older trunk",
+        Facts("evaluated", gain_lcb=0.2, decision="accept", on_trunk=False): "not a gate candidate: dev LCB +0.2 on the older trunk it was built on",
+        Facts("evaluated", gain_lcb=0.2, decision="accept", on_trunk=False, revisited_as=(7,)): "dev LCB +0.2 on the older trunk it was built on \u2192 measured again on a newer trunk as n7",
         Facts("running"): "running",
     }  # fmt: skip
     for facts, line in cases.items():

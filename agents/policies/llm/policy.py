@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -113,6 +113,32 @@ def prior_of(expected: float, nodes: list[NodeEvidence], trunk_mean: float | Non
 SHOWN_NODES = 60  # nodes an ideator's prompt lists at most
 
 
+def revisits(ctx: IdeationInput) -> list[Proposal]:
+    """Return the first change made stale by a merge, to be measured again merged onto the current trunk.
+
+    It needs no model: the child starts from the merge of trunk and that node's commit (its executor
+    is asked only to resolve a conflict), hangs under trunk, and its gain is paired against trunk.
+    """
+    by_id = {n.id: n for n in ctx.nodes}
+    trunk = by_id.get(ctx.trunk_node_id)
+    if trunk is None or trunk.depth >= ctx.max_depth or ctx.k < 1:
+        return []
+    for nid in ctx.revisit[:1]:
+        old = by_id.get(nid)
+        if old is None:
+            continue
+        gain = f" ({old.gain:+.4g} on the trunk it was built on)" if old.gain is not None else ""
+        hyp = {
+            "mechanism": old.mechanism or old.title,
+            "hypothesis": f"n{old.number}'s change{gain} still improves the current trunk, n{trunk.number}",
+            "observable": f"a dev gain over n{trunk.number}, paired by seed",
+            "risks": f"n{trunk.number}'s change may already hold what n{old.number} brought, or clash with it",
+        }
+        title = cut(f"{old.title} (again, on n{trunk.number})", 200)
+        return [Proposal(trunk.id, title, hyp, max(old.gain or 0.0, 0.0), {}, "revisit", nid)]
+    return []
+
+
 def shown_nodes(ctx: IdeationInput, limit: int = SHOWN_NODES) -> list[NodeEvidence]:
     """Return a bounded view of the tree for a prompt, by priority: the root, trunk, refine and restart
     requests, the best, the recent, then open nodes, each followed by its parent while there is room."""
@@ -201,10 +227,16 @@ def _repo_view(repo: dict[str, Any], d: Detail) -> dict[str, Any]:
     }
     if d.files >= 60:
         out["python_symbols"] = repo.get("python_symbols", {})
-    if d.contents:
-        out["editable_contents"] = {
-            path: cut(text, d.contents) for path, text in dict(repo.get("editable_contents", {})).items()
+    evaluator = dict(repo.get("evaluator", {}))
+    if evaluator:
+        printed, keep = str(evaluator.get("dev_output", "")), d.contents or 200  # its end holds the metrics
+        out["evaluator"] = {
+            **evaluator,
+            "dev_output": printed if len(printed) <= keep else "…" + printed[1 - keep :],
         }
+    if d.contents:
+        for part in ("editable_contents", "protected_preview"):
+            out[part] = {path: cut(text, d.contents) for path, text in dict(repo.get(part, {})).items()}
     return {k: v for k, v in out.items() if v}
 
 
@@ -266,8 +298,17 @@ class LlmPolicy:
         self._stats = SearchPolicy()
 
     def ideate(self, ctx: IdeationInput) -> list[Proposal]:
-        """Ask the ideator for `ctx.k` children; those with an invalid parent or that repeat an idea come
-        back `dropped`, with why (`ideas.same`: equal change, or equal mechanism and parameters)."""
+        """Ask the ideator for `ctx.k` children, after a revisit of a change a merge made stale; children
+        with an invalid parent or that repeat an idea come back `dropped`, with why (`ideas.same`: equal
+        change, or equal mechanism and parameters)."""
+        again = revisits(ctx)
+        if again:
+            ctx = replace(ctx, k=ctx.k - len(again))
+            if ctx.k <= 0:
+                return again
+        return again + self._ideate(ctx)
+
+    def _ideate(self, ctx: IdeationInput) -> list[Proposal]:
         data = asdict(ctx)
         # The model sees each node by its number in the study, as every page does; answers map back.
         number = {n.id: n.number for n in ctx.nodes}
@@ -294,6 +335,11 @@ class LlmPolicy:
                                "and their parents)" if len(shown) < len(ctx.nodes) else f"all {len(ctx.nodes)}",
                 **({} if full else {"shortened": "texts and lists are cut to fit the model's context; … marks a cut"}),
                 "dropped_ideas": dropped,
+                "recent_changes": [
+                    {"id": number.get(x["id"]), "executor_report": cut(x["report"], d.text * 2),
+                     "diff": cut(x["diff"], d.contents if d.contents is not None else 3000)}
+                    for x in data["recent"]
+                ] if d.text else [],
                 "repository": _repo_view(ctx.repo_map, d),
                 "improvement_state": state if full else {k: _items(v, d) for k, v in state.items()},
                 "validated_findings": data["validated_findings"] if full else _items(data["validated_findings"], d),
