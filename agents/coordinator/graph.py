@@ -292,6 +292,7 @@ def integrate(
     latest = storage.nodes(sid)  # read again only after this step's own writes to the nodes
     records = index_of(latest).by_id  # read-only
     istate = ImprovementState.from_dict(study.improvement_state)
+    told = set(istate.concerns)
     for node_id in sorted(node_ids):
         rec = records[node_id]
         if rec.completed_order:
@@ -353,7 +354,11 @@ def integrate(
         accepted = frozenset(
             [*index.by_status.get(NodeStatus.MERGED, {}), *index.by_decision.get("accept", {})]
         )
-    storage.save_state(sid, policy.update_state(istate.to_dict(), recent, numbers, accepted), int(level))
+    rewritten = ImprovementState.from_dict(policy.update_state(istate.to_dict(), recent, numbers, accepted))
+    for concern in istate.concerns:  # what Grove raised in this step survives the state writer's rewrite
+        if concern not in told:
+            rewritten.concern(concern)
+    storage.save_state(sid, rewritten.to_dict(), int(level))
     study = storage.study(sid)
     # One approval open and one sealed query at a time: trunk cannot move under either, so a
     # tested merge stays valid.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
@@ -175,11 +176,11 @@ class Memory:
         self.events.append(f"finished: {reason}")
 
 
-def drive(mem: Memory, answer: dict[str, Any]) -> list[str]:
+def drive(mem: Memory, answer: dict[str, Any], policy: Any = None) -> list[str]:
     """Run the graph to the end, completing jobs in order and answering approvals; return interrupt kinds."""
     graph = build_graph().compile(checkpointer=InMemorySaver())
     cfg = {"configurable": {"thread_id": "t"}}
-    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
+    ctx = CoordinatorContext(mem, mem, mem, policy or SearchPolicy())
     inp: Any = {"study_id": 1}
     kinds = []
     for _ in range(100):
@@ -865,3 +866,43 @@ def test_a_policy_that_reads_the_baseline_proposes_only_once_it_is_in() -> None:
     mem.dev = "done"
     out = resume(graph, cfg, ctx, out.interrupts[0], [mem.DEV])
     assert len(mem.jobs) == 2 and mem.trunk_dev
+
+
+def test_a_gain_is_paired_against_the_trunk_the_node_was_built_on() -> None:
+    from dataclasses import replace
+
+    from agents.coordinator.graph import integrate_one
+    from agents.verify.state import ImprovementState
+
+    mem = Memory()
+    mem.trunk, mem.trunk_dev = "c7", [10.0, 10.01]  # trunk moved on while the node ran
+    rec = replace(_record(3, [3.0, 3.01]), base_commit="c5")
+    made = replace(_record(2, [1.0, 1.01]), trunk_commit="c5")  # the merge that made trunk c5
+    made = replace(made, evidence=replace(made.evidence, id=9, status="merged"))
+    out = integrate_one(mem.study(1), rec, SearchPolicy(), ImprovementState(), {2: rec, 9: made})
+    assert out.gain == pytest.approx(2.0) and out.verification["decision"] == "accept"
+    assert out.verification["trunk_gain"]["gain"] == pytest.approx(-7.0)
+    # On the current trunk the two gains are one, and no second is kept.
+    now = integrate_one(
+        mem.study(1), replace(rec, base_commit="c7"), SearchPolicy(), ImprovementState(), {2: rec}
+    )
+    assert now.gain == pytest.approx(-7.0) and "trunk_gain" not in now.verification
+
+
+class Forgetful(Judging):
+    """A verifier that abandons what it refines, and a state writer that rewrites every concern away."""
+
+    def update_state(self, state: dict[str, Any], *args: Any) -> dict[str, Any]:
+        return {**state, "concerns": ["the model's own concern"]}
+
+
+def test_grove_s_own_concerns_survive_the_state_writer() -> None:
+    from agents.policies.base import Judgement
+
+    mem = Memory(mode="auto", experiments=1)
+    mem.add(1, "x=5", {"config.toml:knob.x": 5})  # improves, but size 5 > 4: refined, then abandoned
+    drive(mem, {}, Forgetful(Judgement(call="restart", why="the knob rail is broken")))
+    assert mem.rows[2]["verification"]["decision"] == "restart"
+    concerns = mem.state["concerns"]
+    assert "the model's own concern" in concerns  # the rewrite is taken,
+    assert any("abandoned by the verifier" in c for c in concerns), concerns  # and Grove's concern stays

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from importlib import resources
@@ -113,6 +114,9 @@ def prior_of(expected: float, nodes: list[NodeEvidence], trunk_mean: float | Non
 SHOWN_NODES = 60  # nodes an ideator's prompt lists at most
 
 
+AGAIN = re.compile(r" \(again, on n\d+\)$")  # a revisit's title mark (a revisit of a revisit keeps one)
+
+
 def revisits(ctx: IdeationInput) -> list[Proposal]:
     """Return the first change made stale by a merge, to be measured again merged onto the current trunk.
 
@@ -134,7 +138,7 @@ def revisits(ctx: IdeationInput) -> list[Proposal]:
             "observable": f"a dev gain over n{trunk.number}, paired by seed",
             "risks": f"n{trunk.number}'s change may already hold what n{old.number} brought, or clash with it",
         }
-        title = cut(f"{old.title} (again, on n{trunk.number})", 200)
+        title = cut(f"{AGAIN.sub('', old.title)} (again, on n{trunk.number})", 200)
         return [Proposal(trunk.id, title, hyp, max(old.gain or 0.0, 0.0), {}, "revisit", nid)]
     return []
 
