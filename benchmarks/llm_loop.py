@@ -27,9 +27,11 @@ mean over seeds:
 - wasted: experiments that taught nothing — *duplicates* (a config measured before), *failed*
   attempts, and *stale* measurements (a node that improved the trunk it was built on, but was never
   merged nor measured again on a later trunk);
-- prompt sizes: the largest request per role, in tokens (characters / 4), as the server received it.
+- prompt sizes: the largest request per role, in tokens (characters / 4), as the server received it
+  (the spec's `max_input_tokens` is `--max-input-tokens`).
 
-    python benchmarks/llm_loop.py [--seeds 3] [--experiments 16] [--faults 0.25] [--baseline REV]
+    python benchmarks/llm_loop.py [--seeds 3] [--experiments 16] [--faults 0.25] [--max-input-tokens 6000]
+                                  [--baseline REV] [--no-baseline]
 """
 
 from __future__ import annotations
@@ -142,6 +144,7 @@ input_usd_per_mtok = 0.1
 output_usd_per_mtok = 0.1
 max_turns = 8
 children = 2
+max_input_tokens = {max_input}
 """
 
 
@@ -149,14 +152,14 @@ def config_text(c: dict[str, Any]) -> str:
     return "[train]\n" + "".join(f"{k} = {v}\n" for k, v in c.items())
 
 
-def make_repo(path: Path, experiments: int) -> Path:
+def make_repo(path: Path, experiments: int, max_input: int) -> Path:
     """Write the study's repository and commit it."""
     path.mkdir(parents=True)
     files = {
         "config.toml": config_text(BASE),
         "eval.py": evaluator_source(),
         "data/test/offset.txt": "0.0\n",
-        "grove.toml": SPEC.format(experiments=experiments),
+        "grove.toml": SPEC.format(experiments=experiments, max_input=max_input),
     }
     for rel, text in files.items():
         (path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -316,9 +319,11 @@ def serve(researcher: Researcher) -> tuple[ThreadingHTTPServer, str]:
 # One study ---------------------------------------------------------------------------------------
 
 
-def run_once(tree: Path, seed: int, experiments: int, faults: float, work: Path) -> dict[str, Any]:
+def run_once(
+    tree: Path, seed: int, experiments: int, faults: float, work: Path, max_input: int
+) -> dict[str, Any]:
     """Run one study with the code in `tree`; return its measures."""
-    repo = make_repo(work / "repo", experiments)
+    repo = make_repo(work / "repo", experiments, max_input)
     data = work / "data"
     researcher = Researcher(seed, faults)
     server, url = serve(researcher)
@@ -422,6 +427,7 @@ def main() -> None:
     ap.add_argument("--faults", type=float, default=0.25)
     ap.add_argument("--baseline", default=BASELINE, help="the older tree's commit (default: %(default)s)")
     ap.add_argument("--no-baseline", action="store_true", help="run this tree only")
+    ap.add_argument("--max-input-tokens", type=int, default=6000, help="the spec's policy.max_input_tokens")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="grove-llm-loop-") as tmp:
         old = Path(tmp) / "baseline-tree"
@@ -433,14 +439,15 @@ def main() -> None:
             for seed in range(args.seeds):
                 for name, tree in trees:
                     work = Path(tmp) / f"{name.replace(' ', '-')}-{seed}"
-                    r = run_once(tree, seed, args.experiments, args.faults, work)
+                    r = run_once(tree, seed, args.experiments, args.faults, work, args.max_input_tokens)
                     results[name].append(r)
                     print(f"seed {seed} {name}: {json.dumps({k: v for k, v in r.items() if k != 'prompts'})}",
                           flush=True)  # fmt: skip
         finally:
             if old.exists():
                 subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, check=False)
-    print(f"\n{args.seeds} seeds, budget {args.experiments} experiments, fault rate {args.faults}\n")
+    print(f"\n{args.seeds} seeds, budget {args.experiments} experiments, fault rate {args.faults}, "
+          f"max_input_tokens {args.max_input_tokens}\n")  # fmt: skip
     sums = {name: summary(rows) for name, rows in results.items()}
     names = list(sums)
     print(f"| measure | {' | '.join(names)} |")

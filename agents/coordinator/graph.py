@@ -188,8 +188,8 @@ def _misplaced(parent: int | None, index: RecordIndex, max_depth: int) -> str:
     """Return why a proposal cannot hang under `parent` ("" if it can)."""
     if parent is None:
         return "its parent is not a node of this study"
-    if index.by_id[parent].evidence.depth >= max_depth:
-        return f"its parent is at policy.max_depth ({max_depth})"
+    if index.reach(parent) >= max_depth:
+        return f"its parent is policy.max_depth ({max_depth}) steps below the last merged change"
     return ""
 
 
@@ -759,7 +759,7 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         )
         for r in index.decided("refine")
         if r.evidence.id not in index.refs["refine"]
-        and r.evidence.depth < max_depth  # a refine chain ends at the depth limit
+        and index.reach(r.evidence.id) < max_depth  # a refine chain ends at the depth limit
     ]
     sign = 1.0 if study.spec.maximize else -1.0
     trunk_mean = trunk_dev_mean(study)
@@ -805,6 +805,7 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         editable=list(study.spec.files.editable),
         restart=restart,
         max_depth=max_depth,
+        reach={r.evidence.id: index.reach(r.evidence.id) for r in records},
         revisit=revisit,
     )
 

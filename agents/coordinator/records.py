@@ -96,6 +96,16 @@ class RecordIndex:
                 found.update(group)
         return [found[i] for i in sorted(found)]
 
+    def reach(self, node_id: int) -> int:
+        """Return how many steps a node sits below its nearest merged ancestor (0 for a merged node).
+
+        `policy.max_depth` bounds this, not the depth: trunk's line grows with every merge.
+        """
+        steps, r = 0, self.by_id.get(node_id)
+        while r is not None and r.evidence.status != "merged" and r.evidence.parent_id is not None:
+            steps, r = steps + 1, self.by_id.get(r.evidence.parent_id)
+        return steps
+
     def decided(self, decision: str) -> list[NodeRecord]:
         """Return the records whose AREX decision is `decision`, in id order."""
         group = self.by_decision.get(decision, {})

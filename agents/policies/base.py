@@ -66,7 +66,7 @@ class IdeationInput:
     seed: int
     constraints: list[dict[str, Any]] = field(default_factory=list)
     restart: list[int] = field(default_factory=list)  # nodes whose branch was abandoned (AREX restart)
-    max_depth: int = 6  # no node may sit deeper than this
+    max_depth: int = 6  # no node may sit more steps than this below its nearest merged ancestor
     # Candidates built on an older trunk that improved it, best first, to be tried again on the
     # current trunk (for the `search` policy only those that beat the current trunk on dev).
     revisit: list[int] = field(default_factory=list)
@@ -79,6 +79,12 @@ class IdeationInput:
     dropped: list[dict[str, Any]] = field(default_factory=list)
     # The latest finished nodes' executor reports and diffs, newest first: {"id", "report", "diff"} (llm).
     recent: list[dict[str, Any]] = field(default_factory=list)
+    # Node id -> steps below its nearest merged ancestor (0 when merged): what `max_depth` bounds.
+    reach: dict[int, int] = field(default_factory=dict)
+
+    def takes_children(self, node: NodeEvidence) -> bool:
+        """Return whether a child may hang under `node` (it is less than `max_depth` below trunk's line)."""
+        return self.reach.get(node.id, node.depth) < self.max_depth
 
     def to_dict(self) -> dict[str, Any]:
         """Return the whole input as plain data (what a prompt could be built from)."""

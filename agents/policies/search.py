@@ -157,7 +157,7 @@ class SearchPolicy:
         out: list[tuple[NodeEvidence, Assignment, str, str, int | None]] = []
         for req in ctx.refine:
             node = by_id.get(req.node_id)
-            if node is None or node.depth >= ctx.max_depth or len(out) >= ctx.k:
+            if node is None or not ctx.takes_children(node) or len(out) >= ctx.k:
                 continue
             a = self._refine(ctx, space, rules, node, assignment, req, seen)
             if a is not None:
@@ -169,7 +169,7 @@ class SearchPolicy:
                 nid in assignment
                 and len(out) < ctx.k
                 and trunk_node is not None
-                and trunk_node.depth < ctx.max_depth
+                and ctx.takes_children(trunk_node)
             ):
                 why = f"test {_tag(by_id, nid)}'s change again on the current trunk"
                 out.append((trunk_node, assignment[nid], why, "revisit", nid))
@@ -222,7 +222,7 @@ class SearchPolicy:
         ok = [
             n for n in ctx.nodes
             if n.parent_id is not None and n.status in MEASURED and n.dev_mean is not None
-            and n.depth < ctx.max_depth and optuna_bridge.feasible(rules, n)
+            and ctx.takes_children(n) and optuna_bridge.feasible(rules, n)
         ]  # fmt: skip
         return [root, *ok]
 

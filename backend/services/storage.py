@@ -406,6 +406,14 @@ def prune_subtree(s: Session, study_id: int, node_id: int, reason: str, lesson: 
 DIFF_CHARS = 6000  # of a parent's diff shown to its child's executor
 
 
+def reach(s: Session, node: Node) -> int:
+    """Return how many steps a node sits below its nearest merged ancestor (what `max_depth` bounds)."""
+    steps, n = 0, node  # type: tuple[int, Node | None]
+    while n is not None and n.status != NodeStatus.MERGED and n.parent_id is not None:
+        steps, n = steps + 1, s.get(Node, n.parent_id)
+    return steps
+
+
 def inherit(s: Session, st: Study, node: Node) -> dict[str, Any]:
     """Return what a node starts from besides trunk: its parent's change, merged onto trunk.
 

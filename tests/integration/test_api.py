@@ -476,3 +476,25 @@ def test_draft_explains_its_choices_and_refuses_what_it_cannot_read(
     ):
         bad = client.post(f"{API}/studies/draft", json={**body, "repository": repository}, headers=op)
         assert bad.status_code == 422 and said in bad.text and "repository" in bad.text, bad.text
+
+
+def test_a_human_hypothesis_past_max_depth_below_a_merge_is_refused_naming_parent(
+    service: Service, client: TestClient, tmp_path: Path
+) -> None:
+    files = tiny_files(name="shallow", mode="auto", experiments=2)
+    files["grove.toml"] = files["grove.toml"].replace("[policy]\n", "[policy]\nmax_depth = 1\n")
+    repo = make_repo(tmp_path / "r", files)
+    op = auth(service, "operator")
+    sid = client.post(
+        f"{API}/studies", json={"spec": files["grove.toml"], "repository": str(repo)}, headers=op
+    ).json()["id"]
+    assert client.post(f"{API}/studies/{sid}/pause", headers=op).json()["status"] == "paused"
+    root = next(n["id"] for n in client.get(f"{API}/studies/{sid}/tree", headers=op).json()["nodes"])
+    one = {"title": "x = 3", "edits": {"config.toml:knob.x": 3}}
+    child = client.post(f"{API}/studies/{sid}/nodes/{root}/hypotheses", json=one, headers=op)
+    assert child.status_code == 201  # the root is merged: 0 steps below a merge
+    deeper = client.post(f"{API}/studies/{sid}/nodes/{child.json()['id']}/hypotheses", json=one, headers=op)
+    assert deeper.status_code == 422
+    assert deeper.json()["detail"]["message"].startswith(
+        f"parent: n{child.json()['number']} is policy.max_depth (1)"
+    )

@@ -557,8 +557,9 @@ class Deepening(SearchPolicy):
         return props
 
 
-def test_max_depth_drops_deeper_proposals() -> None:
-    mem = Memory(mode="auto", experiments=4)
+def deepen(gate_passes: bool) -> Memory:
+    """Run the Deepening policy under `max_depth = 1` to the end."""
+    mem = Memory(mode="auto", experiments=4, gate_passes=gate_passes)
     text = tiny_files(mode="auto", experiments=4)["grove.toml"]
     assert "[policy]\n" in text
     mem.spec = parse_spec(text.replace("[policy]\n", "[policy]\nmax_depth = 1\n"))
@@ -574,8 +575,20 @@ def test_max_depth_drops_deeper_proposals() -> None:
         mem.complete(first)
         inp = Command(resume={intr.id: [first]})
     assert mem.status == "finished"
+    return mem
+
+
+def test_max_depth_drops_proposals_under_unmerged_nodes_at_the_limit() -> None:
+    mem = deepen(gate_passes=False)
     assert "proposal.dropped" in mem.events
     assert all(n["parent"] in (None, 1) for n in mem.rows.values())
+
+
+def test_a_merged_node_takes_children_however_deep_it_sits() -> None:
+    # max_depth bounds the unmerged steps below the last merge: trunk's own line may grow past it.
+    mem = deepen(gate_passes=True)
+    deep = [n for n in mem.rows.values() if n["parent"] not in (None, 1)]
+    assert deep and all(mem.rows[n["parent"]]["status"] == "merged" for n in deep)
 
 
 def test_a_better_candidate_on_an_older_trunk_is_revisited_once_on_the_current_one() -> None:

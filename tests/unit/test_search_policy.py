@@ -566,19 +566,20 @@ def test_a_proposal_that_repeats_a_nodes_mechanism_in_other_words_is_dropped() -
     assert json.loads(model.seen[0])["nodes"][1]["mechanism"] == "set knob.x to 3"
 
 
-def test_a_revisit_is_not_asked_of_a_trunk_at_the_depth_limit() -> None:
-    # Trunk (n3) is merged at the depth limit; an older better candidate (n2) waits for a revisit.
-    # A revisit would hang under trunk and be dropped, leaving the study nothing to run: the
-    # sampler fills the slot instead, under a node that may take children.
+def test_a_revisit_hangs_under_trunk_however_deep_trunk_s_line_has_grown() -> None:
+    # Trunk (n3) sits at depth 2 = max_depth, but a merged node is 0 steps below the last merged
+    # change: max_depth bounds unmerged steps, so trunk takes the revisit of n2.
     root = ev(1, None, BASE, 0.5, "merged")
     old = ev(2, 1, {**BASE, "c.toml:m.hidden": 16}, 0.9)
     trunk = replace(ev(3, 1, {**BASE, "c.toml:m.hidden": 32}, 0.8, "merged"), depth=2)
-    base = replace(ctx([root, old, trunk], k=1), trunk_node_id=3, revisit=[2], max_depth=2)
-    out = SearchPolicy().ideate(base)
-    assert len(out) == 1 and out[0].origin != "revisit" and out[0].parent_id != 3
-    # Below the limit, the same request is served first.
-    served = SearchPolicy().ideate(replace(base, max_depth=3))
+    base = replace(
+        ctx([root, old, trunk], k=1), trunk_node_id=3, revisit=[2], max_depth=2, reach={1: 0, 2: 1, 3: 0}
+    )
+    served = SearchPolicy().ideate(base)
     assert (served[0].origin, served[0].origin_ref, served[0].parent_id) == ("revisit", 2, 3)
+    # A node max_depth unmerged steps down takes no child: the sampler fills the slot elsewhere.
+    out = SearchPolicy().ideate(replace(base, reach={1: 0, 2: 1, 3: 2}))
+    assert len(out) == 1 and out[0].origin != "revisit" and out[0].parent_id != 3
 
 
 def test_a_coordinator_process_keeps_blas_and_torch_to_one_thread() -> None:

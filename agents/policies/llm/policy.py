@@ -125,7 +125,7 @@ def revisits(ctx: IdeationInput) -> list[Proposal]:
     """
     by_id = {n.id: n for n in ctx.nodes}
     trunk = by_id.get(ctx.trunk_node_id)
-    if trunk is None or trunk.depth >= ctx.max_depth or ctx.k < 1:
+    if trunk is None or not ctx.takes_children(trunk) or ctx.k < 1:
         return []
     for nid in ctx.revisit[:1]:
         old = by_id.get(nid)
@@ -244,8 +244,11 @@ def _repo_view(repo: dict[str, Any], d: Detail) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v}
 
 
-def _node_view(n: NodeEvidence, number: dict[int, int], d: Detail, full: bool) -> dict[str, Any]:
-    """Return one node as the ideator sees it at a level (empty fields left out past the first)."""
+def _node_view(
+    n: NodeEvidence, number: dict[int, int], d: Detail, full: bool, room: bool = True
+) -> dict[str, Any]:
+    """Return one node as the ideator sees it at a level (empty fields left out past the first);
+    `room`: whether it may take children (said only where it may not)."""
     view = {
         "id": number[n.id], "parent_id": number.get(n.parent_id) if n.parent_id is not None else None,
         "depth": n.depth, "status": n.status, "title": cut(n.title, 200 if full else 120),
@@ -255,6 +258,7 @@ def _node_view(n: NodeEvidence, number: dict[int, int], d: Detail, full: bool) -
             {k: c.get(k) for k in ("name", "verdict", "value")} for c in n.constraints
         ],
         "insight": cut(n.insight, d.text), "failure": cut(n.failure, d.failure),
+        **({} if room else {"takes_children": False}),
     }  # fmt: skip
     return view if full else {k: v for k, v in view.items() if v not in ("", None, [])}
 
@@ -334,7 +338,7 @@ class LlmPolicy:
                 "constraints": data["constraints"],
                 "trunk_node_id": number.get(ctx.trunk_node_id),
                 "trunk_dev_mean": data["trunk_dev_mean"],
-                "nodes": [_node_view(n, number, d, full) for n in shown],
+                "nodes": [_node_view(n, number, d, full, ctx.takes_children(n)) for n in shown],
                 "nodes_shown": f"{len(shown)} of {len(ctx.nodes)} (root, trunk, the best, the recent, the open "
                                "and their parents)" if len(shown) < len(ctx.nodes) else f"all {len(ctx.nodes)}",
                 **({} if full else {"shortened": "texts and lists are cut to fit the model's context; … marks a cut"}),

@@ -20,7 +20,7 @@ from backend.core import gitops
 from backend.core.models import Event, InsightVersion, Node, ReceiptRow, Study
 from backend.services import fates, treebody
 from backend.services.records import add_event, spec_of
-from backend.services.storage import prune_subtree
+from backend.services.storage import prune_subtree, reach
 from backend.worker.dispatch import nudge
 
 router = APIRouter(prefix="/studies/{study_id}", tags=["tree"])
@@ -121,12 +121,12 @@ def add_hypothesis(
     spec = spec_of(st)
     if st.status == StudyStatus.STOPPING or st.status in STUDY_ENDED:
         raise HTTPException(status.HTTP_409_CONFLICT, f"study is {st.status}")
-    if parent.depth >= spec.policy.max_depth:
+    if reach(s, parent) >= spec.policy.max_depth:
         raise HTTPException(
             422,
             {
-                "message": f"parent: n{parent.number} is at policy.max_depth ({spec.policy.max_depth}); "
-                "add the hypothesis under a shallower node",
+                "message": f"parent: n{parent.number} is policy.max_depth ({spec.policy.max_depth}) steps below "
+                "the last merged change on its line; add the hypothesis under a node nearer to it",
                 "errors": [],
             },
         )
