@@ -292,7 +292,6 @@ def integrate(
     latest = storage.nodes(sid)  # read again only after this step's own writes to the nodes
     records = index_of(latest).by_id  # read-only
     istate = ImprovementState.from_dict(study.improvement_state)
-    told = set(istate.concerns)
     for node_id in sorted(node_ids):
         rec = records[node_id]
         if rec.completed_order:
@@ -355,9 +354,8 @@ def integrate(
             [*index.by_status.get(NodeStatus.MERGED, {}), *index.by_decision.get("accept", {})]
         )
     rewritten = ImprovementState.from_dict(policy.update_state(istate.to_dict(), recent, numbers, accepted))
-    for concern in istate.concerns:  # what Grove raised in this step survives the state writer's rewrite
-        if concern not in told:
-            rewritten.concern(concern)
+    for concern in istate.raised:  # what Grove raised in this step survives the state writer's rewrite
+        rewritten.concern(concern)
     storage.save_state(sid, rewritten.to_dict(), int(level))
     study = storage.study(sid)
     # One approval open and one sealed query at a time: trunk cannot move under either, so a
@@ -805,7 +803,7 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         editable=list(study.spec.files.editable),
         restart=restart,
         max_depth=max_depth,
-        reach={r.evidence.id: index.reach(r.evidence.id) for r in records},
+        reach=index.reaches(),
         revisit=revisit,
     )
 

@@ -106,6 +106,18 @@ class RecordIndex:
             steps, r = steps + 1, self.by_id.get(r.evidence.parent_id)
         return steps
 
+    def reaches(self) -> dict[int, int]:
+        """Return `reach` of every node, in one pass (a parent's id is below its children's)."""
+        out: dict[int, int] = {}
+        for nid in sorted(self.by_id):
+            ev = self.by_id[nid].evidence
+            parent = ev.parent_id
+            if ev.status == "merged" or parent is None:
+                out[nid] = 0
+            else:
+                out[nid] = (out[parent] if parent in out else self.reach(parent)) + 1
+        return out
+
     def decided(self, decision: str) -> list[NodeRecord]:
         """Return the records whose AREX decision is `decision`, in id order."""
         group = self.by_decision.get(decision, {})

@@ -37,10 +37,13 @@ class ImprovementState:
     rejected_candidates: list[Rejected] = field(default_factory=list)
     concerns: list[str] = field(default_factory=list)
     next_plan: list[str] = field(default_factory=list)
+    raised: list[str] = field(default_factory=list, compare=False)  # concerns raised since loaded; not kept
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-friendly dict."""
-        return asdict(self)
+        out = asdict(self)
+        del out["raised"]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ImprovementState:
@@ -81,6 +84,7 @@ class ImprovementState:
 
     def concern(self, text: str, keep: int = 10) -> None:
         """Record a validity concern once, keeping the most recent `keep`."""
+        self.raised.append(text)
         if text not in self.concerns:
             self.concerns = [*self.concerns, text][-keep:]
 

@@ -67,7 +67,11 @@ def run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], Non
         """Return the node's reflections with this attempt's: the model's own words where it gave any."""
         text = f"Attempt {job.attempt} failed: {failure}." + (f" {tail}" if tail else "")
         reflect = getattr(policy, "reflect", None)
-        written = reflect(inp, f"{failure}\n{tail}") if reflect is not None and inp is not None else ""
+        written = ""
+        if (
+            reflect is not None and inp is not None and inp.trajectory
+        ):  # no executor ran: nothing to reflect on
+            written = reflect(inp, f"{failure}\n{tail}")
         text += f" Reflection: {written}" if written else ""
         return (f"{node.reflection}\n{text}" if node.reflection else text)[-4000:]
 
@@ -106,10 +110,21 @@ def run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], Non
         # A human's own words stay; a generated title is rewritten from the real change.
         edits = dict(node.edits) if node.origin != "human" else {}
         before = key_values(spec, path, edits)  # the worktree is still at the base commit
-        # A revisit that merged cleanly is its source's change on the current trunk: nothing to write.
-        merged = node.origin == "revisit" and bool(node.inherited.get("commit"))
+        # A revisit measures its source's change merged onto the current trunk: its first attempt
+        # runs it as merged, a retry (or a merge that conflicted) asks the executor to make it work.
+        revisit = node.origin == "revisit" and spec.policy_kind != "search"
+        merged = revisit and bool(node.inherited.get("commit"))
+        held = (
+            revisit
+            and not node.inherited.get("conflict")
+            and not (merged and repo.changed_files(node.base_commit, start))
+        )
+        if held:
+            return finish(
+                NodeStatus.REJECTED, failure="nothing to measure again: trunk already holds the change"
+            )
         try:
-            account = "" if merged else policy.implement(path, inp)
+            account = "" if merged and job.attempt == 1 else policy.implement(path, inp)
         finally:
             if inp.trajectory:
                 store.save_trajectory(inp.trajectory)

@@ -31,7 +31,7 @@ MAX_DIFF = 12_000  # characters of a node's diff the verifier is shown
 # The ideator's repository map: files listed, files whose Python symbols are read, characters of text.
 MAP_FILES, MAP_SYMBOL_FILES, MAP_TEXT = 300, 60, 16_000
 # The protected files' preview in the map: the first lines of the smallest text files, within a budget.
-PREVIEW_TEXT, PREVIEW_EACH, PREVIEW_LINES, PREVIEW_FILE_BYTES = 6000, 1500, 30, 2_000_000
+PREVIEW_TEXT, PREVIEW_EACH, PREVIEW_LINES, PREVIEW_FILE_BYTES, PREVIEW_FILES = 6000, 1500, 30, 2_000_000, 40
 EVAL_OUTPUT = 2000  # characters of trunk's last dev output shown to the ideator
 
 
@@ -378,7 +378,7 @@ def _record(
 
 def prune_subtree(s: Session, study_id: int, node_id: int, reason: str, lesson: str, by: str = "") -> None:
     """Prune a node and its prunable descendants; the node keeps its lesson as an insight."""
-    # The subtree only, a level at a time (a handful of queries: the tree is at most max_depth deep).
+    # The subtree only, a level at a time (a query per level of the subtree).
     top = s.get(Node, node_id)
     assert top is not None and top.study_id == study_id
     rows: dict[int, Node] = {node_id: top}
@@ -862,9 +862,9 @@ def _preview(repo: gitops.Repo, commit: str, files: list[tuple[str, int]]) -> di
     """Return the first lines of the smallest text files given, within `PREVIEW_TEXT` characters."""
     out: dict[str, str] = {}
     left = PREVIEW_TEXT
-    for path, size in sorted(files, key=lambda f: f[1]):
+    for path, size in sorted(files, key=lambda f: f[1])[:PREVIEW_FILES]:
         if left <= 0 or size > PREVIEW_FILE_BYTES:
-            continue
+            break
         try:
             text = repo.read_at(commit, path)
         except (gitops.GitError, UnicodeDecodeError):

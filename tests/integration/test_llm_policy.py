@@ -374,3 +374,44 @@ def test_a_change_made_stale_by_a_merge_is_measured_again_on_the_new_trunk(
     with db.session(settings.db_url) as s:
         told = fate_of(s, s.get(Node, 3))  # type: ignore[arg-type]
     assert told.endswith("measured again on a newer trunk as n4"), told
+
+
+def test_a_revisit_of_a_change_trunk_already_holds_is_rejected_before_any_evaluation(
+    settings: Settings, tmp_path: Path
+) -> None:
+    # n2 and n3 make the same change in other words; n2 merges while n3 is held, so n3 is stale and
+    # its revisit merges onto a trunk that already holds it: there is nothing to measure again.
+    repo = llm_repo(tmp_path, experiments=3, parallel=2)
+    twins = {"children": [
+        {"parent_id": 1, "title": "Centre the knob", "mechanism": "set knob.x to 3", "hypothesis": "peak at 3",
+         "observable": "dev near 10", "risks": "none", "expected_gain": 5.0},
+        {"parent_id": 1, "title": "Climb to the top", "mechanism": "put the knob where the curve peaks",
+         "hypothesis": "the curve peaks in the middle", "observable": "dev up", "risks": "none",
+         "expected_gain": 5.0},
+    ]}  # fmt: skip
+    held = threading.Event()
+    script = {
+        "ideator": [{"content": json.dumps(twins)}, {"content": '{"children": []}', "set": held}],
+        "executor|(node n2)": [
+            tool("edit", path="config.toml", search="x = 0", replace="x = 3"),
+            tool("finish", report="Set x = 3."),
+            tool("finish", report="Set x = 3."),
+        ],
+        "executor|(node n3)": [
+            {"wait": held, **tool("edit", path="config.toml", search="x = 0", replace="x = 3")},
+            tool("finish", report="Put x at 3."),
+            tool("finish", report="Put x at 3."),
+        ],
+    }
+    with FakeLLM(script) as llm:
+        res = grove_run(settings, repo, llm.url)
+    assert res.returncode == 0, res.stderr + res.stdout
+    n3, n4 = (rows(settings, Node, Node.id == i)[0] for i in (3, 4))
+    assert n3.gain == pytest.approx(9.0) and n3.status == "evaluated"
+    assert (n4.origin, n4.origin_ref) == ("revisit", 3)
+    assert n4.status == "rejected" and n4.failure.startswith("nothing to measure again"), (
+        n4.status,
+        n4.failure,
+    )
+    assert n4.dev_n == 0 and not rows(settings, ReceiptRow, ReceiptRow.node_id == 4)
+    assert not [c for c in rows(settings, LlmCall) if c.role in ("executor", "reflect") and c.node_id == 4]

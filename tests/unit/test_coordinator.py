@@ -919,3 +919,16 @@ def test_grove_s_own_concerns_survive_the_state_writer() -> None:
     concerns = mem.state["concerns"]
     assert "the model's own concern" in concerns  # the rewrite is taken,
     assert any("abandoned by the verifier" in c for c in concerns), concerns  # and Grove's concern stays
+
+
+def test_reach_counts_the_unmerged_steps_below_the_nearest_merge() -> None:
+    from agents.coordinator.records import RecordIndex
+
+    mem = Memory()  # n1, the root, is merged
+    a = mem.add(1, "a", {"config.toml:knob.x": 1}, status="evaluated", dev=[1.0])
+    b = mem.add(a, "b", {"config.toml:knob.x": 2}, status="merged", dev=[2.0])
+    c = mem.add(b, "c", {"config.toml:knob.x": 3}, status="evaluated", dev=[3.0])
+    d = mem.add(c, "d", {"config.toml:knob.x": 4}, status="proposed")
+    index = RecordIndex(mem.nodes(1))
+    assert index.reaches() == {1: 0, a: 1, b: 0, c: 1, d: 2}
+    assert all(index.reach(n) == r for n, r in index.reaches().items())

@@ -314,7 +314,12 @@ class LlmPolicy:
             ctx = replace(ctx, k=ctx.k - len(again))
             if ctx.k <= 0:
                 return again
-        return again + self._ideate(ctx)
+        try:
+            return again + self._ideate(ctx)
+        except ModelError:
+            if again:
+                return again  # it needs no ideator: it runs, and the next round asks again
+            raise
 
     def _ideate(self, ctx: IdeationInput) -> list[Proposal]:
         data = asdict(ctx)
