@@ -39,9 +39,15 @@ def evidence(n: dict[str, Any]) -> None:
     c[0].metric(
         f"dev mean {ui.spread(n['dev_values'])}" if n["dev_values"] else "dev mean", ui.fmt(n["dev_mean"])
     )
-    c[1].metric("dev gain vs trunk", ui.fmt(n["gain"], signed=True))
+    c[1].metric("dev gain vs its base", ui.fmt(n["gain"], signed=True))
     c[2].metric("gain 95% LCB", ui.fmt(n["gain_lcb"], signed=True))
     c[3].metric("held-out gain", ui.fmt(n["heldout_gain"], signed=True))
+    now = (n.get("verification") or {}).get("trunk_gain")
+    if isinstance(now, dict) and now.get("gain") is not None:
+        st.caption(
+            f"Built on an older trunk: its gain is paired against that trunk; against the current trunk it is "
+            f"{ui.fmt(now['gain'], signed=True)}."
+        )
     if n["gate_reason"]:
         st.info(f"gate: {n['gate_reason']}")
     if n["failure"]:
