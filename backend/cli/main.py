@@ -7,37 +7,23 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import redis
 import typer
 from rich.console import Console
-from rich.live import Live
 from rich.markup import escape
-from rich.prompt import Confirm, Prompt
-from rich.table import Table
-from sqlmodel import Session, col, select
 
-from agents import intake
-from agents.spec import Spec, SpecError, SpecIssue, parse_spec, spec_changes
-from agents.tree.status import IllegalStudyTransition, StudyStatus
-from backend.cli.runner import run_study
-from backend.core import db, fanout, gitops
-from backend.core.config import Settings, get_settings
-from backend.core.models import Event, Job, Node, Study
-from backend.engine import evaluation, sandbox, workspace
-from backend.engine.driver import thread_id
-from backend.engine.environment import SetupFailed
-from backend.engine.trial import trial_run
-from backend.services import lifecycle
-from backend.services.records import spec_of
-from backend.services.studies import (
-    StudyExists,
-    create_study,
-    get_by_name,
-    repository_files,
-    validate,
-)
+# Everything else is imported where it is used: `grove submit` and the other client commands start
+# without the database, the engine or the graph (benchmarks/cli_start.py measures it).
+if TYPE_CHECKING:
+    from rich.table import Table
+    from sqlmodel import Session
+
+    from agents.spec import Spec, SpecIssue
+    from backend.core import gitops
+    from backend.core.config import Settings
+    from backend.core.models import Study
+    from backend.engine import evaluation
 
 app = typer.Typer(
     help="Grove: grow a hypothesis tree over a git repository.",
@@ -50,6 +36,8 @@ err = Console(stderr=True, soft_wrap=True)
 
 def _require_sandbox(settings: Settings) -> None:
     """Refuse to start when untrusted code cannot be boxed here (warn loudly when boxing is off)."""
+    from backend.engine import sandbox, workspace
+
     iso = workspace.isolation_of(settings)
     if not iso.boxed:
         err.print(f"[yellow]{sandbox.UNSANDBOXED_WARNING}[/]")
@@ -77,6 +65,9 @@ def init_cmd(
     stdout: Annotated[bool, typer.Option("--stdout", help="print the draft instead of writing it")] = False,
 ) -> None:
     """Look at a repository and write a commented grove.toml, explaining each choice."""
+    from agents import intake
+    from backend.services.studies import repository_files
+
     root = path.expanduser().resolve()
     if not root.is_dir():
         err.print(f"[red]error:[/] {path}: not a folder")
@@ -115,6 +106,13 @@ def validate_cmd(
     ] = False,
 ) -> None:
     """Check a spec against its repository, then run its dev command once on base; exit 1 on errors."""
+    from agents.spec import SpecError
+    from backend.core import gitops
+    from backend.core.config import get_settings
+    from backend.engine.environment import SetupFailed
+    from backend.engine.trial import trial_run
+    from backend.services.studies import validate
+
     spec_path = _spec_file(path)
     settings = get_settings()
     warnings: list[SpecIssue] = []
@@ -165,6 +163,14 @@ def validate_cmd(
 
 
 def _status_table(study_id: int) -> Table:
+    from rich.table import Table
+    from sqlmodel import col, select
+
+    from backend.core import db
+    from backend.core.config import get_settings
+    from backend.core.models import Event, Job, Node, Study
+    from backend.services.records import spec_of
+
     settings = get_settings()
     with db.session(settings.db_url) as s:
         st = s.get(Study, study_id)
@@ -193,6 +199,12 @@ def _status_table(study_id: int) -> Table:
 
 
 def _terminal_approver(study_id: int, node_id: int) -> dict[str, Any]:
+    from rich.prompt import Confirm, Prompt
+
+    from backend.core import db
+    from backend.core.config import get_settings
+    from backend.core.models import Node
+
     settings = get_settings()
     with db.session(settings.db_url) as s:
         node = s.get(Node, node_id)
@@ -232,6 +244,18 @@ def run_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", help="no live display")] = False,
 ) -> None:
     """Run a study to the end in this process (resuming it if it was interrupted)."""
+    from rich.live import Live
+
+    from agents.spec import SpecError, parse_spec, spec_changes
+    from agents.tree.status import StudyStatus
+    from backend.cli.runner import run_study
+    from backend.core import db, gitops
+    from backend.core.config import get_settings
+    from backend.core.models import Study
+    from backend.engine.driver import thread_id
+    from backend.services import lifecycle
+    from backend.services.studies import StudyExists, create_study, get_by_name
+
     settings = get_settings()
     settings.ensure_dirs()
     _require_sandbox(settings)
@@ -343,6 +367,10 @@ def _override(text: str, section: str, key: str, value: object) -> str:
 
 
 def _study_named(name: str) -> Study:
+    from backend.core import db
+    from backend.core.config import get_settings
+    from backend.services.studies import get_by_name
+
     with db.session(get_settings().db_url) as s:
         st = get_by_name(s, name)
     if st is None:
@@ -354,6 +382,8 @@ def _study_named(name: str) -> Study:
 @app.command("report")
 def report_cmd(name: str) -> None:
     """Print a study's REPORT.md."""
+    from backend.core import db
+    from backend.core.config import get_settings
     from backend.services import report
 
     settings = get_settings()
@@ -366,6 +396,8 @@ def report_cmd(name: str) -> None:
 @app.command("promote")
 def promote_cmd(name: str) -> None:
     """Push a study's trunk to its origin repository as branch `grove/<study>`."""
+    from backend.core import db, gitops
+    from backend.core.config import get_settings
     from backend.services.studies import NotPromotable, promote
 
     st = _study_named(name)
@@ -380,6 +412,10 @@ def promote_cmd(name: str) -> None:
 
 def _change(name: str, verb: str, act: Callable[[Session, int], object]) -> None:
     """Apply a life-cycle change; a served study's coordinator is asked to advance when Redis answers."""
+    from agents.tree.status import IllegalStudyTransition
+    from backend.core import db, fanout
+    from backend.core.config import get_settings
+
     settings = get_settings()
     served = _redis_answers(settings.redis_url)
     if served:
@@ -401,6 +437,8 @@ def _change(name: str, verb: str, act: Callable[[Session, int], object]) -> None
 
 def _redis_answers(url: str) -> bool:
     # A study run by `grove run` polls the database and needs no broker; a served one does.
+    import redis
+
     with contextlib.suppress(Exception):
         return bool(redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1).ping())
     return False
@@ -409,18 +447,24 @@ def _redis_answers(url: str) -> bool:
 @app.command("pause")
 def pause_cmd(name: str) -> None:
     """Pause a study: running experiments finish, nothing new starts."""
+    from backend.services import lifecycle
+
     _change(name, "paused", lambda s, sid: lifecycle.pause(s, sid, by="cli"))
 
 
 @app.command("resume")
 def resume_cmd(name: str) -> None:
     """Resume a paused study."""
+    from backend.services import lifecycle
+
     _change(name, "resumed", lambda s, sid: lifecycle.resume(s, sid, by="cli"))
 
 
 @app.command("stop")
 def stop_cmd(name: str) -> None:
     """Ask a study to stop: running experiments are cancelled and the report written."""
+    from backend.services import lifecycle
+
     _change(name, "will stop at its next step", lambda s, sid: lifecycle.stop(s, sid, by="cli"))
 
 
@@ -439,6 +483,7 @@ def up_cmd(
     import time
 
     from backend.cli.up import Stack, UpError
+    from backend.core.config import get_settings
     from backend.core.security import create_token
 
     settings = get_settings()
@@ -505,6 +550,7 @@ def worker_cmd(
     import os
 
     from backend.cli.up import gpu_devices, worker_command
+    from backend.core.config import get_settings
 
     allowed = {"cpu", "gpu", "sealed", "gpu-sealed", "coordinator", "clone"}
     bad = [q for q in queues.split(",") if q not in allowed]
@@ -576,6 +622,7 @@ def submit_cmd(
     import time
 
     from backend.cli.connect import connection, git_repository
+    from backend.core.config import get_settings
     from client import Grove, GroveError
 
     settings = get_settings()
@@ -662,6 +709,7 @@ def learn_cmd(
     import time
 
     from backend.cli.connect import connection
+    from backend.core.config import get_settings
     from client import Grove, GroveError
 
     try:
@@ -701,6 +749,7 @@ def token_create(
     ] = None,
 ) -> None:
     """Issue a bearer token with the given roles and print it once."""
+    from backend.core.config import get_settings
     from backend.core.security import create_token
 
     roles = [r for item in role for r in item.split(",") if r]
@@ -718,6 +767,9 @@ def token_create(
 @token_app.command("list")
 def token_list() -> None:
     """List tokens (never their secret): id, name, roles, created, expiry, state."""
+    from rich.table import Table
+
+    from backend.core.config import get_settings
     from backend.core.security import list_tokens
 
     table = Table("id", "name", "roles", "created", "expires", "state")
@@ -730,6 +782,7 @@ def token_list() -> None:
 @token_app.command("revoke")
 def token_revoke(token: Annotated[str, typer.Argument(help="the token's id or name")]) -> None:
     """Revoke a token by id or name; requests with it get 401 from then on."""
+    from backend.core.config import get_settings
     from backend.core.security import revoke_token
 
     try:
@@ -743,6 +796,7 @@ def token_revoke(token: Annotated[str, typer.Argument(help="the token's id or na
 @app.command("migrate")
 def migrate_cmd() -> None:
     """Bring the database (GROVE_DATABASE_URL, or SQLite in the data dir) to the newest schema."""
+    from backend.core.config import get_settings
     from backend.core.db import get_engine
 
     settings = get_settings()
@@ -758,6 +812,7 @@ def export_trajectories_cmd(
     """Export a study's executor trajectories as JSONL (prompt, rollout, feedback) for distillation."""
     import json
 
+    from backend.core.config import get_settings
     from backend.services.trajectories import export_records
 
     st = _study_named(name)
@@ -773,6 +828,7 @@ def export_trajectories_cmd(
 @app.command("janitor")
 def janitor_cmd(max_age_hours: float | None = None) -> None:
     """Remove stale worktrees; on a remote worker, everything it holds of studies that ended."""
+    from backend.core.config import get_settings
     from backend.engine import workspace
 
     settings = get_settings()
@@ -800,6 +856,10 @@ def memory_list(
     name: Annotated[str | None, typer.Option(help="only the entries of this named memory")] = None,
 ) -> None:
     """List memory entries, newest first: id, kind, text, where it came from."""
+    from rich.table import Table
+
+    from backend.core import db
+    from backend.core.config import get_settings
     from backend.services import memory
 
     table = Table("id", "kind", "text", "from", "repository")
@@ -823,6 +883,8 @@ def _memory_entry(s: Session, entry: int) -> Any:
 @memory_app.command("show")
 def memory_show(entry: Annotated[int, typer.Argument(help="the entry's id")]) -> None:
     """Show one memory entry in full."""
+    from backend.core import db
+    from backend.core.config import get_settings
     from backend.services import memory
 
     with db.session(get_settings().db_url) as s:
@@ -835,6 +897,9 @@ def memory_show(entry: Annotated[int, typer.Argument(help="the entry's id")]) ->
 @memory_app.command("delete")
 def memory_delete(entry: Annotated[int, typer.Argument(help="the entry's id")]) -> None:
     """Forget one memory entry: no later study is given it."""
+    from backend.core import db
+    from backend.core.config import get_settings
+
     with db.session(get_settings().db_url) as s:
         s.delete(_memory_entry(s, entry))
     console.print(f"deleted memory entry {entry}")
