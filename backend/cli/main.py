@@ -600,7 +600,10 @@ def worker_cmd(
             # Each pool process pins one device after the fork (backend.worker.tasks.pin_gpu).
             os.environ["GROVE_GPU_DEVICES"] = ",".join(devices)
         concurrency = concurrency or max(1, len(devices))
-    os.execv(sys.executable, worker_command(queues, concurrency or 2, name, schedule))
+    from backend.cli.supervise import supervise
+
+    # Supervised: a worker that dies (a broker error it does not recover from) is started again.
+    raise typer.Exit(supervise(worker_command(queues, concurrency or 2, name, schedule), f"worker {name}"))
 
 
 @app.command("submit")
