@@ -10,7 +10,7 @@ from sqlmodel import Session, col, func, or_, select
 from backend.api import schemas
 from backend.core.models import Approval, Event, Job, LlmCall, Node, Study
 from backend.services.records import spec_of
-from backend.services.storage import budget_spent
+from backend.services.storage import BudgetSpent
 
 
 def _mean(values: list[float]) -> float | None:
@@ -19,71 +19,111 @@ def _mean(values: list[float]) -> float | None:
 
 def study_public(s: Session, st: Study) -> schemas.StudyPublic:
     """Return a study with its counters."""
-    spec = spec_of(st)
-    nodes = s.exec(select(func.count()).select_from(Node).where(Node.study_id == st.id)).one()
-    spent = budget_spent(s, st.id or 0, spec.evaluate.repeats)  # what the budget is charged
-    pending = s.exec(
-        select(func.count())
-        .select_from(Approval)
-        .where(Approval.study_id == st.id, Approval.status == "pending")
-    ).one()
-    running = s.exec(
-        select(func.count()).select_from(Job).where(Job.study_id == st.id, Job.status == "running")
-    ).one()
-    pick = func.max if spec.maximize else func.min
+    return study_publics(s, [st])[0]
+
+
+def _grouped(s: Session, query: Any) -> dict[int, Any]:
+    """Return a `select(study_id, ...).group_by(study_id)` query's rows by study id."""
+    return {row[0]: row[1:] if len(row) > 2 else row[1] for row in s.exec(query)}
+
+
+def study_publics(s: Session, studies: list[Study]) -> list[schemas.StudyPublic]:
+    """Return studies with their counters, in a fixed number of queries however many they are."""
+    ids = [st.id for st in studies]
+    if not ids:
+        return []
+    of = col(Node.study_id).in_(ids)
+    nodes = _grouped(s, select(Node.study_id, func.count()).where(of).group_by(col(Node.study_id)))
+    jobs = _grouped(
+        s,
+        select(Job.study_id, func.count(col(Job.id)), func.coalesce(func.sum(Job.extra_runs), 0))
+        .where(col(Job.study_id).in_(ids), Job.kind == "experiment")
+        .group_by(col(Job.study_id)),
+    )  # what each budget is charged (`storage.budget_spent`)
+    pending = _grouped(
+        s,
+        select(Approval.study_id, func.count())
+        .where(col(Approval.study_id).in_(ids), Approval.status == "pending")
+        .group_by(col(Approval.study_id)),
+    )
+    running = _grouped(
+        s,
+        select(Job.study_id, func.count())
+        .where(col(Job.study_id).in_(ids), Job.status == "running")
+        .group_by(col(Job.study_id)),
+    )
     # The best of trunk's root and the nodes whose every constraint held (AREX accepted or rejected
     # them on their gain); one that broke a constraint is no candidate, however good its dev.
     admissible = or_(
         col(Node.parent_id).is_(None),
         col(Node.verification)["decision"].as_string().in_(["accept", "reject"]),
     )
-    best = s.exec(select(pick(Node.dev_mean)).where(Node.study_id == st.id, admissible)).one()
-    calls, tokens, usd = s.exec(
+    best = _grouped(
+        s,
+        select(Node.study_id, func.max(Node.dev_mean), func.min(Node.dev_mean))
+        .where(of, admissible)
+        .group_by(col(Node.study_id)),
+    )
+    llm = _grouped(
+        s,
         select(
+            LlmCall.study_id,
             func.count(col(LlmCall.id)),
             func.coalesce(func.sum(LlmCall.tokens_in + LlmCall.tokens_out), 0),
             func.coalesce(func.sum(LlmCall.usd), 0.0),
-        ).where(LlmCall.study_id == st.id)
-    ).one()
-    return schemas.StudyPublic(
-        id=st.id or 0,
-        name=st.name,
-        goal=st.goal,
-        status=st.status,
-        stop_reason=st.stop_reason,
-        source=st.source,
-        policy=spec.policy_kind,
-        trunk_branch=st.trunk_branch,
-        trunk_commit=st.trunk_commit,
-        base_commit=st.base_commit,
-        nodes=nodes,
-        experiments_used=spent.units,
-        experiments_run=spent.experiments,
-        extra_dev_runs=spent.extra_runs,
-        experiments_budget=spec.budget.experiments,
-        pending_approvals=pending,
-        best_dev=best,
-        baseline_dev=_mean(st.baseline_dev),
-        trunk_dev=_mean(st.trunk_dev),
-        baseline_heldout=_mean(st.baseline_heldout),
-        trunk_heldout=_mean(st.trunk_heldout),
-        test_queries=st.test_queries,
-        llm_calls=calls,
-        llm_tokens=int(tokens),
-        llm_usd=float(usd),
-        budget_usd=spec.budget.usd,
-        budget_hours=spec.budget.hours,
-        parallel=spec.budget.parallel,
-        running_jobs=running,
-        gate_mode=spec.gate.mode,
-        margin=spec.gate.margin,
-        metric=spec.objective.metric,
-        direction=spec.objective.direction,
-        improvement_state=st.improvement_state,
-        created_at=st.created_at,
-        started_at=st.started_at,
-        finished_at=st.finished_at,
+        )
+        .where(col(LlmCall.study_id).in_(ids))
+        .group_by(col(LlmCall.study_id)),
     )
+    out = []
+    for st in studies:
+        sid = st.id or 0
+        spec = spec_of(st)
+        experiments, extra = jobs.get(sid, (0, 0))
+        high, low = best.get(sid, (None, None))
+        calls, tokens, usd = llm.get(sid, (0, 0, 0.0))
+        out.append(
+            schemas.StudyPublic(
+                id=sid,
+                name=st.name,
+                goal=st.goal,
+                status=st.status,
+                stop_reason=st.stop_reason,
+                source=st.source,
+                policy=spec.policy_kind,
+                trunk_branch=st.trunk_branch,
+                trunk_commit=st.trunk_commit,
+                base_commit=st.base_commit,
+                nodes=nodes.get(sid, 0),
+                experiments_used=BudgetSpent(experiments, int(extra), spec.evaluate.repeats).units,
+                experiments_run=experiments,
+                extra_dev_runs=int(extra),
+                experiments_budget=spec.budget.experiments,
+                pending_approvals=pending.get(sid, 0),
+                best_dev=high if spec.maximize else low,
+                baseline_dev=_mean(st.baseline_dev),
+                trunk_dev=_mean(st.trunk_dev),
+                baseline_heldout=_mean(st.baseline_heldout),
+                trunk_heldout=_mean(st.trunk_heldout),
+                test_queries=st.test_queries,
+                llm_calls=calls,
+                llm_tokens=int(tokens),
+                llm_usd=float(usd),
+                budget_usd=spec.budget.usd,
+                budget_hours=spec.budget.hours,
+                parallel=spec.budget.parallel,
+                running_jobs=running.get(sid, 0),
+                gate_mode=spec.gate.mode,
+                margin=spec.gate.margin,
+                metric=spec.objective.metric,
+                direction=spec.objective.direction,
+                improvement_state=st.improvement_state,
+                created_at=st.created_at,
+                started_at=st.started_at,
+                finished_at=st.finished_at,
+            )
+        )
+    return out
 
 
 def node_summary(n: Node, fate: str) -> schemas.NodeSummary:

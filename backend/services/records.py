@@ -63,7 +63,7 @@ def spec_of(study: Study) -> Spec:
     return _parsed(study.spec_toml)
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=1024)  # a listing of 200 studies reads 200 specs
 def _parsed(text: str) -> Spec:
     return parse_spec(text)
 

@@ -318,3 +318,48 @@ def test_a_dispatch_replayed_after_a_crash_gets_the_job_it_made_even_once_it_end
     with db.session(settings.db_url) as s:
         node = s.get(Node, made["failed"][0])
         assert node is not None and node.status == "queued" and node.attempts == 2
+
+
+def test_the_studies_list_reads_its_counters_in_a_fixed_number_of_queries(settings: Settings) -> None:
+    from backend.api.serializers import study_publics
+    from backend.core.models import Approval, LlmCall, Study
+
+    def make(s: Session, i: int) -> Study:
+        spec = tiny_files(name=f"s{i}", experiments=9)["grove.toml"]
+        st = Study(name=f"s{i}", spec_toml=spec, source="test", status="running")
+        s.add(st)
+        s.flush()
+        sid = st.id or 0
+        root = Node(study_id=sid, depth=0, title="root", status="merged", dev_mean=1.0 + i)
+        s.add(root)
+        s.flush()
+        for k in range(i):  # study i: i children, i experiment jobs, one of them running
+            n = Node(study_id=sid, parent_id=root.id, depth=1, title=f"c{k}", status="evaluated",
+                     dev_mean=2.0 + i + k, verification={"decision": "accept" if k % 2 == 0 else "refine"})  # fmt: skip
+            s.add(n)
+            s.flush()
+            s.add(Job(study_id=sid, node_id=n.id or 0, attempt=1, status="running" if k == 0 else "done",
+                      extra_runs=2 if k == 1 else 0))  # fmt: skip
+            if k == 0:
+                s.add(Approval(study_id=sid, node_id=n.id or 0))
+                s.add(LlmCall(study_id=sid, role="ideator", model="m", tokens_in=10, tokens_out=5, usd=0.5))
+        return st
+
+    with db.session(settings.db_url) as s:
+        studies = [make(s, i) for i in range(12)]
+        s.commit()
+        few, many = studies[:3], studies
+        with counting(settings.db_url) as small:
+            study_publics(s, few)
+        with counting(settings.db_url) as large:
+            listed = study_publics(s, many)
+    assert len(small) == len(large) <= 6, (len(small), len(large))
+    by_name = {p.name: p for p in listed}
+    for i in range(12):
+        p = by_name[f"s{i}"]
+        assert p.nodes == 1 + i and p.experiments_run == i and p.extra_dev_runs == (2 if i > 1 else 0)
+        assert p.experiments_used == i + (1 if i > 1 else 0)  # 2 extra runs are one unit at repeats = 2
+        assert p.running_jobs == (1 if i else 0) and p.pending_approvals == (1 if i else 0)
+        # The best admissible dev: the root's, or an accepted child's (the even-numbered ones).
+        assert p.best_dev == (2.0 + i + max(range(0, i, 2)) if i else 1.0 + i)
+        assert (p.llm_calls, p.llm_tokens, p.llm_usd) == ((1, 15, 0.5) if i else (0, 0, 0.0))

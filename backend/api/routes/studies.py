@@ -140,7 +140,7 @@ def list_studies(
     """List studies, newest first."""
     count = s.exec(select(func.count()).select_from(Study)).one()
     rows = s.exec(select(Study).order_by(col(Study.id).desc()).offset(offset).limit(limit)).all()
-    return schemas.Page(data=[serializers.study_public(s, r) for r in rows], count=count)
+    return schemas.Page(data=serializers.study_publics(s, list(rows)), count=count)
 
 
 @router.get("/{study_id}", response_model=schemas.StudyPublic)
