@@ -113,6 +113,20 @@ class Node(SQLModel, table=True):
     updated_at: datetime = Field(default_factory=now, sa_column_kwargs={"onupdate": now})
 
 
+class TrunkClaim(SQLModel, table=True):
+    """A job's claim to run trunk's dev seeds up to `upto` on `commit`: siblings that need the same
+    seeds wait for its values instead of running (and paying for) them again."""
+
+    __tablename__ = "trunk_claim"
+    __table_args__ = (UniqueConstraint("study_id", "commit", "upto"),)
+    id: int | None = Field(default=None, primary_key=True)
+    study_id: int = Field(index=True, foreign_key="study.id")
+    commit: str
+    upto: int
+    job_id: int
+    created_at: datetime = Field(default_factory=now)
+
+
 class Job(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("node_id", "attempt"),

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sqlalchemy import update
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
 from agents.tree.gate import heldout_decision
@@ -29,7 +30,7 @@ from agents.tree.status import NodeStatus
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.gitops import Repo
-from backend.core.models import Job, LlmCall, LlmHold, Node, ReceiptRow, Study, Trajectory, now
+from backend.core.models import Job, LlmCall, LlmHold, Node, ReceiptRow, Study, Trajectory, TrunkClaim, now
 from backend.engine import policing
 from backend.services.records import add_event, latest_insight, mark_unsandboxed, spec_of, transition
 from backend.services.storage import experiments_used
@@ -66,6 +67,7 @@ class JobStore(Protocol):
     def add_receipts(self, node_id: int | None, receipts: list[dict[str, Any]]) -> None: ...
     def not_worth_it(self, mean: float, spent: int, more: int) -> str: ...
     def keep_trunk_dev(self, base_commit: str, have: int, values: list[float]) -> None: ...
+    def claim_trunk_seeds(self, base_commit: str, upto: int) -> bool: ...
     def baseline_running(self) -> bool: ...
     def baseline_dev(self, values: list[float]) -> None: ...
     def baseline_heldout(self, values: list[float]) -> None: ...
@@ -86,7 +88,7 @@ _COMMON = frozenset({"study", "node", "add_receipts", "mark_unsandboxed"})
 CALLS: dict[str, frozenset[str]] = {
     "experiment": _COMMON | {
         "event", "finish", "crash", "insights", "reflections", "save_trajectory", "relabel", "not_worth_it",
-        "keep_trunk_dev", "llm_reserve", "llm_release", "llm_record", "baseline_running",
+        "keep_trunk_dev", "claim_trunk_seeds", "llm_reserve", "llm_release", "llm_record", "baseline_running",
     },
     "baseline": _COMMON | {"finish_sealed", "baseline_dev"},
     "heldout": _COMMON | {"finish_sealed", "baseline_heldout", "test_query"},
@@ -433,6 +435,18 @@ class DbStore:
                     s, self.study_id, "trunk.repeated", st.trunk_node_id, seeds=len(st.trunk_dev),
                     by_node=self.node_id,
                 )  # fmt: skip
+
+    def claim_trunk_seeds(self, base_commit: str, upto: int) -> bool:
+        """Claim the running of trunk's dev seeds up to `upto` on `base_commit`; False if a sibling has."""
+        try:
+            with db.session(self.settings.db_url) as s:
+                self._current(s)
+                s.add(
+                    TrunkClaim(study_id=self.study_id, commit=base_commit, upto=upto, job_id=self.job_id or 0)
+                )
+        except IntegrityError:
+            return False
+        return True
 
     def _study_and_trunk(self, s: Session) -> tuple[Study, Node]:
         study = s.get(Study, self.study_id)

@@ -66,7 +66,11 @@ def dev_runs(
         if store.not_worth_it(sum(values) / n, run.extra_runs, target - n):
             break
         if len(trunk) < target:
-            ran, added = _extend_trunk(settings, store, repo, study, spec, node, job, len(trunk), target)
+            # A sibling running the same seeds takes about as long as this node's own runs did.
+            patience = 3 * max(r.duration for r in run.receipts) * (target - len(trunk)) + PATIENCE
+            ran, added = _extend_trunk(
+                settings, store, repo, study, spec, node, job, len(trunk), target, patience
+            )
             run.extra_runs += ran
             if added < target - len(trunk):
                 break  # trunk's own run failed on a new seed: judge on what is paired
@@ -78,6 +82,7 @@ def dev_runs(
 
 
 POLL = 0.05  # seconds between looks for trunk's dev values
+PATIENCE = 10.0  # seconds more a job waits for a sibling's run of trunk's seeds before running them
 
 
 def _await_baseline(store: JobStore, now: Study, spec: Spec) -> Study:
@@ -103,9 +108,27 @@ def _violates(spec: Spec, receipts: list[evaluation.Receipt]) -> bool:
 
 def _extend_trunk(
     settings: Settings, store: JobStore, repo: Repo, study: Study, spec: Spec, node: Node, job: Job,
-    have: int, want: int,
+    have: int, want: int, patience: float,
 ) -> tuple[int, int]:  # fmt: skip
-    """Run trunk's dev evaluation on seeds `have..want-1` and keep them on the study; return (runs, values)."""
+    """Run trunk's dev evaluation on seeds `have..want-1` and keep them on the study; return (runs, values).
+
+    Siblings that need the same seeds at once run them once: the first to claim them runs them (and
+    is charged); the others wait up to `patience` seconds for the values, then run what is missing.
+    """
+    first = have
+    if not store.claim_trunk_seeds(node.base_commit, want):
+        deadline = time.monotonic() + patience
+        st = store.study()
+        while (
+            st.trunk_commit == node.base_commit and len(st.trunk_dev) < want and time.monotonic() < deadline
+        ):
+            time.sleep(POLL)
+            st = store.study()
+        if st.trunk_commit != node.base_commit:
+            return 0, 0
+        if len(st.trunk_dev) >= want:
+            return 0, want - have  # a sibling ran them: kept on the study, charged to its job
+        have = len(st.trunk_dev)  # its run failed or died: run what is still missing
     label = f"n{node.id}-a{job.attempt}-trunk"
     path = workspace.worktree_path(settings, study, label)
     branch = f"grove/{study.name}/{label}"
@@ -123,4 +146,4 @@ def _extend_trunk(
         repo.git("branch", "-D", branch, check=False)
     ok = [r.objective(spec.objective.metric) or 0.0 for r in rs if r.ok]
     store.keep_trunk_dev(node.base_commit, have, ok)
-    return len(rs), len(ok)
+    return len(rs), have - first + len(ok)

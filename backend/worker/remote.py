@@ -285,6 +285,10 @@ class ApiStore:
         """Keep trunk's extra dev values."""
         self._call("keep_trunk_dev", base_commit=base_commit, have=have, values=values)
 
+    def claim_trunk_seeds(self, base_commit: str, upto: int) -> bool:
+        """Claim the running of trunk's dev seeds up to `upto`; False if a sibling has."""
+        return bool(self._call("claim_trunk_seeds", base_commit=base_commit, upto=upto))
+
     def baseline_running(self) -> bool:
         """Return whether the study's baseline dev job is running now."""
         return bool(self._call("baseline_running"))

@@ -451,6 +451,35 @@ def test_extra_seeds_stop_where_they_would_overspend_the_budget(settings: Settin
     assert jobs[0].extra_runs == 4 and len(jobs) == 1
 
 
+def test_siblings_needing_the_same_trunk_seeds_run_them_once_and_one_is_charged(
+    settings: Settings, tmp_path: Path
+) -> None:
+    # Two first-round siblings, each unclear at 2 seeds, ask for trunk's seeds 2 and 3 at about the
+    # same moment (every run takes 0.4 s): one job runs them, the other waits for its values.
+    files = tiny_files(experiments=6, margin=0.0, max_size=5)
+    files["eval.py"] = UNCLEAR_EVAL.replace(
+        "import json, os, sys, tomllib", "import json, os, sys, time, tomllib\ntime.sleep(0.4)"
+    )
+    files["grove.toml"] = files["grove.toml"].replace("repeats = 2\n", "repeats = 2\nmax_repeats = 4\n", 1)
+    res = grove(settings, "run", str(make_repo(tmp_path / "r", files)), "--auto-approve", "--quiet")
+    assert res.returncode == 0, res.stderr
+    st = the_study(settings)
+    root = min(n.id or 0 for n in rows(settings, Node))
+    trunk_seeds = [
+        r.seed for r in rows(settings, ReceiptRow, ReceiptRow.node_id == root, ReceiptRow.kind == "dev")
+    ]
+    assert sorted(trunk_seeds) == [0, 1, 2, 3], trunk_seeds  # each of trunk's seeds ran once
+    first_round = sorted(
+        (n for n in rows(settings, Node) if n.parent_id is not None), key=lambda n: n.id or 0
+    )[:2]
+    assert all(n.dev_n == 4 for n in first_round), [(n.id, n.dev_n) for n in first_round]
+    # Every extra dev run, a node's or trunk's, is charged once: to the job that ran it.
+    jobs = rows(settings, Job, Job.kind == "experiment")
+    extra = rows(settings, ReceiptRow, ReceiptRow.kind == "dev", ReceiptRow.seed >= 2)
+    assert sum(j.extra_runs for j in jobs) == len(extra), ([j.extra_runs for j in jobs], len(extra))
+    assert len(st.trunk_dev) >= 4
+
+
 def test_a_changed_spec_is_refused_on_resume_and_a_comment_is_not_a_change(
     settings: Settings, tmp_path: Path
 ) -> None:
