@@ -13,6 +13,7 @@ from kombu.entity import Queue
 from backend.core.config import Settings, get_settings
 
 QUEUES = ("coordinator", "clone", "cpu", "gpu", "sealed", "gpu-sealed")
+JOB_QUEUES = ("cpu", "gpu", "sealed", "gpu-sealed")  # where job tasks wait for a worker
 CLONE_TASK = "clone.repository"
 
 

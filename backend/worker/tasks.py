@@ -6,6 +6,8 @@ is stored (an experiment before it cleans its worktree up, so the coordinator's 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import traceback
@@ -35,7 +37,7 @@ from backend.services import lifecycle
 from backend.services.spec_errors import repository_error
 from backend.services.studies import clone_study
 from backend.worker import remote
-from backend.worker.celery_app import CLONE_TASK, app
+from backend.worker.celery_app import CLONE_TASK, JOB_QUEUES, app
 from backend.worker.dispatch import CeleryDispatcher, enqueue_advance
 
 log = logging.getLogger(__name__)
@@ -340,6 +342,17 @@ def learn(self: Task, job_id: int, token: str = "") -> str:
         raise self.retry(countdown=30) from None
 
 
+def waiting_tasks(r: redis.Redis) -> set[str]:
+    """Return the ids of the tasks whose messages wait in a job queue of the broker (Celery's Redis lists)."""
+    out: set[str] = set()
+    for queue in JOB_QUEUES:
+        for key in (queue, *(f"{queue}\x06\x16{p}" for p in (3, 6, 9))):  # kombu's priority lists too
+            for raw in r.lrange(key, 0, -1):
+                with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+                    out.add(str(json.loads(raw)["headers"]["id"]))
+    return out
+
+
 @app.task(name="coordinator.reconcile")
 def reconcile() -> dict[str, int]:
     """Re-send jobs whose task was lost and nudge every active study forward."""
@@ -372,9 +385,13 @@ def reconcile() -> dict[str, int]:
             and r.set(f"grove:resent-clone:{st.id}", "1", nx=True, ex=60)
         ]
         stale = []
-        for job in s.exec(select(Job).where(col(Job.status).in_(["queued", "running"]))):
+        jobs = list(s.exec(select(Job).where(col(Job.status).in_(["queued", "running"]))))
+        # A job is lost only when nothing holds it: no worker's lease, and, while queued, no message
+        # of its attempt waiting in a queue (a job waiting for a free slot is not lost, however long).
+        waiting = waiting_tasks(r) if any(j.status == "queued" for j in jobs) else set()
+        for job in jobs:
             age = (now() - (job.started_at or job.created_at)).total_seconds()
-            held = r.exists(f"grove:job:{job.id}")
+            held = r.exists(f"grove:job:{job.id}") or (job.status == "queued" and job.task_id in waiting)
             # A re-sent duplicate is harmless (job lease + status check) but not free: once per 5 min.
             if (
                 not held

@@ -283,3 +283,45 @@ def test_pool_processes_open_the_database_before_their_first_task(redis_url: str
         assert b"Traceback" not in (svc.logs / "warm.log").read_bytes()
     finally:
         svc.stop()
+
+
+def test_jobs_waiting_behind_busy_slots_are_never_sent_again(redis_url: str, tmp_path: Path) -> None:
+    # Ten experiments at once on a worker with two slots: eight wait in the queue for well past the
+    # lease age (4 s here) while the reconciler runs every 2 s. Waiting is not being lost: no task
+    # is sent twice, and the queue never holds more messages than there are jobs.
+    import json
+    import time
+
+    import redis
+
+    svc = sqlite_service(tmp_path / "svc", redis_url, db_number=8)
+    svc.env.update({"GROVE_LEASE_SECONDS": "4", "GROVE_RECONCILE_SECONDS": "2"})
+    broker = redis.Redis.from_url(svc.settings.redis_url)
+    broker.flushdb()
+    svc.start_worker("coord", "coordinator", 2, beat=True)
+    svc.start_worker("cpu", "cpu,sealed", 2)
+    try:
+        files = tiny_files(name="waiting", experiments=10, sleep=6.0, max_size=20, values=list(range(12)))
+        files["grove.toml"] = files["grove.toml"].replace("parallel = 2\n", "parallel = 10\n")
+        repo = make_repo(tmp_path / "r", files)
+        with db.session(svc.settings.db_url) as s:
+            study = create_study(s, svc.settings, (repo / "grove.toml").read_text(), str(repo))
+        make_app(svc.settings).send_task("coordinator.advance", args=[study.id])
+
+        def jobs() -> list[Job]:
+            with db.session(svc.settings.db_url) as s:
+                return list(s.exec(select(Job).where(Job.study_id == study.id, Job.kind == "experiment")))
+
+        wait_for(lambda: broker.llen("cpu") >= 8, timeout=60)
+        before = (svc.logs / "coord.log").read_text().count("coordinator.reconcile[")
+        most, until = 0, time.monotonic() + 16  # four lease ages, eight reconciles
+        while time.monotonic() < until:
+            ids = [json.loads(m)["headers"]["id"] for m in broker.lrange("cpu", 0, -1)]
+            assert len(ids) == len(set(ids)), f"a waiting task was sent again: {ids}"
+            most = max(most, len(ids))
+            time.sleep(0.2)  # the sampling pace: what is measured is the queue over this time
+        assert 8 <= most <= len(jobs()) == 10
+        assert all(j.status in ("queued", "running", "done") for j in jobs())
+        assert (svc.logs / "coord.log").read_text().count("coordinator.reconcile[") >= before + 4
+    finally:
+        svc.stop()
