@@ -130,3 +130,16 @@ def test_dockerfile_copies_existing_paths() -> None:
         if line.startswith("COPY "):
             for src in line.split()[1:-1]:
                 assert (Path(PROJECT_ROOT) / src).exists(), src
+
+
+def test_redis_asks_for_a_password_and_every_service_gives_it() -> None:
+    redis_cmd = SERVICES["redis"]["command"]
+    assert redis_cmd[redis_cmd.index("--requirepass") + 1].startswith("${REDIS_PASSWORD:?")
+    urls = {name: svc.get("environment", {}).get("GROVE_REDIS_URL") for name, svc in SERVICES.items()}
+    users = [name for name in SERVICES if name not in ("redis", "postgres", "migrate", "dashboard")]
+    assert users and all(str(urls[name]).startswith("redis://:${REDIS_PASSWORD") for name in users), urls
+
+
+def test_workers_get_time_to_finish_what_runs_when_stopped() -> None:
+    for name in ("worker-sealed", "worker-cpu-1", "worker-cpu-2", "worker-gpu"):
+        assert SERVICES[name]["stop_grace_period"] == "1h", name

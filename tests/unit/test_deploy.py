@@ -145,3 +145,24 @@ def test_every_long_running_container_is_probed() -> None:
     for name, pod in workloads().items():
         for c in pod["containers"]:
             assert c.get("livenessProbe"), f"{name}/{c['name']}"
+
+
+def test_redis_asks_for_the_secret_password_and_every_pod_reads_its_url_from_the_secret() -> None:
+    (redis,) = workloads()["grove-redis"]["containers"]
+    assert redis["args"][redis["args"].index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    assert {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in redis["env"]} == {
+        "REDIS_PASSWORD": "REDIS_PASSWORD", "REDISCLI_AUTH": "REDIS_PASSWORD"
+    }  # fmt: skip
+    config = next(d for _, d in DOCS if d["kind"] == "ConfigMap")
+    assert "GROVE_REDIS_URL" not in config["data"]
+    for name, c in containers().items():
+        if name.startswith(("grove-redis", "grove-postgres", "grove-dashboard")) or name.endswith("/migrate"):
+            continue
+        url = next(e for e in c["env"] if e["name"] == "GROVE_REDIS_URL")
+        assert url["valueFrom"]["secretKeyRef"] == {"name": "grove", "key": "GROVE_REDIS_URL"}, name
+
+
+def test_worker_pods_get_time_to_finish_running_experiments() -> None:
+    pods = workloads()
+    assert all(pods[w]["terminationGracePeriodSeconds"] >= 600 for w in pods if w.startswith("grove-worker-"))
+    assert pods["grove-control"]["terminationGracePeriodSeconds"] >= 60
