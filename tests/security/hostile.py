@@ -8,6 +8,7 @@ look for, so that a leak is visible in its output.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -19,8 +20,9 @@ from typing import Any
 from tests.conftest import TINY_SPEC, make_repo
 
 ATTACK = r"""
-import json, os, socket, subprocess, sys
+import base64, json, os, socket, subprocess, sys
 T = json.load(open("targets.json"))
+T["secrets"] = [base64.b64decode(s).decode() for s in T["secrets"]]
 MODE = sys.argv[1] if len(sys.argv) > 1 else "dev"
 
 
@@ -168,7 +170,9 @@ def hostile_repo(
     secret_file = root / f"host-secret-{marker}.txt"
     secret_file.write_text(h.sealed)
     targets = {
-        "secrets": list(h.secrets),
+        # Encoded: the attack's own list of what must not leak is not itself a leak when a prompt
+        # shows the start of this protected file (the ideator's preview of what the evaluator reads).
+        "secrets": [base64.b64encode(s.encode()).decode() for s in h.secrets],
         "paths": [str(data_dir), str(data_dir / "grove.db"), str(worktrees_dir), str(data_dir / "repos" / name),
                   str(root / name), str(data_dir / "outputs")],
         "data_dir": str(data_dir),
