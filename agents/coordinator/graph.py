@@ -640,7 +640,9 @@ def integrate_one(
         "refine_goal": a.refine_goal,
         "verifier": {"call": judged.call, "why": judged.why},
     }
-    if base is not study.trunk_dev:  # built on an older trunk: its gain there, and against trunk now
+    if (
+        rec.base_commit != study.trunk_commit
+    ):  # built on an older trunk: its gain there, and against trunk now
         m = min(len(rec.dev_values), len(study.trunk_dev))
         if m:
             now = gain_over(rec.dev_values[:m], study.trunk_dev[:m], maximize=spec.maximize)

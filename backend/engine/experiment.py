@@ -37,6 +37,7 @@ from backend.engine.jobstore import Superseded
 from backend.engine.site import LocalSite, Site
 from backend.services.ledger import StoreLedger
 from backend.services.records import spec_of
+from backend.services.storage import rebases_on_trunk
 
 
 def run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], None] | None = None) -> str:
@@ -112,7 +113,7 @@ def run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], Non
         before = key_values(spec, path, edits)  # the worktree is still at the base commit
         # A revisit measures its source's change merged onto the current trunk: its first attempt
         # runs it as merged, a retry (or a merge that conflicted) asks the executor to make it work.
-        revisit = node.origin == "revisit" and spec.policy_kind != "search"
+        revisit = node.origin == "revisit" and not rebases_on_trunk(spec)
         merged = revisit and bool(node.inherited.get("commit"))
         held = (
             revisit

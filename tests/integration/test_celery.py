@@ -313,15 +313,21 @@ def test_jobs_waiting_behind_busy_slots_are_never_sent_again(redis_url: str, tmp
                 return list(s.exec(select(Job).where(Job.study_id == study.id, Job.kind == "experiment")))
 
         wait_for(lambda: broker.llen("cpu") >= 8, timeout=60)
-        before = (svc.logs / "coord.log").read_text().count("coordinator.reconcile[")
-        most, until = 0, time.monotonic() + 16  # four lease ages, eight reconciles
-        while time.monotonic() < until:
+
+        def reconciles() -> int:
+            return (svc.logs / "coord.log").read_text().count("coordinator.reconcile[")
+
+        before, since, sizes = reconciles(), time.monotonic(), []
+
+        def watched_long_enough() -> bool:
+            """Look at the queue; done once eight reconciles ran over four lease ages (16 s)."""
             ids = [json.loads(m)["headers"]["id"] for m in broker.lrange("cpu", 0, -1)]
             assert len(ids) == len(set(ids)), f"a waiting task was sent again: {ids}"
-            most = max(most, len(ids))
-            time.sleep(0.2)  # the sampling pace: what is measured is the queue over this time
-        assert 8 <= most <= len(jobs()) == 10
+            sizes.append(len(ids))
+            return reconciles() >= before + 8 and time.monotonic() - since >= 16
+
+        wait_for(watched_long_enough, timeout=60, every=0.2)
+        assert 8 <= max(sizes) <= len(jobs()) == 10
         assert all(j.status in ("queued", "running", "done") for j in jobs())
-        assert (svc.logs / "coord.log").read_text().count("coordinator.reconcile[") >= before + 4
     finally:
         svc.stop()

@@ -315,6 +315,28 @@ def test_a_refine_child_starts_from_its_parents_change_and_is_told_it(
     assert "This is a refine of n2" in first and "dev mean 6" in first
 
 
+def merge_while_held(ideas: dict[str, Any], edit: tuple[str, str], report: str) -> dict[str, Any]:
+    """Script two first-round children: n2 sets x = 3 and merges while n3's executor is held.
+
+    The next ideation comes once n2 is merged (its slot is free): n3's executor goes on then, and
+    makes `edit` (search, replace) in config.toml.
+    """
+    held = threading.Event()
+    return {
+        "ideator": [{"content": json.dumps(ideas)}, {"content": '{"children": []}', "set": held}],
+        "executor|(node n2)": [
+            tool("edit", path="config.toml", search="x = 0", replace="x = 3"),
+            tool("finish", report="Set x = 3."),
+            tool("finish", report="Set x = 3."),
+        ],
+        "executor|(node n3)": [
+            {"wait": held, **tool("edit", path="config.toml", search=edit[0], replace=edit[1])},
+            tool("finish", report=report),
+            tool("finish", report=report),
+        ],
+    }
+
+
 def test_a_change_made_stale_by_a_merge_is_measured_again_on_the_new_trunk(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -332,22 +354,7 @@ def test_a_change_made_stale_by_a_merge_is_measured_again_on_the_new_trunk(
         {"parent_id": 1, "title": "Raise y", "mechanism": "set knob.y to 1", "hypothesis": "y adds to the score",
          "observable": "dev up by 2", "risks": "none", "expected_gain": 2.0},
     ]}  # fmt: skip
-    held = threading.Event()
-    script = {
-        # The next ideation comes once n2 is merged (its slot is free): n3's executor goes on then.
-        "ideator": [{"content": json.dumps(both)}, {"content": '{"children": []}', "set": held}],
-        "executor|(node n2)": [
-            tool("edit", path="config.toml", search="x = 0", replace="x = 3"),
-            tool("finish", report="Set x = 3."),
-            tool("finish", report="Set x = 3."),
-        ],
-        "executor|(node n3)": [
-            {"wait": held, **tool("edit", path="config.toml", search="y = 0", replace="y = 1")},
-            tool("finish", report="Set y = 1."),
-            tool("finish", report="Set y = 1."),
-        ],
-    }
-    with FakeLLM(script) as llm:
+    with FakeLLM(merge_while_held(both, ("y = 0", "y = 1"), "Set y = 1.")) as llm:
         res = grove_run(settings, repo, llm.url)
     assert res.returncode == 0, res.stderr + res.stdout
     n2, n3, n4 = (rows(settings, Node, Node.id == i)[0] for i in (2, 3, 4))
@@ -389,21 +396,7 @@ def test_a_revisit_of_a_change_trunk_already_holds_is_rejected_before_any_evalua
          "hypothesis": "the curve peaks in the middle", "observable": "dev up", "risks": "none",
          "expected_gain": 5.0},
     ]}  # fmt: skip
-    held = threading.Event()
-    script = {
-        "ideator": [{"content": json.dumps(twins)}, {"content": '{"children": []}', "set": held}],
-        "executor|(node n2)": [
-            tool("edit", path="config.toml", search="x = 0", replace="x = 3"),
-            tool("finish", report="Set x = 3."),
-            tool("finish", report="Set x = 3."),
-        ],
-        "executor|(node n3)": [
-            {"wait": held, **tool("edit", path="config.toml", search="x = 0", replace="x = 3")},
-            tool("finish", report="Put x at 3."),
-            tool("finish", report="Put x at 3."),
-        ],
-    }
-    with FakeLLM(script) as llm:
+    with FakeLLM(merge_while_held(twins, ("x = 0", "x = 3"), "Put x at 3.")) as llm:
         res = grove_run(settings, repo, llm.url)
     assert res.returncode == 0, res.stderr + res.stdout
     n3, n4 = (rows(settings, Node, Node.id == i)[0] for i in (3, 4))
