@@ -829,12 +829,34 @@ def export_trajectories_cmd(
 
 
 @app.command("janitor")
-def janitor_cmd(max_age_hours: float | None = None) -> None:
-    """Remove stale worktrees; on a remote worker, everything it holds of studies that ended."""
+def janitor_cmd(
+    max_age_hours: float | None = None,
+    worker: Annotated[
+        bool, typer.Option("--worker", help="clean up as a remote worker (needs GROVE_WORKER_TOKEN)")
+    ] = False,
+    high_water: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0, max=1.0, help="remove unused environment builds until the disk is below this share"
+        ),
+    ] = None,
+) -> None:
+    """Remove stale worktrees; on a remote worker, everything it holds of studies that ended.
+
+    Then, while the data folder's disk is fuller than the high-water mark (GROVE_DISK_HIGH_WATER),
+    environment builds that no job is using, least recently used first.
+    """
     from backend.core.config import get_settings
-    from backend.engine import workspace
+    from backend.engine import housekeeping, workspace
 
     settings = get_settings()
+    if high_water is not None:
+        settings = settings.model_copy(update={"disk_high_water": high_water})
+    if worker and not settings.worker_token:
+        err.print(
+            "[red]error:[/] --worker needs GROVE_WORKER_TOKEN (and GROVE_API_URL): the API says which studies ended"
+        )
+        raise typer.Exit(2)
     if settings.worker_token:
         from backend.worker.remote import RemoteError, site
 
@@ -844,9 +866,17 @@ def janitor_cmd(max_age_hours: float | None = None) -> None:
             err.print(f"[red]error:[/] {exc}")
             raise typer.Exit(2) from None
         console.print(f"removed {len(gone)} folders of studies that ended")
-        return
-    removed = workspace.janitor(settings, max_age_hours)
-    console.print(f"removed {len(removed)} worktrees")
+    else:
+        removed = workspace.janitor(settings, max_age_hours)
+        console.print(f"removed {len(removed)} worktrees")
+    freed = housekeeping.make_room(settings)
+    if freed:
+        console.print(
+            f"removed {len(freed)} environment builds no job was using (disk above {settings.disk_high_water:.0%})"
+        )
+    left = housekeeping.used(settings.data_dir)
+    if left > settings.disk_high_water:
+        err.print(f"[yellow]warning:[/] the disk is still {left:.0%} full: every build left is in use")
 
 
 memory_app = typer.Typer(help="Lab memory: what finished studies left for later ones.", no_args_is_help=True)

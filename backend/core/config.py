@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     output_cap_bytes: int = 5_000_000
     tail_bytes: int = 4_000
     stale_worktree_hours: float = 24.0
+    # Before each job a worker makes room once the file system of its data folder is fuller than
+    # this share: it drops the copies of studies that ended, then unused environment builds.
+    disk_high_water: float = Field(default=0.9, ge=0.0, le=1.0)
     # Requests with a larger body get 413; each token may hold this many event streams open.
     max_body_bytes: int = 2_000_000
     # A worker's uploads (a job's commits as a bundle, a run's full output) may be this large.

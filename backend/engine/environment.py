@@ -6,15 +6,22 @@ while the `inputs` files (requirements, lock files) are as at base, else of the 
 changed them. The folder is keyed by the setup command, the inputs' content and that commit, so
 every worktree of the study shares one build until a dependency file changes. Evaluations then
 see it read-only, its `bin/` first on PATH. The setup's output is kept beside it as a log.
+
+A process that uses a build holds a shared lock on it until its job ends (`release`), and stamps
+its last use, so the housekeeping that makes room on a full disk removes only builds nobody is
+using, least recently used first.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import IO
 
 from agents import globs
 from agents.spec import Spec
@@ -26,6 +33,16 @@ from backend.engine import sandbox
 
 class SetupFailed(RuntimeError):
     """The study's environment setup did not succeed; the message says why and where its log is."""
+
+
+_held: dict[Path, IO[str]] = {}  # builds this process uses, each under a shared lock until `release`
+
+
+def release() -> None:
+    """Let go of every build this process used (at the end of each job)."""
+    while _held:
+        _, fh = _held.popitem()
+        fh.close()
 
 
 def _inputs(spec: Spec, repo: Repo, commit: str) -> str:
@@ -63,13 +80,58 @@ def ensure(
     key, build = key_of(spec, repo, commit, study.base_commit)
     root = (settings.data_dir / "envs" / study.name / key).resolve()
     ready, env = root / "ready", root / "env"
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / "lock").open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        if not ready.exists():
-            _build(settings, study, spec, repo, build, iso, key, root)
-            ready.touch()
+    if root not in _held:
+        _held[root] = _hold(root, lambda: _build(settings, study, spec, repo, build, iso, key, root))
+    os.utime(ready)  # its last use, for least-recently-used eviction
     return replace(iso, env_dir=str(env), env_writable=False)
+
+
+def _locked(root: Path, how: int) -> IO[str]:
+    """Open and lock a build's lock file, again if housekeeping removed the build meanwhile."""
+    while True:
+        root.mkdir(parents=True, exist_ok=True)
+        fh = (root / "lock").open("a")
+        fcntl.flock(fh, how)
+        try:
+            if os.fstat(fh.fileno()).st_ino == os.stat(root / "lock").st_ino:
+                return fh
+        except FileNotFoundError:
+            pass
+        fh.close()
+
+
+def _hold(root: Path, build: Callable[[], None]) -> IO[str]:
+    """Return the build's lock file held shared, building it first (under an exclusive lock) if needed."""
+    fh = _locked(root, fcntl.LOCK_SH)
+    if (root / "ready").exists():
+        return fh
+    fh.close()
+    fh = _locked(root, fcntl.LOCK_EX)
+    try:
+        if not (root / "ready").exists():
+            build()
+            (root / "ready").touch()
+        fcntl.flock(fh, fcntl.LOCK_SH)
+    except BaseException:
+        fh.close()
+        raise
+    return fh
+
+
+def evict(root: Path) -> bool:
+    """Remove a build if no process is using it; return whether it was removed."""
+    try:
+        fh = (root / "lock").open("a")
+    except FileNotFoundError:
+        return False
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        (root / "lock").unlink(missing_ok=True)  # a process that opened it before sees it is gone
+        shutil.rmtree(root, ignore_errors=True)
+    return True
 
 
 def _build(

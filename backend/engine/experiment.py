@@ -46,6 +46,13 @@ def run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], Non
     `stored` is called once an evaluated or rejected outcome is stored, before the worktree is
     removed.
     """
+    try:
+        return _run_experiment(site, job_id, token, stored)
+    finally:
+        environment.release()  # the builds it used may go once the disk needs room
+
+
+def _run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], None] | None) -> str:
     settings = site.settings
     job, node, study, store = site.claim_experiment(job_id, token)
     spec = spec_of(study)

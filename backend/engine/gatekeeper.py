@@ -207,11 +207,17 @@ class LocalGatekeeper:
         """Measure trunk at base on dev and held-out once (idempotent)."""
         with db.session(self.settings.db_url) as s:
             lifecycle.start(s, study_id)
-        self._runner(study_id, None).baseline()
+        try:
+            self._runner(study_id, None).baseline()
+        finally:
+            environment.release()  # this process runs on: the builds it used may go when the disk needs room
 
     def gate(self, study_id: int, node_id: int) -> bool:
         """Merge the candidate onto a copy of trunk, test the merged commit, return pass/fail."""
-        return self._runner(study_id, node_id).gate(node_id)
+        try:
+            return self._runner(study_id, node_id).gate(node_id)
+        finally:
+            environment.release()
 
     def await_approval(self, study_id: int, node_id: int) -> None:
         """Mark a gate-passed node as waiting for a human and open an approval."""

@@ -22,6 +22,7 @@ from agents.coordinator.ports import Pending
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Job, Node, Study
+from backend.engine import environment
 from backend.engine.gatekeeper import BaselineError, LocalGatekeeper, SealedRunner
 from backend.engine.jobstore import SEALED, DbStore, Superseded, Unreachable
 from backend.engine.site import Site
@@ -38,6 +39,8 @@ def run(site: Site, job_id: int, token: str) -> str:
         return _run(site, job_id, token)
     except Superseded:
         return "superseded"  # cancelled (the study stopped) or taken over: nothing more is written
+    finally:
+        environment.release()
 
 
 def _run(site: Site, job_id: int, token: str) -> str:

@@ -35,5 +35,6 @@ def trial_run(settings: Settings, spec: Spec, repo: gitops.Repo, base: str) -> e
             tail_bytes=settings.tail_bytes,
         )  # fmt: skip
     finally:
+        environment.release()
         repo.remove_worktree(tree)
         shutil.rmtree(out, ignore_errors=True)

@@ -29,7 +29,7 @@ from backend.core.config import Settings, get_settings
 from backend.core.gitops import GitError
 from backend.core.locks import Busy, client, coalesced, lease
 from backend.core.models import Job, Study, now
-from backend.engine import driver, experiment, learning, sandbox, sealed, workspace
+from backend.engine import driver, experiment, housekeeping, learning, sandbox, sealed, workspace
 from backend.engine.driver import Driver
 from backend.engine.jobstore import Superseded, Unreachable
 from backend.engine.site import LocalSite, Site
@@ -257,7 +257,11 @@ def _job(
 
     try:
         with lease(settings.redis_url, f"grove:job:{job_id}", settings.lease_seconds):
-            status = run(site_of(settings), job_id, token, wake)
+            site = site_of(settings)
+            housekeeping.make_room(
+                settings, site.forget_ended if isinstance(site, remote.RemoteSite) else None
+            )
+            status = run(site, job_id, token, wake)
     except Busy:
         return "running elsewhere"
     if not woken and study_id is not None:

@@ -56,7 +56,7 @@ def test_worker_health_checks_pass_against_live_workers(tmp_path: Path, redis_ur
             done = subprocess.run(argv, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
             assert done.returncode == 0, f"{service}: {argv}\n{done.stdout}\n{done.stderr}"
             assert f"{name}@{socket.gethostname()}: OK" in done.stdout, done.stdout
-        probes = {("grove-control", "coordinator"): "coordinator", ("grove-control", "cloner"): "clone",
+        probes = {("grove-coordinator", "coordinator"): "coordinator", ("grove-coordinator", "cloner"): "clone",
                   ("grove-worker-cpu", "worker"): "cpu", ("grove-worker-gpu", "worker"): "gpu"}  # fmt: skip
         for (pod, container), name in probes.items():
             argv = probe_argv(pod, container)

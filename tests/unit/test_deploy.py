@@ -63,11 +63,51 @@ def test_cpu_workers_share_nothing_with_the_control_pod() -> None:
     names = {e["name"] for e in worker["env"]}
     assert {"GROVE_API_URL", "GROVE_WORKER_TOKEN", "GROVE_REDIS_URL"} <= names
     assert "GROVE_DATABASE_URL" not in names and "envFrom" not in worker
-    # The API, the coordinator and the clone worker share one claim, in one pod (so ReadWriteOnce suffices).
-    control = workloads()["grove-control"]
-    assert {c["name"] for c in control["containers"]} == {"api", "coordinator", "cloner"}
-    assert all(m["name"] == "data" for c in control["containers"] for m in c["volumeMounts"])
-    assert control["volumes"] == [{"name": "data", "persistentVolumeClaim": {"claimName": "grove-data"}}]
+    for name in ("grove-api", "grove-coordinator"):
+        pod = workloads()[name]
+        assert all(m["name"] == "data" for c in pod["containers"] for m in c["volumeMounts"])
+        assert pod["volumes"] == [{"name": "data", "persistentVolumeClaim": {"claimName": "grove-data"}}]
+
+
+def deployment(name: str) -> dict[str, Any]:
+    return next(d for _, d in DOCS if d["kind"] == "Deployment" and d["metadata"]["name"] == name)
+
+
+def test_the_api_runs_apart_from_the_coordinator_in_two_replicas_on_a_volume_they_can_share() -> None:
+    api, coordinator = deployment("grove-api"), deployment("grove-coordinator")
+    assert [c["name"] for c in api["spec"]["template"]["spec"]["containers"]] == ["api"]
+    assert {c["name"] for c in coordinator["spec"]["template"]["spec"]["containers"]} == {
+        "coordinator",
+        "cloner",
+    }
+    assert api["spec"]["replicas"] >= 2
+    assert api["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0, "a rollout keeps every replica up"
+    assert coordinator["spec"]["replicas"] == 1 and coordinator["spec"]["strategy"] == {"type": "Recreate"}, (
+        "one beat: the reconciler is scheduled once"
+    )
+    # Both schedule the schema migration first (it holds an advisory lock: never twice at once).
+    for d in (api, coordinator):
+        (init,) = d["spec"]["template"]["spec"]["initContainers"]
+        assert init["command"] == ["grove", "migrate"]
+    # The Service sends requests to the API's pods only; a disruption budget keeps one of them up.
+    (svc,) = [d for _, d in DOCS if d["kind"] == "Service" and d["metadata"]["name"] == "grove-api"]
+    assert svc["spec"]["selector"] == api["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["selector"] != coordinator["spec"]["selector"]["matchLabels"]
+    (pdb,) = [d for _, d in DOCS if d["kind"] == "PodDisruptionBudget"]
+    assert pdb["spec"]["selector"] == api["spec"]["selector"] and pdb["spec"]["minAvailable"] >= 1
+    # Pods on several nodes mount the data claim: it must be ReadWriteMany.
+    (claim,) = [
+        d for _, d in DOCS if d["kind"] == "PersistentVolumeClaim" and d["metadata"]["name"] == "grove-data"
+    ]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    # The dashboard and remote workers reach the API through the Service, by its name.
+    urls = {
+        e.get("value")
+        for c in containers().values()
+        for e in c.get("env", [])
+        if e["name"] == "GROVE_API_URL"
+    }
+    assert urls and all(u and u.startswith("http://grove-api:8000") for u in urls), urls
 
 
 def test_sealed_jobs_run_only_in_pods_beside_the_database() -> None:
@@ -165,4 +205,5 @@ def test_redis_asks_for_the_secret_password_and_every_pod_reads_its_url_from_the
 def test_worker_pods_get_time_to_finish_running_experiments() -> None:
     pods = workloads()
     assert all(pods[w]["terminationGracePeriodSeconds"] >= 600 for w in pods if w.startswith("grove-worker-"))
-    assert pods["grove-control"]["terminationGracePeriodSeconds"] >= 60
+    assert pods["grove-coordinator"]["terminationGracePeriodSeconds"] >= 60
+    assert pods["grove-api"]["terminationGracePeriodSeconds"] >= 30
