@@ -807,6 +807,9 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         max_depth=max_depth,
         reach=index.reaches(),
         revisit=revisit,
+        budget=study.spec.budget.experiments,
+        budget_left=max(study.spec.budget.experiments - study.experiments_used, 0),
+        finish=study.spec.policy.finish,
     )
 
 

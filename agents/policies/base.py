@@ -6,6 +6,7 @@ a held-out number.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -81,6 +82,15 @@ class IdeationInput:
     recent: list[dict[str, Any]] = field(default_factory=list)
     # Node id -> steps below its nearest merged ancestor (0 when merged): what `max_depth` bounds.
     reach: dict[int, int] = field(default_factory=dict)
+    # The experiment budget, what is left of it (running experiments counted as spent), and the
+    # share of it kept for the finishing phase: local search around the best node (`search` policy).
+    budget: int = 0
+    budget_left: int = 0
+    finish: float = 0.0
+
+    def finishing(self) -> bool:
+        """Return whether the study is in its finishing phase (the last `finish` share of the budget)."""
+        return self.budget > 0 and self.finish > 0 and self.budget_left <= math.ceil(self.finish * self.budget)
 
     def takes_children(self, node: NodeEvidence) -> bool:
         """Return whether a child may hang under `node` (it is less than `max_depth` below trunk's line)."""

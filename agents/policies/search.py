@@ -38,6 +38,7 @@ from agents.spec import split_search_key
 
 MEASURED = ("evaluated", "merged", "awaiting_approval", "rejected")  # pruned directions stay closed
 STEPS = (0.05, 0.1, 0.2, 0.35, 0.5)
+FINISH_RADII = (0.2, 0.05)  # the finishing phase's trust region, at its start and at its end
 
 
 # A node's assignment, by the evidence object the coordinator hands back while the node is unchanged.
@@ -74,14 +75,25 @@ def sampler_seed(seed: int, round_no: int) -> int:
 class LocalModel:
     """A kernel-weighted ridge regression of one metric over the measured nodes, around a point."""
 
-    def __init__(self, space: Space, points: list[tuple[Assignment, float]], around: Assignment) -> None:
+    def __init__(
+        self,
+        space: Space,
+        points: list[tuple[Assignment, float]],
+        around: Assignment,
+        *,
+        bandwidth: float = 0.5,
+        quadratic: bool = False,
+        log: bool = True,
+    ) -> None:
         self.space = space
+        self.around = around
+        self.quadratic = quadratic
         x = np.array([[1.0, *self.features(a)] for a, _ in points])
         y = np.array([v for _, v in points])
-        self.log = bool(len(y)) and bool(np.all(y > 0))  # sizes and costs are multiplicative
+        self.log = log and bool(len(y)) and bool(np.all(y > 0))  # sizes and costs are multiplicative
         if self.log:
             y = np.log(y)
-        w = np.array([np.exp(-(space.distance(a, around) ** 2) / (2 * 0.5**2)) for a, _ in points])
+        w = np.array([np.exp(-(space.distance(a, around) ** 2) / (2 * bandwidth**2)) for a, _ in points])
         ridge = 1e-3 * np.eye(x.shape[1])
         ridge[0, 0] = 0.0
         xtw = x.T * w
@@ -102,6 +114,16 @@ class LocalModel:
                 if lo > 0:
                     v = max(float(self.space.value(a, k)), lo)
                     extra.append(math.log(v / lo) / math.log(hi / lo) if hi > lo else 0.0)
+        if self.quadratic:  # a curvature per ordered key, around the centre: an optimum inside the region
+            extra += [
+                (
+                    self.space.coord(k, self.space.value(a, k))
+                    - self.space.coord(k, self.space.value(self.around, k))
+                )
+                ** 2
+                for k in self.space.keys
+                if self.space.is_range(k) or self.space.is_ordered(k)
+            ]
         return [*self.space.features(a), *extra]
 
     def predict(self, a: Assignment) -> float:
@@ -191,6 +213,10 @@ class SearchPolicy:
                     (root, a, why, "restart" if failed >= 0 else "policy", failed if failed >= 0 else None)
                 )
         batch = ctx.free or ctx.k
+        if len(out) < batch and ctx.finishing():
+            for parent, a in self._finish(ctx, space, rules, assignment, seen, rng, batch - len(out)):
+                seen.add(space.key_of(a))
+                out.append((parent, a, f"finishing: local search around n{parent.number}", "policy", None))
         if len(out) < batch:
             recent = list(optuna_bridge.window(ctx.nodes, ctx.maximize))
             study = optuna_bridge.replay(
@@ -214,6 +240,89 @@ class SearchPolicy:
                 )
                 out.append((parent, a, f"{self.sampler} suggestion near n{parent.number}", "policy", None))
         return [self._proposal(ctx, space, trunk, p, a, why, origin, ref) for p, a, why, origin, ref in out]
+
+    def _finish(
+        self,
+        ctx: IdeationInput,
+        space: Space,
+        rules: list[dict[str, Any]],
+        assignment: dict[int, Assignment],
+        seen: set[tuple[str, ...]],
+        rng: random.Random,
+        want: int,
+    ) -> list[tuple[NodeEvidence, Assignment]]:
+        """Return up to `want` untried moves inside a trust region around the best node, best predicted first.
+
+        The region's radius (in the space's coordinates) shrinks from 0.2 to 0.05 as the finishing
+        share of the budget is spent. Moves are ranked by a local quadratic model of the objective
+        fitted on the measured nodes around the best one; moves a local model of a constraint's
+        metric predicts to break it are left out.
+        """
+        sign = 1.0 if ctx.maximize else -1.0
+        measured = [n for n in ctx.nodes if n.dev_mean is not None and n.status != "failed"]
+        kept = [
+            n for n in measured
+            if n.status in ("evaluated", "merged", "awaiting_approval") and optuna_bridge.feasible(rules, n)
+        ]  # fmt: skip
+        if not kept:
+            return []
+        best = max(kept, key=lambda n: (sign * float(n.dev_mean or 0.0), -n.id))
+        x = assignment[best.id]
+        units = max(math.ceil(ctx.finish * ctx.budget), 1)
+        radius = FINISH_RADII[1] + (FINISH_RADII[0] - FINISH_RADII[1]) * min(ctx.budget_left / units, 1.0)
+        moves: list[Assignment] = []
+        for k in space.keys:
+            if space.is_ordered(k):
+                place = round(space.index(k, space.value(x, k)))
+                vs = space.values(k)
+                moves += [{**x, k: vs[i]} for i in (place - 1, place + 1) if 0 <= i < len(vs)]
+            elif space.is_range(k):
+                moves += [
+                    {**x, k: v} for step in STEPS if step <= radius for v in space.neighbours(x, k, step)
+                ]
+            else:
+                moves += [{**x, k: c} for c in space.neighbours(x, k, 0.0)]
+        numeric = [k for k in space.keys if space.is_range(k) or space.is_ordered(k)]
+        for _ in range(128 if numeric else 0):
+            moved = [k for k in numeric if rng.random() < 0.5] or [rng.choice(numeric)]
+            moves.append(
+                {
+                    **x,
+                    **{
+                        k: space.snap(k, space.coord(k, space.value(x, k)) + rng.gauss(0.0, radius / 2))
+                        for k in moved
+                    },
+                }
+            )
+        objective = LocalModel(
+            space, [(assignment[n.id], float(n.dev_mean or 0.0)) for n in measured], x,
+            bandwidth=max(2 * radius, 0.2), quadratic=True, log=False,
+        )  # fmt: skip
+        models = [
+            (r, LocalModel(space, pts, x))
+            for r in rules
+            if (
+                pts := [
+                    (assignment[n.id], n.dev_metrics[r["metric"]])
+                    for n in measured
+                    if r["metric"] in n.dev_metrics
+                ]
+            )
+        ]
+        ranked: dict[tuple[str, ...], tuple[float, Assignment]] = {}
+        for m in moves:
+            key = space.key_of(m)
+            if key in seen or key in ranked or key == space.key_of(x):
+                continue
+            changed = space.differing(m, x)
+            if (len(changed) > 1 or space.is_range(changed[0])) and space.distance(m, x) > 2 * radius:
+                continue  # beyond the region (one step of a list key may be longer)
+            if any(_violation(r, model.predict(m)) > 0 for r, model in models):
+                continue
+            ranked[key] = (-sign * objective.predict(m), m)
+        parents = self._parents(ctx, rules)
+        parent = best if best in parents else min(parents, key=lambda n: space.distance(x, assignment[n.id]))
+        return [(parent, m) for _, m in sorted(ranked.values(), key=lambda t: t[0])[:want]]
 
     @staticmethod
     def _parents(ctx: IdeationInput, rules: list[dict[str, Any]]) -> list[NodeEvidence]:

@@ -663,3 +663,48 @@ def test_a_repair_of_an_over_size_node_lands_at_the_largest_admissible_size_and_
     # (the activation, the learning rate) stay as the parent had them.
     assert first.edits["c.toml:m.width"] == 64
     assert first.edits["c.toml:m.act"] == "tanh" and first.edits["c.toml:t.lr"] == 0.02
+
+
+# -- the finishing phase ------------------------------------------------------------------------------
+
+
+def finishing_ctx(budget_left: int) -> IdeationInput:
+    """Accuracy peaks at lr = 0.01 (any width): the best node so far has lr = 0.005, width 32."""
+    space = Space(SPACE, BASE)
+
+    def acc(lr: float) -> float:
+        return 0.9 - 2.0 * (space.coord("c.toml:t.lr", lr) - space.coord("c.toml:t.lr", 0.01)) ** 2
+
+    tried = [(8, 0.001), (16, 0.0002), (64, 0.05), (32, 0.002), (32, 0.005), (16, 0.003), (64, 0.0008)]
+    nodes = [ev(1, None, BASE, acc(0.001), "merged")]
+    for i, (w, lr) in enumerate(tried, start=2):
+        nodes.append(ev(i, 1, {"c.toml:m.hidden": w, "c.toml:t.lr": lr}, acc(lr) + 0.001 * (w == 32)))
+    return replace(ctx(nodes, round_no=9, k=3), budget=20, budget_left=budget_left, finish=0.25)
+
+
+def test_the_last_share_of_the_budget_searches_locally_around_the_best_node() -> None:
+    space = Space(SPACE, BASE)
+    early = SearchPolicy("tpe").ideate(finishing_ctx(budget_left=12))
+    assert not any("finishing" in p.hypothesis["mechanism"] for p in early), "not yet: the sampler explores"
+    late = finishing_ctx(budget_left=4)  # 4 of 20 left: within the last 25%
+    assert late.finishing()
+    props = SearchPolicy("tpe").ideate(late)
+    assert len(props) == 3 and all("finishing: local search around n6" in p.hypothesis["mechanism"] for p in props)
+    best = {**BASE, "c.toml:m.hidden": 32, "c.toml:t.lr": 0.005}
+    tried = {space.key_of(space.full({**BASE, **n.edits})) for n in late.nodes}
+    for p in props:
+        assert p.parent_id == 6 and space.key_of(p.edits) not in tried
+        # Inside the trust region: at most 2 x its radius (0.05 + 0.15 * 4/5 = 0.17) from the best node.
+        assert space.distance(p.edits, best) <= 2 * 0.17 + 1e-9, p.edits
+    # The first move follows the local model of the objective: up toward lr = 0.01, width kept.
+    first = props[0].edits
+    assert 0.005 < first["c.toml:t.lr"] <= 0.02 and first["c.toml:m.hidden"] == 32
+
+
+def test_the_finishing_phase_never_proposes_a_move_predicted_to_break_a_constraint() -> None:
+    wide = widths_ctx([])
+    # The best feasible node (width 32, 3,200 parameters) is the centre; width 128 broke the size bound.
+    late = replace(wide, budget=20, budget_left=3, finish=0.25, k=4)
+    props = SearchPolicy("tpe").ideate(late)
+    assert props and all("finishing" in p.hypothesis["mechanism"] for p in props)
+    assert all(p.edits["c.toml:m.width"] <= 64 for p in props), [p.edits for p in props]
