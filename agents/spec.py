@@ -346,6 +346,13 @@ class Spec(_Section):
         """Return whether the objective is maximised."""
         return self.objective.direction == "maximize"
 
+    def judged_metrics(self) -> list[str]:
+        """Return the metrics a node is judged on: the objective's and every metric constraint's."""
+        return [
+            self.objective.metric,
+            *(c.metric for c in self.constraints if c.judge == "metric" and c.metric),
+        ]
+
     @field_validator("constraints")
     @classmethod
     def _unique(cls, v: list[Constraint]) -> list[Constraint]:

@@ -90,7 +90,9 @@ class IdeationInput:
 
     def finishing(self) -> bool:
         """Return whether the study is in its finishing phase (the last `finish` share of the budget)."""
-        return self.budget > 0 and self.finish > 0 and self.budget_left <= math.ceil(self.finish * self.budget)
+        return (
+            self.budget > 0 and self.finish > 0 and self.budget_left <= math.ceil(self.finish * self.budget)
+        )
 
     def takes_children(self, node: NodeEvidence) -> bool:
         """Return whether a child may hang under `node` (it is less than `max_depth` below trunk's line)."""

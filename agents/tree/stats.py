@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 # One-sided 95% Student-t quantiles for 1..30 degrees of freedom.
@@ -137,3 +137,13 @@ def gain_over(
 
 def _t(alpha: float, df: int) -> float:
     return t95(df) if alpha == 0.05 else t_quantile(alpha, df)
+
+
+def same_every_seed(runs: Sequence[Mapping[str, float]], metrics: Sequence[str]) -> bool:
+    """Return whether two or more runs on different seeds agree exactly on every named metric."""
+    if len(runs) < 2:
+        return False
+    first = runs[0]
+    return all(m in first for m in metrics) and all(
+        all(m in r and r[m] == first[m] for m in metrics) for r in runs[1:]
+    )

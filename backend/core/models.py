@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, Connection, Index, Table, Text, UniqueConstraint, event, update
+from sqlalchemy import JSON, Column, Connection, Index, Table, Text, UniqueConstraint, event, false, update
 from sqlmodel import Field, SQLModel
 
 
@@ -40,6 +40,9 @@ class Study(SQLModel, table=True):
     seed: int = 0
     base_values: dict[str, Any] = _json({})
     baseline_dev: list[float] = _json([])
+    # The dev evaluation gave the same objective and constraint values on every seed of the
+    # unchanged repository: a node then runs one seed (more would repeat the same number).
+    dev_deterministic: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
     trunk_dev: list[float] = _json([])
     baseline_heldout: list[float] = _json([])
     trunk_heldout: list[float] = _json([])

@@ -25,7 +25,7 @@ from sqlmodel import Session, col, func, select
 
 from agents.tree.gate import heldout_decision
 from agents.tree.sequential import Plan
-from agents.tree.stats import summarize
+from agents.tree.stats import same_every_seed, summarize
 from agents.tree.status import NodeStatus
 from backend.core import db
 from backend.core.config import Settings
@@ -70,6 +70,7 @@ class JobStore(Protocol):
     def claim_trunk_seeds(self, base_commit: str, upto: int) -> bool: ...
     def baseline_running(self) -> bool: ...
     def baseline_dev(self, values: list[float]) -> None: ...
+    def not_deterministic(self) -> None: ...
     def baseline_heldout(self, values: list[float]) -> None: ...
     def test_query(self) -> None: ...
     def verdict(
@@ -89,6 +90,7 @@ CALLS: dict[str, frozenset[str]] = {
     "experiment": _COMMON | {
         "event", "finish", "crash", "insights", "reflections", "save_trajectory", "relabel", "not_worth_it",
         "keep_trunk_dev", "claim_trunk_seeds", "llm_reserve", "llm_release", "llm_record", "baseline_running",
+        "not_deterministic",
     },
     "baseline": _COMMON | {"finish_sealed", "baseline_dev"},
     "heldout": _COMMON | {"finish_sealed", "baseline_heldout", "test_query"},
@@ -473,8 +475,32 @@ class DbStore:
             study.baseline_dev = study.trunk_dev = values
             root.dev_values, root.dev_n = values, len(values)
             root.dev_mean = sum(values) / len(values)
+            spec = spec_of(study)
+            judged = spec.judged_metrics()
+            runs = s.exec(
+                select(ReceiptRow.metrics).where(
+                    ReceiptRow.study_id == self.study_id, ReceiptRow.node_id == root.id, ReceiptRow.kind == "dev",
+                    ReceiptRow.commit == study.base_commit, ReceiptRow.ok == True,  # noqa: E712
+                )
+            ).all()  # fmt: skip
+            study.dev_deterministic = same_every_seed([m or {} for m in runs], judged)
             s.add_all([study, root])
             add_event(s, self.study_id, "node.evaluated", root.id, dev=values, baseline=True)
+            if study.dev_deterministic:
+                add_event(s, self.study_id, "evaluator.deterministic", None, seeds=len(runs), metrics=judged)
+
+    def not_deterministic(self) -> None:
+        """Record that the job's node gave different dev values on two seeds: the study is noisy after all."""
+        with db.session(self.settings.db_url) as s:
+            self._current(s)
+            study = s.get(Study, self.study_id)
+            assert study is not None
+            if study.dev_deterministic:
+                study.dev_deterministic = False
+                s.add(study)
+                add_event(
+                    s, self.study_id, "evaluator.noisy", self.node_id, reason="two seeds of this node differ"
+                )
 
     def baseline_heldout(self, values: list[float]) -> None:
         """Record the unchanged repository's held-out values (each one a recorded run of this job)."""

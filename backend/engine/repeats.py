@@ -4,7 +4,9 @@ An unclear node is re-run on more seeds, and so is trunk where it has fewer pair
 the node needs; trunk's extra values are kept on the study, so the next node pairs with them
 for free. Every extra run is a receipt (the node's own, or trunk's) and is charged to the
 experiment budget through the job's outcome. A study's first round may run beside trunk's dev
-job: its first look then waits for trunk's values while that job runs.
+job: its first look then waits for trunk's values while that job runs. Where trunk's dev runs
+agreed exactly on every seed (`Study.dev_deterministic`), a node runs one seed; one that beats
+trunk runs a second as a check, and where the two differ the study is taken as noisy from then on.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 from agents.spec import Spec
 from agents.tree.sequential import Plan, Step
+from agents.tree.stats import same_every_seed
 from agents.verify.constraints import ConstraintRule, Verdict, verify_all
 from backend.core.config import Settings
 from backend.core.gitops import Repo
@@ -41,10 +44,23 @@ def dev_runs(
             label=worktree_label, node_id=node.id, seeds=seeds,
         )  # fmt: skip
 
-    run = DevRuns(evaluate(None))
-    plan = Plan(spec.evaluate.repeats, spec.evaluate.most_repeats)
     sign = 1.0 if spec.maximize else -1.0
     metric = spec.objective.metric
+    if study.dev_deterministic:
+        run = DevRuns(evaluate(range(1)))  # every seed gives the same values: one run is the measurement
+        if not _worth_a_check(store, spec, node, run.receipts):
+            return run
+        # A change may make the evaluation depend on the seed (dropout switched on, say): a
+        # candidate is run on a second seed, and where the two differ the study is noisy after all.
+        run.receipts += evaluate(range(1, 2))
+        if not all(r.ok for r in run.receipts) or same_every_seed(
+            [r.metrics or {} for r in run.receipts], spec.judged_metrics()
+        ):
+            return run
+        store.not_deterministic()
+    else:
+        run = DevRuns(evaluate(None))
+    plan = Plan(spec.evaluate.repeats, spec.evaluate.most_repeats)
     while all(r.ok for r in run.receipts):
         values = [r.objective(metric) or 0.0 for r in run.receipts]
         n = len(values)
@@ -79,6 +95,18 @@ def dev_runs(
         run.extra_runs += len(more)
         store.event("node.repeated", node.id, {"seeds": target, "reason": f"gain unclear at {n} seeds"})
     return run
+
+
+def _worth_a_check(store: JobStore, spec: Spec, node: Node, receipts: list[evaluation.Receipt]) -> bool:
+    """Return whether a one-seed node of a deterministic study beats trunk within the constraints."""
+    if not all(r.ok for r in receipts) or _violates(spec, receipts):
+        return False
+    now = store.study()
+    if now.trunk_commit != node.base_commit or not now.trunk_dev:
+        return False
+    sign = 1.0 if spec.maximize else -1.0
+    value = receipts[0].objective(spec.objective.metric) or 0.0
+    return sign * (value - now.trunk_dev[0]) > spec.plateau.min_gain
 
 
 POLL = 0.05  # seconds between looks for trunk's dev values

@@ -156,6 +156,13 @@ def render(s: Session, study_id: int) -> str:
         f"{len(nodes) - 1} hypotheses: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ".  ",
         f"Experiment budget: {budget_line(spent, spec.budget.experiments)}.  ",
         f"Wall time {dur:.0f} s; {eval_seconds:.0f} s spent in evaluations ({len(receipts)} runs).",
+        *(
+            [
+                "The dev evaluation gives the same values on every seed: nodes ran one dev seed (a second where they beat trunk)."
+            ]
+            if st.dev_deterministic
+            else []
+        ),
         "",
     ]
     ranked = sorted(

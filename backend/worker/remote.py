@@ -297,6 +297,10 @@ class ApiStore:
         """Record the unchanged repository's dev values."""
         self._call("baseline_dev", values=values)
 
+    def not_deterministic(self) -> None:
+        """Record that two seeds of the job's node differ: the study's dev evaluation is noisy after all."""
+        self._call("not_deterministic")
+
     def baseline_heldout(self, values: list[float]) -> None:
         """Record the unchanged repository's held-out values."""
         self._call("baseline_heldout", values=values)

@@ -411,6 +411,9 @@ def test_an_unclear_gain_gets_more_paired_seeds_charged_to_the_budget(
     assert sorted(r.seed for r in trunk_runs) == [0, 1, 2, 3, 4, 5]
     types = [e.type for e in rows(settings, Event, Event.node_id == first.id)]
     assert types.count("node.repeated") == 2
+    # The unchanged repository scores 10.0 on every seed, but a change does not: the first node's
+    # second seed (its check as a candidate) told the study it is noisy after all.
+    assert types.count("evaluator.noisy") == 1 and not st.dev_deterministic
     # The gain is real but small: significant only with six paired seeds, at the last look's level.
     assert first.gain == pytest.approx(0.4 / 3) and first.gain_lcb is not None and first.gain_lcb > 0
     # 8 extra runs (4 of the node, 4 of trunk) cost 4 experiments at 2 runs each: with the job itself,
@@ -432,6 +435,52 @@ def test_an_unclear_gain_gets_more_paired_seeds_charged_to_the_budget(
     assert len(first.heldout_values) == 6 and len(st.trunk_heldout) == 6
     assert first.status == "merged" and "lower bound" in first.gate_reason
     assert st.test_queries == 2  # the baseline and one gate query, however many seeds it took
+
+
+def test_a_deterministic_evaluator_is_never_repeated(settings: Settings, tmp_path: Path) -> None:
+    files = tiny_files(experiments=6, margin=0.0, max_size=5)
+    # Dev gives the same score and size on every seed (held-out keeps its seed noise).
+    files["eval.py"] = files["eval.py"].replace(
+        "    score = 10 - (x - 3) ** 2 + 0.01 * seed", "    score = 10 - (x - 3) ** 2"
+    )
+    files["grove.toml"] = files["grove.toml"].replace("repeats = 2\n", "repeats = 2\nmax_repeats = 6\n", 1)
+    res = grove(settings, "run", str(make_repo(tmp_path / "r", files)), "--auto-approve", "--quiet")
+    assert res.returncode == 0, res.stderr
+    st = the_study(settings)
+    assert st.dev_deterministic and len(st.baseline_dev) == 2
+    (said,) = rows(settings, Event, Event.type == "evaluator.deterministic")
+    assert said.payload["metrics"] == ["score", "size"]
+    nodes = [n for n in rows(settings, Node) if n.parent_id is not None and n.dev_n]
+    # A node claimed before trunk's runs were in ran the usual two seeds; every later one ran one.
+    started = {
+        j.node_id: j.started_at for j in rows(settings, Job) if j.kind == "experiment" and j.started_at
+    }
+    after = [n for n in nodes if started[n.id] > said.time]
+    # One seed each; a node that beat trunk ran a second as a check, which gave the same values.
+    assert len(after) >= 3 and all(n.dev_n in (1, 2) and len(set(n.dev_values)) == 1 for n in after)
+    assert sum(n.dev_n == 1 for n in after) >= 2, [(n.number, n.dev_n) for n in nodes]
+    assert not rows(settings, Event, col(Event.type).in_(["node.repeated", "evaluator.noisy"]))
+    trunk_runs = rows(settings, ReceiptRow, ReceiptRow.node_id == st.trunk_node_id, ReceiptRow.kind == "dev")
+    assert len(trunk_runs) == 2, "trunk's seeds were never extended"
+    assert all(j.extra_runs == 0 for j in rows(settings, Job))
+    # One seed is the whole measurement: its gain is exact, and the gate still decides the merge.
+    merged = [n for n in after if n.status == "merged"]
+    assert merged and all(n.dev_n == 2 and n.gain is not None and n.gain_lcb == n.gain for n in merged)
+    assert "nodes ran one dev seed" in Path(st.report_path).read_text()
+
+
+def test_a_noisy_constraint_metric_keeps_the_repeats(settings: Settings, tmp_path: Path) -> None:
+    files = tiny_files(experiments=3, margin=0.0, max_size=5)
+    files["eval.py"] = (
+        files["eval.py"]
+        .replace("    score = 10 - (x - 3) ** 2 + 0.01 * seed", "    score = 10 - (x - 3) ** 2")
+        .replace('"size": x}', '"size": x + 0.001 * seed}')
+    )
+    res = grove(settings, "run", str(make_repo(tmp_path / "r", files)), "--auto-approve", "--quiet")
+    assert res.returncode == 0, res.stderr
+    st = the_study(settings)
+    assert not st.dev_deterministic and not rows(settings, Event, Event.type == "evaluator.deterministic")
+    assert all(n.dev_n == 2 for n in rows(settings, Node) if n.parent_id is not None and n.dev_n)
 
 
 def test_extra_seeds_stop_where_they_would_overspend_the_budget(settings: Settings, tmp_path: Path) -> None:

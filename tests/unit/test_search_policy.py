@@ -689,7 +689,9 @@ def test_the_last_share_of_the_budget_searches_locally_around_the_best_node() ->
     late = finishing_ctx(budget_left=4)  # 4 of 20 left: within the last 25%
     assert late.finishing()
     props = SearchPolicy("tpe").ideate(late)
-    assert len(props) == 3 and all("finishing: local search around n6" in p.hypothesis["mechanism"] for p in props)
+    assert len(props) == 3 and all(
+        "finishing: local search around n6" in p.hypothesis["mechanism"] for p in props
+    )
     best = {**BASE, "c.toml:m.hidden": 32, "c.toml:t.lr": 0.005}
     tried = {space.key_of(space.full({**BASE, **n.edits})) for n in late.nodes}
     for p in props:
