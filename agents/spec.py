@@ -135,6 +135,10 @@ class SearchDim(_Section):
     # Config keys that all take this dimension's value (`["MLproject:a.b", "params.yaml:alpha"]`);
     # unset: the `[search]` key itself names the one target.
     targets: list[str] = []
+    # A conditional dimension: active only where each named `[search]` key (a list of values)
+    # takes the value, or one of the values, given here (`{ "c.toml:opt.name" = "sgd" }`).
+    # Elsewhere it keeps the repository's value and is neither searched nor edited.
+    when: dict[str, Scalar | list[Scalar]] = {}
 
     @model_validator(mode="after")
     def _shape(self) -> SearchDim:
@@ -378,6 +382,23 @@ class Spec(_Section):
                         split_search_key(str(target))
                     except ValueError as exc:
                         raise ValueError(f"key {key!r}: targets[{i}]: {exc}") from None
+        return v
+
+    @field_validator("search", mode="after")
+    @classmethod
+    def _conditions(cls, v: dict[str, SearchDim]) -> dict[str, SearchDim]:
+        for key, dim in v.items():
+            for parent, allowed in dim.when.items():
+                other = v.get(parent)
+                if other is None:
+                    raise ValueError(f"key {key!r}: when names {parent!r}, which is not a [search] key")
+                if other.values is None:
+                    raise ValueError(f"key {key!r}: when names {parent!r}, which must be a list of values")
+                if other.when:
+                    raise ValueError(f"key {key!r}: when names {parent!r}, which is conditional itself")
+                for value in allowed if isinstance(allowed, list) else [allowed]:
+                    if not any(value == c and type(value) is type(c) for c in other.values):
+                        raise ValueError(f"key {key!r}: when: {value!r} is not one of {parent!r}'s values")
         return v
 
     def targets(self, key: str) -> list[tuple[str, str]]:

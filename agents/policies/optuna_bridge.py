@@ -61,7 +61,12 @@ def _decode(space: Space, k: str, v: Any) -> Any:
 
 
 def _params(space: Space, a: Assignment) -> dict[str, Any]:
-    return {k: _encode(space, k, v) for k, v in a.items()}
+    """Return an assignment's trial parameters: its active keys only (define-by-run, as Optuna records them)."""
+    return {k: _encode(space, k, v) for k, v in a.items() if k not in space.conditions or space.active(a, k)}
+
+
+def _of(dists: dict[str, BaseDistribution], params: dict[str, Any]) -> dict[str, BaseDistribution]:
+    return {k: dists[k] for k in params}
 
 
 def distributions(space: Space) -> dict[str, BaseDistribution]:
@@ -175,24 +180,31 @@ def resolve(name: SamplerName) -> SamplerName:
     return name
 
 
-def make_sampler(name: SamplerName, seed: int) -> optuna.samplers.BaseSampler:
-    """Return a seeded sampler: GP, TPE (multivariate, constant liar) or random; `auto` picks GP or TPE."""
+def make_sampler(name: SamplerName, seed: int, conditional: bool = False) -> optuna.samplers.BaseSampler:
+    """Return a seeded sampler: GP, TPE (multivariate, constant liar) or random; `auto` picks GP or TPE.
+
+    For a space with conditional keys (`conditional`), TPE models each group of keys that appear
+    together (`group`), and the GP, which models the keys every trial has, leaves a conditional
+    key to a TPE of the trials where it was active.
+    """
     name = resolve(name)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    if name == "gp":
-        if not gp_available():
-            raise SamplerUnavailable(
-                "policy.sampler = 'gp' needs torch and scipy (pip install 'grove[learning]')"
-            )
-        return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
-    if name != "tpe":
-        raise ValueError(f"unknown sampler {name!r} (use 'auto', 'gp', 'tpe' or 'random')")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if name == "gp":
+            if not gp_available():
+                raise SamplerUnavailable(
+                    "policy.sampler = 'gp' needs torch and scipy (pip install 'grove[learning]')"
+                )
+            return optuna.samplers.GPSampler(
+                seed=seed, warn_independent_sampling=False,
+                independent_sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=3) if conditional else None,
+            )  # fmt: skip
+        if name != "tpe":
+            raise ValueError(f"unknown sampler {name!r} (use 'auto', 'gp', 'tpe' or 'random')")
         return optuna.samplers.TPESampler(
-            seed=seed, multivariate=True, constant_liar=True,
-            n_startup_trials=6,
+            seed=seed, multivariate=True, constant_liar=True, n_startup_trials=6, group=conditional,
         )  # fmt: skip
 
 
@@ -286,14 +298,15 @@ def _trials(
     binding = any(v > 0 for _, _, cons in rows if cons for v in cons.values())
     out = []
     for n, params, cons in rows:
+        used = _of(dists, params)
         if cons is not None:
             trial = create_trial(
-                params=params, distributions=dists, value=n.dev_mean, constraints=cons if binding else None
+                params=params, distributions=used, value=n.dev_mean, constraints=cons if binding else None
             )
         elif n.status in PENDING:
-            trial = create_trial(state=TrialState.RUNNING, params=params, distributions=dists)
+            trial = create_trial(state=TrialState.RUNNING, params=params, distributions=used)
         elif n.status in ("failed", "rejected") and n.dev_mean is None:
-            trial = create_trial(state=TrialState.FAIL, params=params, distributions=dists)
+            trial = create_trial(state=TrialState.FAIL, params=params, distributions=used)
         else:
             continue
         out.append(_replayed(trial))
@@ -302,10 +315,9 @@ def _trials(
 
 def pending_trial(space: Space, a: Assignment) -> optuna.trial.FrozenTrial:
     """Return a running trial for an assignment that is proposed but not yet measured."""
+    params = _params(space, space.full(a))
     return _replayed(
-        create_trial(
-            state=TrialState.RUNNING, params=_params(space, space.full(a)), distributions=distributions(space)
-        )
+        create_trial(state=TrialState.RUNNING, params=params, distributions=_of(distributions(space), params))
     )
 
 
@@ -334,9 +346,33 @@ def _take(
             return
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trial = study.ask(dists)
-        a = {k: space.clean(k, _decode(space, k, trial.params[k])) for k in space.keys}
+            if space.conditions:
+                a = _ask_by_run(study, space, dists)
+            else:
+                trial = study.ask(dists)
+                a = {k: space.clean(k, _decode(space, k, trial.params[k])) for k in space.keys}
         key = space.key_of(a)
         if key not in seen:
             seen.add(key)
             out.append(a)
+
+
+def _ask_by_run(study: optuna.Study, space: Space, dists: dict[str, BaseDistribution]) -> Assignment:
+    """Ask define-by-run: the unconditional keys first, then each conditional key that they make active."""
+    trial = study.ask()
+    a: Assignment = {}
+    for k in [*space.roots, *(k for k in space.keys if k in space.conditions)]:
+        if k in space.conditions and not space.active(a, k):
+            continue
+        a[k] = space.clean(k, _decode(space, k, _suggest(trial, k, dists[k])))
+    return space.full(a)
+
+
+def _suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
+    """Suggest a parameter from its distribution (the trial records it as define-by-run does)."""
+    if isinstance(dist, CategoricalDistribution):
+        return trial.suggest_categorical(name, dist.choices)
+    if isinstance(dist, IntDistribution):
+        return trial.suggest_int(name, dist.low, dist.high, log=dist.log)
+    assert isinstance(dist, FloatDistribution)
+    return trial.suggest_float(name, dist.low, dist.high, log=dist.log)

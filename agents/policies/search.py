@@ -221,7 +221,9 @@ class SearchPolicy:
             recent = list(optuna_bridge.window(ctx.nodes, ctx.maximize))
             study = optuna_bridge.replay(
                 space, recent, rules, maximize=ctx.maximize, windowed=True,
-                sampler=optuna_bridge.make_sampler(self.sampler, sampler_seed(ctx.seed, ctx.round_no)),
+                sampler=optuna_bridge.make_sampler(
+                    self.sampler, sampler_seed(ctx.seed, ctx.round_no), conditional=bool(space.conditions)
+                ),
             )  # fmt: skip
             for _, a, *_ in out:
                 study.add_trial(optuna_bridge.pending_trial(space, a))

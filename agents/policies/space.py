@@ -1,4 +1,9 @@
-"""The `[search]` space of a study: its dimensions, values, and coordinates for distances."""
+"""The `[search]` space of a study: its dimensions, values, and coordinates for distances.
+
+A conditional key (`when`) is active only where its parent list key takes one of the named
+values; where it is inactive an assignment holds the repository's value for it, so two
+assignments that differ only there are one configuration.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +27,20 @@ class Space:
         self.dims = dims
         self.base = base
         self.keys = sorted(dims)
+        # key -> {parent key: the parent's values under which the key is active}
+        self.conditions: dict[str, dict[str, list[Any]]] = {
+            k: {p: (v if isinstance(v, list) else [v]) for p, v in (d.get("when") or {}).items()}
+            for k, d in dims.items()
+            if d.get("when")
+        }
+        self.roots = [k for k in self.keys if k not in self.conditions]
+
+    def active(self, a: Assignment, key: str) -> bool:
+        """Return whether a key is active under an assignment (its conditions hold; always, if it has none)."""
+        return all(
+            any(fmt(a.get(p, self.base.get(p))) == fmt(c) for c in allowed)
+            for p, allowed in self.conditions.get(key, {}).items()
+        )
 
     def is_range(self, key: str) -> bool:
         """Return whether a key is a numeric range (else a list of values)."""
@@ -78,7 +97,9 @@ class Space:
         return lo, hi
 
     def value(self, a: Assignment, key: str) -> Any:
-        """Return a key's value in an assignment, falling back to the base."""
+        """Return a key's value in an assignment, falling back to the base (always the base where it is inactive)."""
+        if key in self.conditions and not self.active(a, key):
+            return self.base.get(key)
         return a.get(key, self.base.get(key))
 
     def full(self, a: Assignment) -> Assignment:

@@ -11,6 +11,7 @@ noise where it models a deterministic evaluator (`mixed`: dev values identical f
 
 from __future__ import annotations
 
+import json
 import subprocess
 import textwrap
 from dataclasses import dataclass, field
@@ -60,8 +61,8 @@ class Study:
     constraints: list[dict[str, Any]] = field(default_factory=list)
     null: bool = False
     # key -> (parent key, value): the key is read only where the parent holds that value. Grove's
-    # spec has no conditional dimensions, so it gets the flat space; Optuna's baselines suggest the
-    # key define-by-run, only when the parent takes that value.
+    # spec says so with `when`; Optuna's baselines suggest the key define-by-run, only when the
+    # parent takes that value.
     conditions: dict[str, tuple[str, Any]] = field(default_factory=dict)
 
     def spec(
@@ -78,7 +79,17 @@ class Study:
             + "".join(f"{k} = {c[k]}\n" for k in ("min", "max") if k in c)
             for c in self.constraints
         )
-        search = "".join(f'"config.toml:{k}" = {v}\n' for k, v in self.search.items())
+
+        def dim(k: str, v: str) -> str:
+            if k not in self.conditions:
+                return v
+            parent, value = self.conditions[k]
+            return (
+                v.rstrip().removesuffix("}")
+                + f', when = {{ "config.toml:{parent}" = {json.dumps(value)} }} }}'
+            )
+
+        search = "".join(f'"config.toml:{k}" = {dim(k, v)}\n' for k, v in self.search.items())
         return (
             textwrap.dedent(f"""\
             [study]
@@ -350,12 +361,9 @@ CONDITIONAL = Study(
 """A conditional space: each optimizer has its own learning rate, and only the chosen one's matters.
 
 Switching optimizer pays only together with that optimizer's learning rate (Adam at the base's
-0.05 is barely better than SGD at 0.5). Grove's spec has no conditional dimensions yet, so Grove
-searches the flat space: all three learning rates are dimensions of every configuration, and the
-two that the chosen optimizer does not read are inert (they change the noise draw, as any edit of
-the config does, but not the expected loss). Optuna's baselines search it define-by-run: the
-optimizer first, then only its learning rate (`Study.conditions`); the others keep the base's
-values in config.toml.
+0.05 is barely better than SGD at 0.5). Every method searches it define-by-run: the optimizer
+first, then only its learning rate (`Study.conditions`, which Grove's spec states with `when`);
+the others keep the base's values in config.toml.
 """
 
 MIXED = Study(

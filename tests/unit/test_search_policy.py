@@ -710,3 +710,71 @@ def test_the_finishing_phase_never_proposes_a_move_predicted_to_break_a_constrai
     props = SearchPolicy("tpe").ideate(late)
     assert props and all("finishing" in p.hypothesis["mechanism"] for p in props)
     assert all(p.edits["c.toml:m.width"] <= 64 for p in props), [p.edits for p in props]
+
+
+# -- conditional dimensions ---------------------------------------------------------------------------
+
+OPT = {
+    "c.toml:t.opt": {"values": ["sgd", "adam"], "low": None, "high": None, "log": False, "integer": None},
+    "c.toml:t.sgd_lr": {"low": 1e-4, "high": 1.0, "log": True, "values": None, "integer": None,
+                        "when": {"c.toml:t.opt": "sgd"}},
+    "c.toml:t.adam_lr": {"low": 1e-5, "high": 1e-1, "log": True, "values": None, "integer": None,
+                         "when": {"c.toml:t.opt": ["adam"]}},
+}  # fmt: skip
+OPT_BASE = {"c.toml:t.opt": "sgd", "c.toml:t.sgd_lr": 0.1, "c.toml:t.adam_lr": 0.001}
+
+
+def test_a_conditional_key_is_inactive_unless_its_parent_takes_the_named_value() -> None:
+    space = Space(OPT, OPT_BASE)
+    sgd = {"c.toml:t.opt": "sgd", "c.toml:t.sgd_lr": 0.3, "c.toml:t.adam_lr": 0.05}
+    assert space.active(sgd, "c.toml:t.sgd_lr") and not space.active(sgd, "c.toml:t.adam_lr")
+    # Where it is inactive the key keeps the repository's value: those two are one configuration.
+    assert space.full(sgd)["c.toml:t.adam_lr"] == 0.001
+    assert space.key_of(sgd) == space.key_of({**sgd, "c.toml:t.adam_lr": 0.02})
+    assert space.differing(sgd, {**sgd, "c.toml:t.adam_lr": 0.02}) == []
+    # The trial Optuna sees holds the active keys only, as define-by-run records them.
+    nodes = [
+        ev(1, None, OPT_BASE, 0.5, "merged"),
+        ev(2, 1, {"c.toml:t.opt": "adam", "c.toml:t.adam_lr": 0.01}, 0.7),
+    ]
+    study = optuna_bridge.replay(
+        space, nodes, [], maximize=True, sampler=optuna_bridge.make_sampler("tpe", 0, True)
+    )
+    assert [set(t.params) for t in study.get_trials(deepcopy=False)] == [
+        {"c.toml:t.opt", "c.toml:t.sgd_lr"}, {"c.toml:t.opt", "c.toml:t.adam_lr"}
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "gp", "random"])
+def test_suggestions_set_only_the_chosen_branch_and_leave_the_other_as_it_is(sampler: str) -> None:
+    nodes = [ev(1, None, OPT_BASE, 0.5, "merged")]
+    for i, (opt, lr) in enumerate([("sgd", 0.01), ("adam", 0.003), ("sgd", 0.5), ("adam", 0.0001)], start=2):
+        nodes.append(ev(i, 1, {"c.toml:t.opt": opt, f"c.toml:t.{opt}_lr": lr}, 0.5 + lr))
+    base = ctx(nodes, round_no=3, k=6)
+    props = SearchPolicy(sampler).ideate(replace(base, search_space=OPT, base_values=OPT_BASE))  # type: ignore[arg-type]
+    assert len(props) == 6
+    for p in props:
+        other = "adam" if p.edits["c.toml:t.opt"] == "sgd" else "sgd"
+        assert p.edits[f"c.toml:t.{other}_lr"] == OPT_BASE[f"c.toml:t.{other}_lr"], p.edits
+        assert f"t.{other}_lr" not in p.title, "an inactive knob is not edited"
+
+
+def test_a_condition_must_name_a_list_key_and_one_of_its_values() -> None:
+    from agents.spec import SpecError, parse_spec
+
+    spec = (PROJECT_ROOT / "examples" / "digits" / "grove.toml").read_text()
+    head = spec[: spec.index("[search]")]
+    for when, says in [
+        ('{ "c.toml:t.nope" = "sgd" }', "which is not a [search] key"),
+        ('{ "c.toml:t.sgd_lr" = 0.1 }', "which must be a list of values"),
+        ('{ "c.toml:t.opt" = "rmsprop" }', "'rmsprop' is not one of"),
+    ]:
+        text = (
+            head + '[search]\n"c.toml:t.opt" = { values = ["sgd", "adam"] }\n'
+            '"c.toml:t.sgd_lr" = { low = 0.0001, high = 1.0 }\n'
+            f'"c.toml:t.adam_lr" = {{ low = 0.0001, high = 1.0, when = {when} }}\n'
+        )
+        with pytest.raises(SpecError) as err:
+            parse_spec(text)
+        (issue,) = err.value.issues
+        assert issue.key == 'search."c.toml:t.adam_lr"' and says in issue.message, issue
