@@ -49,7 +49,7 @@ def card(api: Grove, a: dict[str, Any], study_name: str) -> None:
     """Show what the approver needs to decide on one node, and the two buttons."""
     n = evidence(api, a)
     with st.container(border=True):
-        st.subheader(f"n{a['node_number']} · {a['title']}")
+        st.subheader(f"{study_name} · n{a['node_number']} · {a['title']}")
         ui.page_link(
             "node",
             f"{study_name} / n{a['node_number']} — open the node",
@@ -87,8 +87,13 @@ def card(api: Grove, a: dict[str, Any], study_name: str) -> None:
         with st.expander("Diff"):
             st.code(n["diff"] or "(empty)", language="diff")
         left, mid, right = st.columns([1, 3, 1])
-        if left.button("Approve", key=f"approve-{a['node_id']}", type="primary"):
-            decide(api, a, True)
+        with left.popover("Approve", type="primary"):
+            st.write(
+                f"Approve n{a['node_number']} of {study_name}? The coordinator merges it into trunk next; "
+                "a merge is not undone."
+            )
+            if st.button("Yes, approve", key=f"approve-{a['node_id']}", type="primary"):
+                decide(api, a, True)
         reason = mid.text_input(
             "Reason (for a rejection)",
             key=f"reason-{a['node_id']}",

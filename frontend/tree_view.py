@@ -8,18 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-COLOURS = {
-    "proposed": "#e0e0e0",
-    "queued": "#fff3b0",
-    "running": "#ffd166",
-    "evaluated": "#a8dadc",
-    "awaiting_approval": "#f4a261",
-    "merged": "#57cc99",
-    "rejected": "#e5989b",
-    "failed": "#e63946",
-    "pruned": "#bdbdbd",
-    "cancelled": "#d6d6d6",
-}
+from frontend import palette
+
+COLOURS = palette.STATUS
 DEAD_ENDS = ("rejected", "failed", "cancelled")
 FOCUS = ("queued", "running", "awaiting_approval", "merged")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import statistics
 import time
@@ -195,3 +196,10 @@ def recall(key: str, keep: bool = True) -> None:
         st.success(text)
     elif kind == "error":
         st.error(text)
+
+
+def inert_markdown(text: str) -> str:
+    """Return Markdown whose images and links are shown as text (a report holds words a model wrote)."""
+    text = re.sub(r"!\[([^\]]*)\]\(([^)]*)\)", r"[image: \1]", text)
+    text = re.sub(r"\[([^\]]*)\]\(([^)]*)\)", r"\1 (\2)", text)
+    return re.sub(r"<(https?://[^>]+)>", r"\1", text).replace("<", "&lt;")

@@ -10,7 +10,7 @@ from typing import Any
 import streamlit as st
 
 from client import ApiError, Grove, Unreachable
-from frontend import decisions, tree_view, ui
+from frontend import decisions, palette, tree_view, ui
 
 REFRESH = "3s"
 
@@ -175,7 +175,7 @@ def plots(sid: int, progress: dict[str, Any]) -> None:
             "encoding": {
                 "x": {"field": "experiment", "type": "quantitative", "axis": {"tickMinStep": 1}},
                 "y": {"field": "dev", "type": "quantitative", "scale": {"zero": False}},
-                "color": {"field": "status", "type": "nominal"},
+                "color": palette.vega_colour(),
                 "href": {"field": "url"},
                 "tooltip": [{"field": "node"}, {"field": "dev"}, {"field": "status"}],
             },
@@ -217,7 +217,7 @@ def search_space(api: Grove, sid: int) -> None:
                 "href": {"field": "url"},
                 "x": {"field": "value", "type": "quantitative" if numeric else "nominal", "title": key},
                 "y": {"field": "dev", "type": "quantitative", "scale": {"zero": False}, "title": "dev"},
-                "color": {"field": "status", "type": "nominal"},
+                "color": palette.vega_colour(),
                 "tooltip": [{"field": "node"}, {"field": "value"}, {"field": "dev"}, {"field": "status"}],
             },
             "height": 200,
@@ -423,6 +423,34 @@ def compare(api: Grove, s: dict[str, Any], measured: list[dict[str, Any]]) -> No
             st.code(n["diff"] or "(no change)", language="diff")
 
 
+FIXES = (
+    ("dev evaluation fails on the unchanged repository",
+     "Run `grove validate` on the repository: the dev command must print its metrics as JSON on the base commit."),
+    ("sealed test evaluation fails", "Run the test command by hand on the base commit, with the sealed files present."),
+    ("environment setup", "Check `[environment] setup` (its log is named above), then submit the study again."),
+    ("clone", "Check that the repository's URL is reachable from the server and the branch exists."),
+)  # fmt: skip
+
+
+def failed(s: dict[str, Any]) -> None:
+    """Say, at the top, why the study failed and what fixes it."""
+    reason = s["stop_reason"] or "no reason was recorded"
+    fix = next(
+        (f for words, f in FIXES if words in reason), "Fix what the reason names and submit the study again."
+    )
+    st.error(f"**This study failed.** {reason}\n\n**What to do:** {fix}")
+
+
+def report(api: Grove, sid: int) -> None:
+    """Render the study's REPORT.md (links and images as plain text: nothing is fetched from elsewhere)."""
+    try:
+        text = api.report(sid)
+    except (ApiError, Unreachable) as exc:
+        ui.show_error(exc)
+        return
+    st.markdown(ui.inert_markdown(text))
+
+
 def node_labels(nodes: Iterable[dict[str, Any]]) -> dict[int, str]:
     """Return a selectbox label for each node id."""
     return {n["id"]: f"n{n['number']} · {n['status']} · {n['title'][:60]}" for n in nodes}
@@ -458,6 +486,8 @@ def page() -> None:
     st.caption(
         f"{s['status']}{' — ' + s['stop_reason'] if s['stop_reason'] else ''} · {s['policy']} policy · gate {s['gate_mode']} (margin {s['margin']:g}) · {s['goal']}"
     )
+    if s["status"] == "failed":
+        failed(s)
     controls(api, s)
     ui.recall("decisions")
     finished = s["status"] in ui.FINISHED
@@ -500,6 +530,9 @@ def page() -> None:
         already_knew(api, s)
     st.subheader("Steer")
     steer(api, s, nodes)
+    if finished:
+        with st.expander("REPORT.md", expanded=False):
+            report(api, sid)
 
 
 ui.guarded(page)

@@ -186,7 +186,8 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
     page.goto(f"{stack['dashboard']}/study?study={sid}")
     expect(page.get_by_text(f"Waiting for your decision on n{number}")).to_be_visible()
     shot(page, "05-study-waiting")
-    page.get_by_role("button", name="Approve").first.click()
+    page.get_by_role("button", name="Approve").first.click()  # it asks first, as Reject does
+    page.get_by_role("button", name="Yes, approve").click()
     expect(page.get_by_text(re.compile(rf"n{number}: approval recorded by grove-up"))).to_be_visible()
 
     wait_for(

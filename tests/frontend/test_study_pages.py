@@ -159,7 +159,8 @@ def test_node_page_shows_evidence_diff_receipts_and_verdicts(api: Api, study: St
     assert verdicts[0]["constraint"] == "small" and verdicts[0]["verdict"] == "satisfied"
     # It waits for a decision: its page says so, with the card to decide right there.
     assert any(w.value.startswith(f"**n{number} waits for your decision**") for w in at.warning)
-    assert [b.label for b in at.button if b.label in ("Approve", "Yes, reject")] == ["Approve", "Yes, reject"]
+    # Approve and Reject both ask first: their buttons sit behind a confirmation.
+    assert [b.label for b in at.button if b.label.startswith("Yes, ")] == ["Yes, approve", "Yes, reject"]
     assert any(t.value == f"Fate: {detail['fate']}" for t in at.text)
     history = at.dataframe[-1].value.to_dict("records")
     assert [h["event"] for h in history][:1] == ["node.proposed"]
@@ -221,3 +222,37 @@ def test_approvals_need_the_approver_role_and_merge_the_node(api: Api, study: St
     wait_for(lambda: study.node(node_id)["status"] == "merged", timeout=60)
     page = app_test(api.url, api.viewer, page="views/study.py", study=study.id)
     assert f'n{node_id} [label="n{number} · merged' in dot_of(page)
+
+
+def test_a_failed_study_says_why_and_what_fixes_it_and_its_report_is_rendered(
+    api: Api, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    files = tiny_files(name="broken")
+    files["eval.py"] = "import sys\nsys.exit('no metrics today')\n"
+    repo = make_repo(tmp_path_factory.mktemp("failed") / "r", files)
+    http = httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {api.approver}"})
+    resp = http.post("/studies", json={"spec": (repo / "grove.toml").read_text(), "repository": str(repo)})
+    assert resp.status_code == 201, resp.text
+    sid = resp.json()["id"]
+    wait_for(lambda: http.get(f"/studies/{sid}").json()["status"] == "failed", timeout=120)
+    at = app_test(api.url, api.viewer, page="views/study.py", study=sid)
+    assert not at.exception, at.exception
+    banner = at.error[0].value
+    assert (
+        banner.startswith("**This study failed.**")
+        and "dev evaluation fails on the unchanged repository" in banner
+    )
+    assert "`grove validate`" in banner
+    report = http.get(f"/studies/{sid}/report").text
+    heading = next(line for line in report.splitlines() if line.startswith("# "))
+    assert any(heading in m.value for m in at.markdown), "REPORT.md is rendered on the page"
+    http.close()
+
+
+def test_a_report_renders_no_image_or_link_that_would_fetch_from_elsewhere() -> None:
+    from frontend.ui import inert_markdown
+
+    text = "# R\n![x](http://evil.example/p.png) see [docs](https://evil.example/) <https://evil.example/a> <b>hi</b>"
+    out = inert_markdown(text)
+    assert "](" not in out and "<b>" not in out and "<https" not in out
+    assert "[image: x]" in out and "docs (https://evil.example/)" in out
