@@ -184,8 +184,9 @@ def make_sampler(name: SamplerName, seed: int, conditional: bool = False) -> opt
     """Return a seeded sampler: GP, TPE (multivariate, constant liar) or random; `auto` picks GP or TPE.
 
     For a space with conditional keys (`conditional`), TPE models each group of keys that appear
-    together (`group`), and the GP, which models the keys every trial has, leaves a conditional
-    key to a TPE of the trials where it was active.
+    together (`group`); the GP models the keys every trial has and draws a conditional key at
+    random (a TPE of the few trials where it was active did worse on the research suite's
+    conditional study: +0.151 against +0.174 held-out gain, 5 seeds).
     """
     name = resolve(name)
     if name == "random":
@@ -199,7 +200,6 @@ def make_sampler(name: SamplerName, seed: int, conditional: bool = False) -> opt
                 )
             return optuna.samplers.GPSampler(
                 seed=seed, warn_independent_sampling=False,
-                independent_sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=3) if conditional else None,
             )  # fmt: skip
         if name != "tpe":
             raise ValueError(f"unknown sampler {name!r} (use 'auto', 'gp', 'tpe' or 'random')")
