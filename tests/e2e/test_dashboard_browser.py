@@ -165,7 +165,8 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
     shot(page, "03-node")
 
     page.get_by_role("link", name=re.compile(r"^Approvals · 1 waiting")).click()
-    card_title = page.get_by_role("heading", level=3, name=re.compile(rf"^n{number} · "))
+    study_name = httpx.get(f"{stack['api']}/studies/{pending['study_id']}", headers=headers).json()["name"]
+    card_title = page.get_by_role("heading", level=3, name=re.compile(rf"^{study_name} · n{number} · "))
     expect(card_title).to_be_visible()
     expect(page.get_by_text("held-out gain vs margin").first).to_be_visible()
     shot(page, "04-approvals")
