@@ -12,9 +12,10 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from agents import entrypoints
 from agents.policies import configfiles
 
 EVALUATORS = (
@@ -23,8 +24,6 @@ EVALUATORS = (
     "score.py",
     "scripts/eval.py",
     "scripts/evaluate.py",
-    "train.py",
-    "main.py",
 )
 METRICS = {
     "accuracy": "maximize", "acc": "maximize", "f1": "maximize", "auc": "maximize", "roc_auc": "maximize",
@@ -37,6 +36,10 @@ HYPER = re.compile(
     r"max_depth|min_samples_\w+|hidden\w*|units|width|depth|layers|num_layers|heads|gamma|c|beta\d?|"
     r"temperature|warmup\w*|steps|k|top_k|subsample|colsample\w*|eta|lambda)$",
     re.IGNORECASE,
+)
+# Knobs that change what a run logs or saves, not what it learns: never searched.
+NOT_HYPER = re.compile(
+    r"log|print|save|ckpt|checkpoint|eval_|_every|interval|verbose|seed|workers|patience", re.I
 )
 NOT_CONFIG = re.compile(
     r"(^|/)(\.github|\.git|node_modules|\.venv|venv|site-packages|__pycache__)/|"
@@ -71,6 +74,7 @@ class Choices:
     search: dict[str, dict[str, Any]] = field(default_factory=dict)
     setup: str = ""
     notes: list[str] = field(default_factory=list)
+    writes: dict[str, str] = field(default_factory=dict)  # files the draft adds beside grove.toml
 
 
 def slug(text: str) -> str:
@@ -84,7 +88,13 @@ def _evaluator(files: dict[str, str]) -> str | None:
         if name in files:
             return name
     found = sorted(p for p in files if re.search(r"(^|/)(eval|evaluate|score)\w*\.py$", p))
-    return found[0] if found else None
+    if found:
+        return found[0]
+    # A training script counts as the evaluator only when it already prints JSON metrics.
+    return next(
+        (s for s in ("train.py", "main.py") if s in files and "json.dump" in files[s] and _metric(files[s])),
+        None,
+    )
 
 
 def _metric(text: str) -> tuple[str, str] | None:
@@ -136,16 +146,27 @@ def _name_of(dotted: str) -> str:
 
 
 def _range(name: str, v: float | int) -> dict[str, Any] | None:
+    """Return a range for a knob from its kind (read from its name) and its current value."""
     if isinstance(v, int):
         if v <= 0:
             return None
-        lo, hi = max(1, v // 4), max(v * 4, v + 2)
+        floor = 2 if re.search(r"min_samples_split", name, re.I) else 1
+        lo, hi = max(floor, v // 4), max(v * 4, v + 2)
         return {"low": lo, "high": hi, "integer": True} | ({"log": True} if hi / lo >= 16 else {})
-    if 0.0 <= v < 1.0 and re.search(r"dropout|momentum|ratio|subsample|colsample|beta", name, re.I):
+    if 0.0 <= v <= 1.0 and re.search(r"subsample|colsample|keep_prob", name, re.I):
+        return {"low": 0.05, "high": 1.0}
+    if 0.0 <= v < 1.0 and re.search(r"dropout|momentum|ratio|beta", name, re.I):
         return {"low": 0.0, "high": 0.95}
     if v <= 0:
         return None
-    return {"low": float(f"{v / 10:.4g}"), "high": float(f"{v * 10:.4g}"), "log": True}
+    if re.search(r"(^|_)(lr|learning_rate|eta)$", name, re.I):  # learning rates: 1e-6 .. 1
+        return {
+            "low": float(f"{max(v / 100, 1e-6):.4g}"),
+            "high": float(f"{min(v * 100, 1.0):.4g}"),
+            "log": True,
+        }
+    # Regularization strengths and the rest: two decades each way (the optimum is often far).
+    return {"low": float(f"{v / 100:.4g}"), "high": float(f"{v * 100:.4g}"), "log": True}
 
 
 def draft(files: dict[str, str], name: str, goal: str = "", base: str = "") -> Choices:
@@ -155,77 +176,44 @@ def draft(files: dict[str, str], name: str, goal: str = "", base: str = "") -> C
     if not goal.strip():
         c.notes.append("goal: none given; write what should improve (ideation reads it)")
     ev = _evaluator(files)
-    if ev is None:
-        c.notes.append(
-            "evaluator: no eval.py, evaluate.py or score.py found; write one that prints a JSON line "
-            'such as {"score": 0.9} and set evaluate.dev and evaluate.test'
-        )
+    ep = None if ev else entrypoints.find(files)
+    if ev is not None:
+        _own_evaluator(c, ev, files[ev])
+        c.sealed = _sealed(files)
+    elif ep is not None:
+        _adapter(c, ep, files)
     else:
-        text = files[ev]
-        flag = re.search(r"""add_argument\(\s*["'](--[\w-]+)["'][^)]*choices""", text)
-        names_test = bool(re.search(r"""["']test["']""", text) and re.search(r"""["']dev["']""", text))
-        split = names_test and ("sys.argv" in text or flag is not None)
-        arg = f"{flag.group(1)} " if flag and names_test else ""
-        c.dev, c.test = (
-            (f"python {ev} {arg}dev", f"python {ev} {arg}test") if split else (f"python {ev}", f"python {ev}")
-        )
-        c.protected = [ev]
         c.notes.append(
-            f"evaluator: {ev} (the first of {', '.join(EVALUATORS[:3])} found); it is protected, so no change may edit it"
-            + (f"; it takes {arg}dev or {arg}test" if split else "; TODO: make `test` score the sealed split")
+            "evaluator: no eval.py, evaluate.py or score.py, and no MLproject, Hydra app or train.py/main.py "
+            'found; write one that prints a JSON line such as {"score": 0.9} and set evaluate.dev and evaluate.test'
         )
-        found = _metric(text)
-        if found:
-            c.metric, c.direction = found
-            c.notes.append(f"metric: {c.metric!r}, {c.direction}d, a name {ev} prints")
-        else:
-            c.notes.append(
-                f"metric: 'score' (no known metric name in {ev}); it must be a key of the JSON it prints"
-            )
-    c.sealed = _sealed(files)
+        c.sealed = _sealed(files)
     for folder in ("data", "datasets"):
         if any(p.startswith(folder + "/") for p in files):
             c.protected.append(f"{folder}/**")
             c.notes.append(f"protected: {folder}/** (the data the evaluator reads; no change may edit it)")
-    c.notes.append(
-        "sealed: "
-        + ", ".join(c.sealed)
-        + " (folders named like held-out data; only the gate's test runs see them)"
-        if c.sealed
-        else "sealed: nothing found that looks held out; list the held-out data's files in files.sealed"
-    )
+    if ep is None:
+        c.notes.append(
+            "sealed: "
+            + ", ".join(c.sealed)
+            + " (folders named like held-out data; only the gate's test runs see them)"
+            if c.sealed
+            else "sealed: nothing found that looks held out; list the held-out data's files in files.sealed"
+        )
     sealed_prefixes = tuple(s.removesuffix("/**") + "/" for s in c.sealed)
-    scored: list[tuple[int, str, str, Any, str]] = []
-    for path, text in sorted(files.items()):
-        if NOT_CONFIG.search(path) or path.startswith(sealed_prefixes) or path.lower().endswith(CODE):
-            continue
-        suffix = PurePosixPath(path).suffix.lower()
-        if suffix not in configfiles.FORMATS and suffix:
-            continue
-        try:
-            fmt = configfiles.file_format(path, text)
-            doc = configfiles.load(path, text, fmt)
-        except configfiles.ConfigFormatError:
-            continue
-        for dotted, value in _leaves(doc, "", []):
-            key_name = _name_of(dotted)
-            if HYPER.search(key_name) or HYPER.search(dotted.split(".")[-1]):
-                scored.append((0 if HYPER.search(key_name) else 1, path, dotted, value, fmt))
-    chosen = sorted(scored, key=lambda t: (t[0], t[1], t[2]))[:MAX_KEYS]
-    for _, path, dotted, value, fmt in chosen:
-        dim = _range(_name_of(dotted), value)
-        if dim is None:
-            continue
-        c.search[f"{path}:{dotted}"] = dim
-        if path not in c.editable:
-            c.editable.append(path)
-        if not PurePosixPath(path).suffix:
-            c.formats[path] = fmt
+    if ep is not None and ep.configs:
+        configs = [p for p in ep.configs if p in files]
+    elif ep is not None:
+        configs = []
+    else:
+        configs = [p for p in sorted(files) if not NOT_CONFIG.search(p) and not p.startswith(sealed_prefixes)]
+    _search_configs(c, files, configs, ep)
     if c.search:
         c.notes.append(
             "search: "
             + ", ".join(f"{k} = {_fmt(v)}" for k, v in c.search.items())
-            + " (numeric keys named like hyperparameters, ranged around their current values)"
+            + " (knobs named like hyperparameters, ranged from their kind and current value; logging and "
+            "saving knobs are never searched)"
         )
     else:
         c.notes.append(
@@ -243,6 +231,149 @@ def draft(files: dict[str, str], name: str, goal: str = "", base: str = "") -> C
             "packages (network = true, which the operator allows with GROVE_SANDBOX_NETWORK=true)"
         )
     return c
+
+
+def _own_evaluator(c: Choices, ev: str, text: str) -> None:
+    """Draft the commands and metric for a repository that has its own evaluator script."""
+    flag = re.search(r"""add_argument\(\s*["'](--[\w-]+)["'][^)]*choices""", text)
+    names_test = bool(re.search(r"""["']test["']""", text) and re.search(r"""["']dev["']""", text))
+    split = names_test and ("sys.argv" in text or flag is not None)
+    arg = f"{flag.group(1)} " if flag and names_test else ""
+    c.dev, c.test = (
+        (f"python {ev} {arg}dev", f"python {ev} {arg}test") if split else (f"python {ev}", f"python {ev}")
+    )
+    c.protected = [ev]
+    c.notes.append(
+        f"evaluator: {ev}, the repository's own; it is protected, so no change may edit it"
+        + (f"; it takes {arg}dev or {arg}test" if split else "; TODO: make `test` score the sealed split")
+    )
+    found = _metric(text)
+    if found:
+        c.metric, c.direction = found
+        c.notes.append(f"metric: {c.metric!r}, {c.direction}d, a name {ev} prints")
+    else:
+        c.notes.append(
+            f"metric: 'score' (no known metric name in {ev}); it must be a key of the JSON it prints"
+        )
+
+
+def _direction(name: str) -> str | None:
+    parts = name.split("_")
+    for part in reversed(parts):
+        if part in METRICS:
+            return METRICS[part]
+    return METRICS.get(name)
+
+
+def _adapter(c: Choices, ep: entrypoints.EntryPoint, files: dict[str, str]) -> None:
+    """Draft the adapter (grove_eval.py) that runs the entry point, its data split and its metric."""
+    data = entrypoints.data_files(files, ep)
+    adapter: dict[str, Any] = {"entry": ep.kind, "command": ep.command, "data": data}
+    if ep.params:
+        adapter["params"] = "grove/params.json"
+        c.writes["grove/params.json"] = json.dumps(ep.params, indent=2) + "\n"
+        c.editable.append("grove/params.json")
+    if ep.kind == "hydra":
+        adapter["hydra"] = True
+    c.writes["grove/adapter.json"] = json.dumps(adapter, indent=2) + "\n"
+    c.writes["grove_eval.py"] = Path(__file__).with_name("grove_eval.py").read_text("utf-8")
+    c.dev, c.test = "python grove_eval.py dev", "python grove_eval.py test"
+    c.protected = ["grove_eval.py", "grove/adapter.json", "grove/dev/**", "grove/heldout/**"]
+    c.notes += ep.notes
+    c.notes.append(
+        f"evaluator: none in the repository (no eval.py, evaluate.py or score.py); grove_eval.py, an adapter "
+        f"Grove writes, runs `{' '.join(ep.command)}` ({ep.kind}) and turns the numbers it prints into JSON"
+        + ("; its values live in grove/params.json" if ep.params else "")
+    )
+    for path in data:
+        dev, held = entrypoints.split_rows(path, files[path])
+        c.writes[f"grove/dev/{path}"], c.writes[f"grove/heldout/{path}"] = dev, held
+    if data:
+        c.sealed = [*data, "grove/heldout/**"]
+        c.notes.append(
+            f"split: the rows of {', '.join(data)} are split 2:1 into grove/dev/ and grove/heldout/ (every third "
+            "row held out); each run gets its split's copy in place, and the originals and the held-out rows "
+            "are sealed, so only the gate's test runs see them"
+        )
+    else:
+        c.notes.append("split: no data file found that the entry point reads; TODO: seal the held-out data")
+    ranked = sorted(
+        (n for n in ep.printed if _direction(n)),
+        key=lambda n: 0 if n.startswith(("val", "valid", "dev")) else 2 if n.startswith("train") else 1,
+    )
+    if ranked:
+        c.metric, c.direction = ranked[0], _direction(ranked[0]) or "maximize"
+        c.notes.append(f"metric: {c.metric!r}, {c.direction}d, a name {ep.script} prints")
+    else:
+        c.notes.append(
+            f"metric: 'score' (no known metric name printed by {ep.script}); TODO: name one it prints"
+        )
+    if ep.params:
+        for param, value in ep.params.items():
+            if HYPER.search(param) and not NOT_HYPER.search(param) and not isinstance(value, bool):
+                dim = _range(param, value) if isinstance(value, int | float) else None
+                if dim is None:
+                    continue
+                if param in ep.mlproject:
+                    dim["targets"] = [f"grove/params.json:{param}", f"MLproject:{ep.mlproject[param]}"]
+                    c.search[param] = dim
+                    if "MLproject" not in c.editable:
+                        c.editable.append("MLproject")
+                    c.formats["MLproject"] = "yaml"
+                else:
+                    c.search[f"grove/params.json:{param}"] = dim
+
+
+def _search_configs(
+    c: Choices, files: dict[str, str], paths: list[str], ep: entrypoints.EntryPoint | None
+) -> None:
+    """Add [search] keys for the hyperparameter-like values of config files (Hydra groups as choices)."""
+    hydra = ep.hydra if ep is not None else {}
+    when: dict[str, dict[str, Any]] = {}
+    if hydra:
+        doc = configfiles.load(hydra["main"], files[hydra["main"]], "yaml")
+        for item in doc.get("defaults", []) if isinstance(doc, dict) else []:
+            if isinstance(item, dict) and len(item) == 1:
+                group, chosen = next(iter(item.items()))
+                options = hydra["groups"].get(group, [])
+                if isinstance(group, str) and chosen in options and len(options) > 1:
+                    key = f"{hydra['main']}:defaults.{group}"
+                    c.search[key] = {"values": options}
+                    c.editable.append(hydra["main"])
+                    for option in options:
+                        when[f"{hydra['dir']}/{group}/{option}.yaml"] = {key: option}
+    scored: list[tuple[int, str, str, Any, str]] = []
+    for path in paths:
+        text = files[path]
+        suffix = PurePosixPath(path).suffix.lower()
+        if path.lower().endswith(CODE) or (suffix not in configfiles.FORMATS and suffix):
+            continue
+        try:
+            fmt = configfiles.file_format(path, text)
+            doc = configfiles.load(path, text, fmt)
+        except configfiles.ConfigFormatError:
+            continue
+        if hydra and isinstance(doc, dict):
+            doc = {k: v for k, v in doc.items() if k not in ("defaults", "hydra")}
+        for dotted, value in _leaves(doc, "", []):
+            key_name = _name_of(dotted)
+            if NOT_HYPER.search(key_name):
+                continue
+            if HYPER.search(key_name) or HYPER.search(dotted.split(".")[-1]):
+                scored.append((0 if HYPER.search(key_name) else 1, path, dotted, value, fmt))
+    chosen = sorted(scored, key=lambda t: (t[0], t[1], t[2]))[: MAX_KEYS + len(when)]
+    for _, path, dotted, value, fmt in chosen:
+        dim = _range(_name_of(dotted), value)
+        if dim is None:
+            continue
+        if path in when:
+            dim["when"] = when[path]
+        c.search[f"{path}:{dotted}"] = dim
+        if path not in c.editable:
+            c.editable.append(path)
+        if not PurePosixPath(path).suffix:
+            c.formats[path] = fmt
+    c.editable = list(dict.fromkeys(c.editable))
 
 
 def _fmt(dim: dict[str, Any]) -> str:
@@ -302,7 +433,7 @@ def render(c: Choices) -> str:
         "",
         "[files]",
         f"editable = {_toml(c.editable or ['TODO-config-file'])}   # what a change may touch",
-        f"protected = {_toml(c.protected)}   # never changed: the evaluator",
+        f"protected = {_toml(c.protected)}   # never changed: the evaluator and its data",
         f"sealed = {_toml(c.sealed)}   # hidden from every experiment",
     ]
     if c.formats:

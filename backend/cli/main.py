@@ -63,6 +63,9 @@ def init_cmd(
     goal: Annotated[str, typer.Option(help="what should improve, in words")] = "",
     force: Annotated[bool, typer.Option("--force", help="overwrite an existing grove.toml")] = False,
     stdout: Annotated[bool, typer.Option("--stdout", help="print the draft instead of writing it")] = False,
+    commit: Annotated[
+        bool, typer.Option("--commit", help="commit the adapter files it writes (not grove.toml)")
+    ] = False,
 ) -> None:
     """Look at a repository and write a commented grove.toml, explaining each choice."""
     from agents import intake
@@ -86,13 +89,47 @@ def init_cmd(
     if dest.exists() and not force:
         err.print(f"[red]error:[/] {dest} exists; pass --force to overwrite it, or --stdout to see the draft")
         raise typer.Exit(1)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if force else os.O_EXCL)
-    with os.fdopen(os.open(dest, flags, 0o644), "w", encoding="utf-8") as fh:
-        fh.write(text)
+    clash = [p for p in choices.writes if (root / p).exists() or (root / p).is_symlink()]
+    if clash and not force:
+        err.print(f"[red]error:[/] {', '.join(clash)} exist; pass --force to overwrite them")
+        raise typer.Exit(1)
+    for rel, body in {**choices.writes, "grove.toml": text}.items():
+        _write_plain(root, rel, body, force)
     console.print(f"wrote {dest}; what was chosen and why:")
     for note in choices.notes:
         console.print(f"  - {escape(intake.one_line(note))}")
+    if choices.writes:
+        added = sorted({p.split("/")[0] for p in choices.writes})
+        console.print(
+            f"also wrote {', '.join(added)}: the evaluator adapter, its settings and the data split"
+        )
+        if commit:
+            from backend.core import gitops
+
+            gitops.git("add", "--", *added, cwd=root)
+            gitops.git(
+                "commit", "-q", "-m", "Grove: evaluator adapter and data split", "--", *added, cwd=root
+            )
+            console.print("committed them (`git show --stat HEAD` lists them)")
+        else:
+            console.print(
+                f"commit them so studies see them: git add {' '.join(added)} && git commit -m 'Grove adapter' "
+                "(or run init with --commit)"
+            )
     console.print(f"next: edit it, then `grove validate {path}` (it runs dev once), then `grove run {path}`")
+
+
+def _write_plain(root: Path, rel: str, body: str, force: bool) -> None:
+    """Write a file under `root` without following a symbolic link anywhere on its path."""
+    dest = root / rel
+    for parent in reversed(dest.relative_to(root).parents):
+        if (root / parent).is_symlink():
+            err.print(f"[red]error:[/] {root / parent} is a symbolic link; Grove writes only plain files")
+            raise typer.Exit(1)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if force else os.O_EXCL)
+    with os.fdopen(os.open(dest, flags, 0o644), "w", encoding="utf-8") as fh:
+        fh.write(body)
 
 
 @app.command("validate")

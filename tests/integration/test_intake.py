@@ -57,8 +57,8 @@ def test_init_drafts_a_spec_that_validates_and_runs_dev(
     assert spec["files"]["protected"] == ["evaluate.py", "data/**"]
     assert spec["files"]["formats"] == {"MLproject": "yaml"}
     assert spec["search"] == {
-        "MLproject:entry_points.main.parameters.alpha.default": {"low": 0.05, "high": 5.0, "log": True},
-        "params.yaml:train.lr": {"low": 0.0001, "high": 0.01, "log": True},
+        "MLproject:entry_points.main.parameters.alpha.default": {"low": 0.005, "high": 50.0, "log": True},
+        "params.yaml:train.lr": {"low": 1e-05, "high": 0.1, "log": True},
     }  # `seed` is no hyperparameter
     assert spec["environment"]["setup"].endswith('/bin/pip" install -r requirements.txt')
     again = grove(settings, "init", str(repo))
