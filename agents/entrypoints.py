@@ -8,14 +8,18 @@ current defaults, the config files the run reads, and the metric names its code 
 from __future__ import annotations
 
 import ast
+import functools
+import json
 import posixpath
 import re
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agents.policies import configfiles
 
+ADAPTER, ADAPTER_CONFIG = "grove_eval.py", "grove/adapter.json"
 SCRIPTS = ("train.py", "main.py", "run.py", "src/train.py", "scripts/train.py")
 CONFIG_ARG = re.compile(r"conf|cfg|yaml|yml|param|setting|hparam", re.IGNORECASE)
 ROWS = (".csv", ".tsv", ".jsonl", ".txt")
@@ -35,6 +39,20 @@ class EntryPoint:
     hydra: dict[str, Any] = field(default_factory=dict)  # main config, groups -> options
     printed: list[str] = field(default_factory=list)  # metric-like names the code prints
     notes: list[str] = field(default_factory=list)
+
+
+@functools.cache
+def adapter_source() -> str:
+    """Return the text of the evaluator adapter `grove init` writes into a repository."""
+    return Path(__file__).with_name(ADAPTER).read_text("utf-8")
+
+
+def adapter_command(config_text: str) -> list[str]:
+    """Return the command an adapter's `grove/adapter.json` runs; ValueError if it names none."""
+    command = json.loads(config_text).get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(w, str) for w in command):
+        raise ValueError(f"{ADAPTER_CONFIG}: command must be a non-empty list of strings")
+    return command
 
 
 def metric_name(raw: str) -> str:

@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Literal
 
-from agents import globs
+from agents import entrypoints, globs
 
 if TYPE_CHECKING:
     from agents.spec import Spec
@@ -29,6 +29,7 @@ DYNAMIC = frozenset({"import_module", "__import__", "exec", "eval", "compile", "
 # whatever the pickle names, e.g. a candidate's output read by the scorer).
 DYNAMIC_OF = {"subprocess": {"run", "call"}, "pickle": {"load", "loads"}, "joblib": {"load"},
               "dill": {"load", "loads"}, "cloudpickle": {"load", "loads"}, "torch": {"load"}}  # fmt: skip
+DATA = frozenset({".yaml", ".yml", ".json", ".toml", ".ini", ".cfg", ".csv", ".tsv", ".jsonl", ".txt"})
 Finding = tuple[str, str, Literal["error", "warning"]]  # (dotted key, message, level)
 
 
@@ -67,7 +68,9 @@ def findings(spec: Spec, files: list[str], read: Callable[[str], str]) -> list[F
     return out
 
 
-def _reach(command: str, present: set[str], read: Callable[[str], str]) -> tuple[set[str], list[str]]:
+def _reach(
+    command: str, present: set[str], read: Callable[[str], str], nested: bool = False
+) -> tuple[set[str], list[str]]:
     """Return the repository files a command runs (named, imported) and what could not be followed."""
     try:
         words = shlex.split(command, comments=True)
@@ -81,6 +84,8 @@ def _reach(command: str, present: set[str], read: Callable[[str], str]) -> tuple
         if word in SHELL_WORDS:
             continue
         path = posixpath.normpath(word.removeprefix("./"))
+        if path in present and posixpath.splitext(path)[1].lower() in DATA:
+            continue  # a config or data file the command reads: protected code decides what it does
         if path in present:
             named_code = named_code or path.endswith(".py")
             todo.append((path, posixpath.dirname(path)))
@@ -107,7 +112,19 @@ def _reach(command: str, present: set[str], read: Callable[[str], str]) -> tuple
         if not path.endswith(".py") and path not in inline:
             continue
         try:
-            tree = ast.parse(inline[path] if path in inline else read(path))
+            text = inline[path] if path in inline else read(path)
+            if path == entrypoints.ADAPTER and text == entrypoints.adapter_source() and not nested:
+                # Grove's own adapter runs what its settings name, and nothing else.
+                ran, unsure = _reach(
+                    shlex.join(entrypoints.adapter_command(read(entrypoints.ADAPTER_CONFIG))),
+                    present,
+                    read,
+                    True,
+                )
+                reached |= ran
+                unknown += unsure
+                continue
+            tree = ast.parse(text)
         except (SyntaxError, ValueError, OSError, UnicodeDecodeError) as exc:
             unknown.append(f"cannot read {path}: {type(exc).__name__}")
             continue

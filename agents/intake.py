@@ -402,6 +402,20 @@ def _key(k: str) -> str:
     return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
 
 
+def drop(c: Choices, noop: dict[str, str]) -> list[str]:
+    """Drop knobs that moved no metric (and those conditional on one) from the draft; return them."""
+    gone = [k for k in c.search if k in noop or any(p in noop for p in c.search[k].get("when", {}))]
+    for key in gone:
+        del c.search[key]
+    if gone:
+        tried = "; ".join(f"{k}: {noop[k]}" for k in gone if k in noop)
+        c.notes.append(
+            f"dropped from the search: {', '.join(gone)} (moving it changed no metric on dev: {tried}; "
+            "the evaluator does not read it)"
+        )
+    return gone
+
+
 def one_line(text: str) -> str:
     """Return text with every control character (a line break above all) turned into a space."""
     return re.sub(r"[\x00-\x1f\x7f\u2028\u2029\x85]", " ", text)

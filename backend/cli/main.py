@@ -6,6 +6,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -66,8 +67,15 @@ def init_cmd(
     commit: Annotated[
         bool, typer.Option("--commit", help="commit the adapter files it writes (not grove.toml)")
     ] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            help="run the draft as `grove validate` does (dev once, each knob moved) and drop no-op knobs"
+        ),
+    ] = True,
+    probe_seconds: Annotated[float, typer.Option(help="time the knob probes may take in all")] = 300.0,
 ) -> None:
-    """Look at a repository and write a commented grove.toml, explaining each choice."""
+    """Look at a repository and write a commented grove.toml, explaining each choice, then check it."""
     from agents import intake
     from backend.services.studies import repository_files
 
@@ -116,7 +124,32 @@ def init_cmd(
                 f"commit them so studies see them: git add {' '.join(added)} && git commit -m 'Grove adapter' "
                 "(or run init with --commit)"
             )
-    console.print(f"next: edit it, then `grove validate {path}` (it runs dev once), then `grove run {path}`")
+    if not check:
+        console.print(
+            f"next: edit it, then `grove validate {path}` (it runs dev once), then `grove run {path}`"
+        )
+        return
+    if choices.writes and not commit:
+        console.print(f"then `grove validate {path}` runs the draft once; then `grove run {path}`")
+        return
+    if not (root / ".git").exists():
+        console.print(
+            f"{root} is not a git repository: `git init` and commit it, then `grove validate {path}`"
+        )
+        return
+    console.print("checking the draft as `grove validate` does:")
+    try:
+        checked = _validated(dest, None, False, probe_seconds)
+    except typer.Exit:
+        err.print(f"the draft did not pass its check (above): edit {dest}, then run `grove validate {path}`")
+        raise
+    gone = intake.drop(choices, checked.noop)
+    if gone:
+        _write_plain(root, "grove.toml", intake.render(choices), True)
+        console.print(f"dropped from the search in {dest}: {', '.join(gone)}")
+    r = checked.base
+    took = f"; a dev run takes {r.duration:.1f}s" if r is not None else ""
+    console.print(f"next: edit it if you like, then `grove run {path}`{took}")
 
 
 def _write_plain(root: Path, rel: str, body: str, force: bool) -> None:
@@ -141,19 +174,35 @@ def validate_cmd(
     static: Annotated[
         bool, typer.Option("--static", help="check only; do not build the environment or run dev on base")
     ] = False,
+    probe: Annotated[
+        bool, typer.Option(help="move each [search] knob once and report those that change no metric")
+    ] = True,
+    probe_seconds: Annotated[float, typer.Option(help="time the knob probes may take in all")] = 300.0,
 ) -> None:
     """Check a spec against its repository, then run its dev command once on base; exit 1 on errors."""
+    spec_path = _spec_file(path)
+    _validated(spec_path, repo, static, probe_seconds if probe else 0.0)
+
+
+@dataclass
+class _Checked:
+    """What `grove validate` saw: the spec, the dev run on base, and the knobs that moved nothing."""
+
+    spec: Spec
+    base: evaluation.Receipt | None = None
+    noop: dict[str, str] = field(default_factory=dict)  # key -> what was tried
+
+
+def _validated(spec_path: Path, repo: str | None, static: bool, probe_seconds: float) -> _Checked:
     from agents.spec import SpecError
     from backend.core import gitops
     from backend.core.config import get_settings
     from backend.engine.environment import SetupFailed
-    from backend.engine.trial import trial_run
     from backend.services.studies import validate
 
-    spec_path = _spec_file(path)
     settings = get_settings()
     warnings: list[SpecIssue] = []
-    ran: list[evaluation.Receipt] = []
+    seen: list[_Checked] = []
 
     def trial(spec: Spec, clone: gitops.Repo, base: str) -> None:
         for w in warnings:
@@ -164,7 +213,7 @@ def validate_cmd(
         )
         settings.ensure_dirs()
         _require_sandbox(settings)
-        ran.append(trial_run(settings, spec, clone, base))
+        seen.append(_trial(settings, spec, clone, base, probe_seconds))
 
     try:
         spec = validate(
@@ -183,20 +232,87 @@ def validate_cmd(
         raise typer.Exit(1) from None
     for w in warnings:
         err.print(f"[yellow]warning:[/] {spec_path}: {w}")
-    if ran and not ran[0].ok:
-        r = ran[0]
+    checked = seen[0] if seen else _Checked(spec)
+    r = checked.base
+    if r is not None and not r.ok:
         err.print(f"[red]error:[/] evaluate.dev on base: {r.reason} after {r.duration:.1f}s")
         tail = (r.stderr_tail or r.stdout_tail).strip()
         if tail:
             err.print(escape(tail[-1500:]))
         raise typer.Exit(1)
-    if ran:
-        value = (ran[0].metrics or {}).get(spec.objective.metric)
+    if r is not None:
+        value = (r.metrics or {}).get(spec.objective.metric)
         console.print(
-            f"dev on base: {spec.objective.metric} = {value} in {ran[0].duration:.1f}s "
-            f"(metrics: {', '.join(sorted(ran[0].metrics or {}))})"
+            f"dev on base: {spec.objective.metric} = {value} in {r.duration:.1f}s "
+            f"(metrics: {', '.join(sorted(r.metrics or {}))})"
+        )
+    for key, tried in checked.noop.items():
+        err.print(
+            f"[yellow]warning:[/] {spec_path}: search.{key}: {tried} changed no metric: the evaluator "
+            "does not seem to read it, so every experiment editing it would be a no-op"
         )
     console.print(f"[green]ok[/] {spec_path}: study {spec.study.name!r}, policy {spec.policy_kind}")
+    return checked
+
+
+def _trial(settings: Settings, spec: Spec, clone: gitops.Repo, base: str, probe_seconds: float) -> _Checked:
+    """Run dev once on base, then each searched knob moved far, within `probe_seconds`."""
+    import time
+
+    from agents import knobs
+    from backend.core import gitops
+    from backend.engine.trial import trial_runs
+
+    def read(file: str) -> str:
+        try:
+            if clone.resolve_at(base, file) != file:
+                raise ValueError(f"{file} is a link")
+            return clone.read_at(base, file)
+        except gitops.GitError as exc:
+            raise FileNotFoundError(file) from exc
+
+    probes = knobs.probes(spec, read) if probe_seconds > 0 else []
+    variants: list[dict[str, str]] = [{}]
+    slots: list[tuple[int, int]] = []
+    for p in probes:
+        pair = []
+        for texts in (p.reference, p.texts):
+            if texts not in variants:
+                variants.append(texts)
+            pair.append(variants.index(texts))
+        slots.append((pair[0], pair[1]))
+    checked = _Checked(spec)
+    receipts: list[evaluation.Receipt] = []
+    started = time.monotonic()
+    with contextlib.closing(trial_runs(settings, spec, clone, base, variants)) as runs:
+        for receipt in runs:
+            receipts.append(receipt)
+            if len(receipts) == 1:
+                checked.base = receipt
+                started = time.monotonic()
+                if not receipt.ok or not probes:
+                    break
+                console.print(f"moving each of {len(probes)} searched knobs once to see that it matters")
+            elif time.monotonic() - started > probe_seconds:
+                break
+    unprobed = []
+    for p, (ref, moved) in zip(probes, slots, strict=True):
+        if moved >= len(receipts) or ref >= len(receipts):
+            unprobed.append(p.key)
+            continue
+        tried = f"{p.before!r} → {p.after!r}"
+        after = receipts[moved]
+        if not knobs.moved(receipts[ref].metrics, after.metrics):
+            checked.noop[p.key] = tried
+        elif not after.ok:
+            console.print(f"  {p.key}: {tried}: the run failed ({after.reason})")
+        else:
+            metric = spec.objective.metric
+            was = (receipts[ref].metrics or {}).get(metric)
+            console.print(f"  {p.key}: {tried}: {metric} {was} → {(after.metrics or {}).get(metric)}")
+    if unprobed:
+        console.print(f"  not probed within {probe_seconds:g}s: {', '.join(unprobed)}")
+    return checked
 
 
 def _status_table(study_id: int) -> Table:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import uuid
+from collections.abc import Generator
 from pathlib import Path
 
 from agents.spec import Spec
@@ -19,6 +21,19 @@ def trial_run(settings: Settings, spec: Spec, repo: gitops.Repo, base: str) -> e
 
     Raises `environment.SetupFailed` when the environment cannot be built.
     """
+    with contextlib.closing(trial_runs(settings, spec, repo, base, [{}])) as runs:
+        return next(runs)
+
+
+def trial_runs(
+    settings: Settings, spec: Spec, repo: gitops.Repo, base: str, variants: list[dict[str, str]]
+) -> Generator[evaluation.Receipt]:
+    """Yield a dev run (seed 0) on `base` per variant (files replaced by the texts given), in one tree.
+
+    The tree and environment are released when the iterator is exhausted or closed. Raises
+    `environment.SetupFailed` when the environment cannot be built, and ValueError for a variant
+    naming a link.
+    """
     study = Study(name=spec.study.name, goal=spec.study.goal, spec_toml="", source="")
     label = f"validate-{uuid.uuid4().hex[:8]}"
     tree = workspace.worktree_path(settings, study, label)
@@ -28,12 +43,23 @@ def trial_run(settings: Settings, spec: Spec, repo: gitops.Repo, base: str) -> e
     )
     try:
         iso = environment.ensure(settings, study, spec, repo, base, workspace.isolation_of(settings))
-        return evaluation.evaluate(
-            kind="dev", command=spec.evaluate.dev, worktree=tree, output_dir=out, seed=0,
-            metric=spec.objective.metric, commit=base, limits=workspace.limits_of(spec),
-            evaluator_fingerprint="", isolation=iso, output_cap=settings.output_cap_bytes,
-            tail_bytes=settings.tail_bytes,
-        )  # fmt: skip
+        for texts in variants:
+            for f in texts:
+                if (tree / f).is_symlink() or not (tree / f).resolve().is_relative_to(tree.resolve()):
+                    raise ValueError(f"{f}: a link or outside the tree; a trial writes only plain files")
+            saved = {f: (tree / f).read_text("utf-8") for f in texts}
+            for f, text in texts.items():
+                (tree / f).write_text(text, "utf-8")
+            try:
+                yield evaluation.evaluate(
+                    kind="dev", command=spec.evaluate.dev, worktree=tree, output_dir=out, seed=0,
+                    metric=spec.objective.metric, commit=base, limits=workspace.limits_of(spec),
+                    evaluator_fingerprint="", isolation=iso, output_cap=settings.output_cap_bytes,
+                    tail_bytes=settings.tail_bytes,
+                )  # fmt: skip
+            finally:
+                for f, text in saved.items():
+                    (tree / f).write_text(text, "utf-8")
     finally:
         environment.release()
         repo.remove_worktree(tree)

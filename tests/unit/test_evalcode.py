@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from agents.entrypoints import adapter_source
 from agents.evalcode import findings
 from agents.spec import parse_spec
 
@@ -58,3 +61,28 @@ def test_a_scorer_that_runs_something_named_at_run_time_is_warned_about(code: st
 def test_a_scorer_of_plain_imports_is_neither_refused_nor_warned_about() -> None:
     out = check('test = "python eval.py"', {"eval.py": "import json\nimport numpy\nprint(json.dumps({}))\n"})
     assert out == []
+
+
+ADAPTER = 'test = "python grove_eval.py test"'
+
+
+def _adapter_files(command: list[str], adapter: str | None = None) -> dict[str, str]:
+    return {
+        "grove_eval.py": adapter_source() if adapter is None else adapter,
+        "grove/adapter.json": json.dumps({"entry": "argparse", "command": command}),
+        "train.py": "import yaml\nprint(1)\n",
+        "model.py": "",
+        "config.yaml": "lr: 0.1\n",
+    }
+
+
+def test_groves_own_adapter_is_followed_to_the_command_its_settings_name() -> None:
+    assert check(ADAPTER, _adapter_files(["python", "train.py", "config.yaml"])) == []
+    out = check(ADAPTER, _adapter_files(["python", "model.py"]))
+    assert [level for _, _, level in out] == ["error"] and "model.py" in out[0][1]
+
+
+def test_an_edited_adapter_is_not_trusted_to_run_only_what_its_settings_say() -> None:
+    edited = adapter_source() + "\n# changed\n"
+    out = check(ADAPTER, _adapter_files(["python", "train.py"], edited))
+    assert [(key, level) for key, _, level in out] == [("evaluate.test", "warning")]
