@@ -208,6 +208,8 @@ class PolicySection(_Section):
     # The share of the experiment budget the `search` policy keeps for its finishing phase: local
     # search around the best node so far (0 turns it off). Its winner still has to pass the gate.
     finish: float = Field(default=0.25, ge=0.0, le=0.9)
+    # A merged value on a range's bound widens that side for later proposals (and is a finding).
+    widen: bool = True
     # How the executor acts: native tool calls, the text action format, or "auto" (litellm's word
     # on the model; native for a model it does not know, falling back to text if the server refuses).
     tool_mode: Literal["auto", "native", "text"] = "auto"

@@ -28,6 +28,7 @@ from agents.coordinator.configuration import CoordinatorConfig, CoordinatorConte
 from agents.coordinator.ports import Integration, NodeRecord, Pending, Storage, StudyView
 from agents.coordinator.records import RecordIndex, Records, index_of
 from agents.coordinator.state import CoordinatorState
+from agents.policies import widen
 from agents.policies.base import IdeationInput, Judgement, NodeEvidence, Policy, RefineRequest
 from agents.policies.llm.model import BudgetExhausted, ModelError
 from agents.tree import plateau, pruning, selection
@@ -445,6 +446,16 @@ def merge(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Comm
     sid, node_id = state["study_id"], state.get("gate_node")
     assert node_id is not None
     runtime.context.gatekeeper.merge(sid, node_id, state.get("approved_by") or "auto")
+    storage = runtime.context.storage
+    study = storage.study(sid)
+    moved = [w for w in widenings(study, storage.nodes(sid)) if w.node_id == node_id]
+    if moved:
+        istate = ImprovementState.from_dict(study.improvement_state)
+        for w in moved:
+            istate.add_finding(w.text(), [node_id])
+            payload = {"key": w.key, "side": w.side, "value": w.value, "old": w.old, "new": w.new}
+            storage.event(sid, "search.widened", node_id, payload)
+        storage.save_state(sid, istate.to_dict(), study.plateau_level)
     return Command(update={"gate_node": None, "approved_by": ""}, goto="observe")
 
 
@@ -788,7 +799,7 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         goal=study.spec.study.goal,
         metric=study.spec.objective.metric,
         maximize=study.spec.maximize,
-        search_space={k_: d.model_dump() for k_, d in study.spec.search.items()},
+        search_space=search_space(study, records),
         base_values=dict(study.base_values),
         trunk_node_id=study.trunk_node_id,
         trunk_dev_mean=trunk.evidence.dev_mean if trunk else None,
@@ -811,6 +822,25 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
         budget_left=max(study.spec.budget.experiments - study.experiments_used, 0),
         finish=study.spec.policy.finish,
     )
+
+
+def search_space(study: StudyView, records: list[NodeRecord]) -> dict[str, dict[str, Any]]:
+    """Return the `[search]` dimensions, widened where merged values sat on a bound (`policy.widen`)."""
+    return widen.widen(_dims(study), _merged(records))[0] if study.spec.policy.widen else _dims(study)
+
+
+def widenings(study: StudyView, records: list[NodeRecord]) -> list[widen.Widening]:
+    """Return every bound the merged nodes moved out, in merge order (none unless `policy.widen`)."""
+    return widen.widen(_dims(study), _merged(records))[1] if study.spec.policy.widen else []
+
+
+def _dims(study: StudyView) -> dict[str, dict[str, Any]]:
+    return {k: d.model_dump() for k, d in study.spec.search.items()}
+
+
+def _merged(records: list[NodeRecord]) -> list[tuple[int, int, dict[str, Any]]]:
+    done = [r.evidence for r in records if r.evidence.status == NodeStatus.MERGED and r.evidence.parent_id]
+    return [(ev.id, ev.number, dict(ev.edits)) for ev in sorted(done, key=lambda ev: ev.number)]
 
 
 RECENT = 4  # finished nodes whose executor reports and diffs the ideator reads

@@ -932,3 +932,42 @@ def test_reach_counts_the_unmerged_steps_below_the_nearest_merge() -> None:
     index = RecordIndex(mem.nodes(1))
     assert index.reaches() == {1: 0, a: 1, b: 0, c: 1, d: 2}
     assert all(index.reach(n) == r for n, r in index.reaches().items())
+
+
+class Recording(SearchPolicy):
+    """The search policy, keeping the space each ideation was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spaces: list[dict[str, dict[str, Any]]] = []
+
+    def ideate(self, ctx: IdeationInput) -> list[Proposal]:
+        self.spaces.append(ctx.search_space)
+        return super().ideate(ctx)
+
+
+def test_a_merge_on_a_range_bound_is_a_finding_and_widens_the_range_for_later_proposals() -> None:
+    mem = Memory(mode="auto", experiments=4)
+    toml = tiny_files(mode="auto", experiments=4)["grove.toml"]
+    mem.spec = parse_spec(toml.replace("values = [0, 1, 2, 3, 4, 5]", "low = 0.5, high = 3.0"))
+    at_bound = mem.add(1, "x to its upper bound", {"config.toml:knob.x": 3.0})  # the best score: 10
+    policy = Recording()
+    drive(mem, {}, policy)
+    assert mem.rows[at_bound]["status"] == "merged"
+    assert "search.widened" in mem.events
+    finding = next(f for f in mem.state["verified_findings"] if "high bound" in f["text"])
+    assert finding["node_ids"] == [at_bound] and "later proposals may go to 4.25" in finding["text"]
+    assert policy.spaces[0]["config.toml:knob.x"]["high"] == 3.0
+    assert policy.spaces[-1]["config.toml:knob.x"]["high"] == 4.25  # half the width beyond the old bound
+
+
+def test_widening_is_off_with_policy_widen_false() -> None:
+    mem = Memory(mode="auto", experiments=4)
+    toml = tiny_files(mode="auto", experiments=4)["grove.toml"]
+    toml = toml.replace("values = [0, 1, 2, 3, 4, 5]", "low = 0.5, high = 3.0")
+    mem.spec = parse_spec(toml.replace("[policy]", "[policy]\nwiden = false"))
+    at_bound = mem.add(1, "x to its upper bound", {"config.toml:knob.x": 3.0})
+    policy = Recording()
+    drive(mem, {}, policy)
+    assert mem.rows[at_bound]["status"] == "merged" and "search.widened" not in mem.events
+    assert all(s["config.toml:knob.x"]["high"] == 3.0 for s in policy.spaces)

@@ -1,0 +1,33 @@
+"""Widening a `[search]` range where a merged change landed on its bound."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.policies.widen import on_bound, widen, widened_bound
+
+
+def test_a_log_range_widens_by_a_decade_on_the_side_the_merge_sat_on() -> None:
+    dims = {"p.yaml:lr": {"low": 1e-4, "high": 1e-1, "log": True}, "p.yaml:c": {"values": ["a", "b"]}}
+    space, found = widen(dims, [(5, 5, {"p.yaml:lr": 1.02e-4, "p.yaml:c": "a"})])
+    assert space["p.yaml:lr"] == {"low": 1e-5, "high": 1e-1, "log": True}
+    assert [(w.key, w.side, w.node_id) for w in found] == [("p.yaml:lr", "low", 5)]
+    assert dims["p.yaml:lr"]["low"] == 1e-4  # the spec's own space is left alone
+    again, more = widen(dims, [(5, 5, {"p.yaml:lr": 1e-4}), (9, 9, {"p.yaml:lr": 1e-5})])
+    assert again["p.yaml:lr"]["low"] == pytest.approx(1e-6) and [w.node_id for w in more] == [5, 9]
+
+
+def test_values_inside_the_range_or_outside_it_widen_nothing() -> None:
+    dims = {"k": {"low": 1.0, "high": 3.0}}
+    assert widen(dims, [(2, 2, {"k": 2.0}), (3, 3, {"k": 7.0})]) == (dims, [])
+    assert on_bound(dims["k"], 2.99) == "high" and on_bound(dims["k"], 2.9) is None
+
+
+def test_natural_limits_are_never_crossed() -> None:
+    assert widened_bound({"low": 0.0, "high": 1.0}, "high") is None  # a probability
+    assert widened_bound({"low": 0.05, "high": 1.0}, "high") is None  # a fraction
+    assert widened_bound({"low": 0.05, "high": 1.0}, "low") == 0.0
+    assert widened_bound({"low": 1, "high": 9, "integer": True}, "low") is None  # a size of at least 1
+    assert widened_bound({"low": 2, "high": 9, "integer": True}, "low") == 1.0
+    assert widened_bound({"low": 2, "high": 9, "integer": True}, "high") == 13.0
+    assert widened_bound({"low": -1.0, "high": 1.0}, "low") == -2.0
