@@ -213,7 +213,7 @@ def _validated(spec_path: Path, repo: str | None, static: bool, probe_seconds: f
         )
         settings.ensure_dirs()
         _require_sandbox(settings)
-        seen.append(_trial(settings, spec, clone, base, probe_seconds))
+        seen.append(_trial(settings, spec, clone, base, probe_seconds, repo or str(spec_path.parent)))
 
     try:
         spec = validate(
@@ -255,7 +255,9 @@ def _validated(spec_path: Path, repo: str | None, static: bool, probe_seconds: f
     return checked
 
 
-def _trial(settings: Settings, spec: Spec, clone: gitops.Repo, base: str, probe_seconds: float) -> _Checked:
+def _trial(
+    settings: Settings, spec: Spec, clone: gitops.Repo, base: str, probe_seconds: float, source: str
+) -> _Checked:
     """Run dev once on base, then each searched knob moved far, within `probe_seconds`."""
     import time
 
@@ -284,7 +286,7 @@ def _trial(settings: Settings, spec: Spec, clone: gitops.Repo, base: str, probe_
     checked = _Checked(spec)
     receipts: list[evaluation.Receipt] = []
     started = time.monotonic()
-    with contextlib.closing(trial_runs(settings, spec, clone, base, variants)) as runs:
+    with contextlib.closing(trial_runs(settings, spec, clone, base, variants, source)) as runs:
         for receipt in runs:
             receipts.append(receipt)
             if len(receipts) == 1:
@@ -993,11 +995,18 @@ def janitor_cmd(
             min=0.0, max=1.0, help="remove unused environment builds until the disk is below this share"
         ),
     ] = None,
+    env_days: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0, help="remove environment builds unused for this many days (GROVE_ENV_IDLE_DAYS)"
+        ),
+    ] = None,
 ) -> None:
     """Remove stale worktrees; on a remote worker, everything it holds of studies that ended.
 
-    Then, while the data folder's disk is fuller than the high-water mark (GROVE_DISK_HIGH_WATER),
-    environment builds that no job is using, least recently used first.
+    Then environment builds no job is using: those unused for GROVE_ENV_IDLE_DAYS days, and, while
+    the data folder's disk is fuller than the high-water mark (GROVE_DISK_HIGH_WATER), the least
+    recently used.
     """
     from backend.core.config import get_settings
     from backend.engine import housekeeping, workspace
@@ -1022,6 +1031,10 @@ def janitor_cmd(
     else:
         removed = workspace.janitor(settings, max_age_hours)
         console.print(f"removed {len(removed)} worktrees")
+    days = settings.env_idle_days if env_days is None else env_days
+    idle = housekeeping.prune_idle(settings, days)
+    if idle:
+        console.print(f"removed {len(idle)} environment builds unused for {days:g} days")
     freed = housekeeping.make_room(settings)
     if freed:
         console.print(

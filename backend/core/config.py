@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     sandbox_bwrap: str = "bwrap"
     # Whether a spec's `[sandbox] network = true` is honoured (the box then shares the host's network).
     sandbox_network: bool = False
+    # Whether environment setup boxes get this machine's package-index settings (pip.conf, PIP_*,
+    # UV_*, CA bundle variables); values holding credentials in a URL never pass.
+    setup_package_settings: bool = True
+    # `grove janitor` removes environment builds no job has used for this many days.
+    env_idle_days: float = Field(default=30.0, ge=0.0)
     # When Grove runs as root, boxes run as uids base..base+999, one per run; keep the range unused.
     sandbox_uid_base: int = 200_000
     # Extra read-only paths a box may see, e.g. a toolchain outside /usr (comma separated).

@@ -2,6 +2,7 @@
 
 First the copies of studies that ended go (on a remote worker, the API says which), then
 environment builds nobody is using, least recently used first, until the disk is below the mark.
+`grove janitor` also removes the builds nobody has used for `GROVE_ENV_IDLE_DAYS` days.
 A build in use (a shared lock, see `environment`) is never removed; a later job that needs a
 removed build builds it again.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,15 +37,33 @@ def builds(settings: Settings) -> list[Path]:
         else []
     )
 
-    def last_use(b: Path) -> float:
-        for stamp in (b / "ready", b / "lock", b):
-            try:
-                return stamp.stat().st_mtime
-            except FileNotFoundError:
-                continue
-        return 0.0
-
     return sorted(found, key=last_use)
+
+
+def last_use(build: Path) -> float:
+    """Return when a build was last used (its `ready` stamp, else its lock or folder)."""
+    for stamp in (build / "ready", build / "lock", build):
+        try:
+            return stamp.stat().st_mtime
+        except FileNotFoundError:
+            continue
+    return 0.0
+
+
+def _evict(build: Path) -> bool:
+    """Remove a build nobody uses, and its repository's folder once it holds no build."""
+    if not environment.evict(build):
+        return False
+    group = build.parent
+    if group.is_dir() and not any(group.iterdir()):
+        group.rmdir()
+    return True
+
+
+def prune_idle(settings: Settings, days: float) -> list[Path]:
+    """Remove the builds nobody has used for `days` days (and nobody uses now); return them."""
+    cutoff = time.time() - days * 86400
+    return [b for b in builds(settings) if last_use(b) < cutoff and _evict(b)]
 
 
 def make_room(settings: Settings, forget_ended: Callable[[], list[Path]] | None = None) -> list[Path]:
@@ -60,11 +80,8 @@ def make_room(settings: Settings, forget_ended: Callable[[], list[Path]] | None 
     for build in builds(settings):
         if used(settings.data_dir) <= mark:
             break
-        if environment.evict(build):
+        if _evict(build):
             removed.append(build)
-            with_study = build.parent
-            if with_study.is_dir() and not any(with_study.iterdir()):
-                with_study.rmdir()
     share = used(settings.data_dir)
     if removed:
         log.info(

@@ -1,8 +1,7 @@
-"""One trial run of a study's dev evaluator on its base, before any study exists (`grove validate`)."""
+"""Trial runs of a study's dev evaluator on its base, before any study exists (`grove validate`)."""
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 import uuid
@@ -16,25 +15,22 @@ from backend.core.models import Study
 from backend.engine import environment, evaluation, workspace
 
 
-def trial_run(settings: Settings, spec: Spec, repo: gitops.Repo, base: str) -> evaluation.Receipt:
-    """Build the study's environment and run its dev command once (seed 0) on `base`, in the sandbox.
-
-    Raises `environment.SetupFailed` when the environment cannot be built.
-    """
-    with contextlib.closing(trial_runs(settings, spec, repo, base, [{}])) as runs:
-        return next(runs)
-
-
 def trial_runs(
-    settings: Settings, spec: Spec, repo: gitops.Repo, base: str, variants: list[dict[str, str]]
+    settings: Settings,
+    spec: Spec,
+    repo: gitops.Repo,
+    base: str,
+    variants: list[dict[str, str]],
+    source: str = "",
 ) -> Generator[evaluation.Receipt]:
     """Yield a dev run (seed 0) on `base` per variant (files replaced by the texts given), in one tree.
 
-    The tree and environment are released when the iterator is exhausted or closed. Raises
+    `source` names the repository as a study of it would (its environment build is then shared
+    with the study's). The tree and environment are released when the iterator is exhausted or closed. Raises
     `environment.SetupFailed` when the environment cannot be built, and ValueError for a variant
     naming a link.
     """
-    study = Study(name=spec.study.name, goal=spec.study.goal, spec_toml="", source="")
+    study = Study(name=spec.study.name, goal=spec.study.goal, spec_toml="", source=source, base_commit=base)
     label = f"validate-{uuid.uuid4().hex[:8]}"
     tree = workspace.worktree_path(settings, study, label)
     out = Path(tempfile.mkdtemp(prefix="grove-trial-"))

@@ -4,25 +4,33 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.server
+import os
+import threading
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
 from sqlmodel import select
 
 from backend.cli.runner import run_study
 from backend.core import db, gitops
 from backend.core.config import Settings
 from backend.core.models import Node, Study
+from backend.engine import environment
 from backend.services.studies import create_study
 from tests.conftest import make_repo, tiny_files
 
 WHEEL = "wheels/tinypkg-0.1-py3-none-any.whl"
 
 
-def build_wheel(dest: Path) -> None:
+def build_wheel(dest: Path, ballast: int = 0) -> None:
     """Write a pure-Python wheel of a package `tinypkg` (what `pip wheel` would make, offline)."""
     files = {
         "tinypkg/__init__.py": b"BONUS = 0.5\n",
+        **({"tinypkg/ballast.bin": os.urandom(ballast)} if ballast else {}),
         "tinypkg-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinypkg\nVersion: 0.1\n",
         "tinypkg-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
@@ -59,6 +67,11 @@ def study_files(setup: str) -> dict[str, str]:
     return files
 
 
+def builds_of(settings: Settings, st: Study) -> list[Path]:
+    """Return the environment builds a study's folder under `envs/` holds."""
+    return sorted((settings.data_dir / "envs" / environment.group_of(settings, st)).iterdir())
+
+
 def run_to_end(settings: Settings, repo: Path) -> tuple[str, Study]:
     """Create the repository's study, run it to the end, and return its status and row."""
     with db.session(settings.db_url) as s:
@@ -77,7 +90,7 @@ def test_setup_installs_a_local_wheel_once_and_every_evaluation_imports_it(
     status, st = run_to_end(settings, make_repo(tmp_path / "r", study_files(SETUP)))
     assert status == "finished"
     assert st.baseline_dev and min(st.baseline_dev) >= 1.5  # 10 - 9 + BONUS: the import worked
-    envs = list((settings.data_dir / "envs" / "envs").iterdir())
+    envs = list(builds_of(settings, st))
     assert len(envs) == 1  # one build, shared by the baseline, the experiments and the gate
     assert (envs[0] / "ready").exists() and (envs[0] / "setup.stdout").read_text().strip() == "built"
     assert list((envs[0] / "env").glob("lib/python*/site-packages/tinypkg/__init__.py"))
@@ -103,7 +116,7 @@ def test_a_setup_that_writes_past_its_disk_limit_is_stopped_and_fails_the_study(
     status, st = run_to_end(settings, make_repo(tmp_path / "r", files))
     assert status == "failed"
     assert "environment setup wrote more than 8 MB (environment.disk_mb)" in st.stop_reason
-    envs = list((settings.data_dir / "envs" / "envs").iterdir())
+    envs = list(builds_of(settings, st))
     assert envs and all(not (e / "ready").exists() for e in envs)
 
 
@@ -116,7 +129,66 @@ def test_environments_keyed_by_an_edited_file_build_side_by_side(settings: Setti
     with db.session(settings.db_url) as s:
         nodes = list(s.exec(select(Node).where(Node.study_id == st.id, Node.parent_id != None)))  # noqa: E711
     assert len(nodes) >= 4 and all(n.status != "failed" for n in nodes), [(n.id, n.failure) for n in nodes]
-    built = {p.read_text() for p in (settings.data_dir / "envs" / "envkeys").glob("*/env/built-from.toml")}
+    built = {p.read_text() for b in builds_of(settings, st) for p in b.glob("env/built-from.toml")}
     clone = gitops.Repo(Path(st.repo_path))
     used = {clone.read_at(c, "config.toml") for c in [st.base_commit, *(n.commit for n in nodes if n.commit)]}
     assert len(used) >= 3 and built == used  # every config evaluated had its own build
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
+    """Serve a folder holding a 12 MB wheel of `tinypkg` on loopback; yield its URL and the paths asked for."""
+    root = tmp_path / "index"
+    build_wheel(root / "tinypkg-0.1-py3-none-any.whl", ballast=12 * 1024 * 1024)
+    asked: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, directory=str(root), **kw)
+
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_download_larger_than_the_box_tmp_installs_and_a_second_study_reuses_the_build(
+    settings: Settings, tmp_path: Path, index: tuple[str, list[str]]
+) -> None:
+    url, asked = index
+    setup = (
+        'python -m venv "$GROVE_ENV" && "$GROVE_ENV/bin/pip" install --no-index --quiet '
+        f"--disable-pip-version-check --find-links {url} tinypkg==0.1 && echo built"
+    )
+    files = study_files(setup)
+    # The box's /tmp holds 4 MB; pip downloads the 12 MB wheel into the setup's scratch folder.
+    files["grove.toml"] += "network = true\n\n[sandbox]\ntmp_mb = 4\n"
+    repo = make_repo(tmp_path / "r", files)
+    online = settings.model_copy(update={"sandbox_network": True})
+    status, first = run_to_end(online, repo)
+    assert status == "finished", first.stop_reason
+    assert first.baseline_dev and min(first.baseline_dev) >= 1.5  # the big package imported
+    wheel = [p for p in asked if p.endswith(".whl")]
+    assert len(wheel) == 1
+    [build] = builds_of(online, first)
+    assert not (build / "env" / environment.SCRATCH).exists()  # the download is gone with the setup
+    # A second study of the same repository, its evaluator changed: the build is reused.
+    spec = (repo / "grove.toml").read_text().replace('name = "envs"', 'name = "envs-again"')
+    (repo / "grove.toml").write_text(spec)
+    (repo / "eval.py").write_text((repo / "eval.py").read_text().replace("+ BONUS", "+ 2 * BONUS"))
+    gitops.git("commit", "-qam", "evaluator changed", cwd=repo)
+    status, second = run_to_end(online, repo)
+    assert status == "finished", second.stop_reason
+    assert second.baseline_dev and min(second.baseline_dev) >= 2.0  # the changed evaluator ran
+    assert builds_of(online, second) == [build] and len([p for p in asked if p.endswith(".whl")]) == 1
+    assert (build / "setup.stdout").read_text().strip() == "built"

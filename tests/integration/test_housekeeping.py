@@ -99,3 +99,34 @@ def test_a_finished_study_leaves_its_build_free_and_grove_janitor_removes_it_pas
         [*cli, "--worker"], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120
     )
     assert refused.returncode == 2 and "GROVE_WORKER_TOKEN" in refused.stderr
+
+
+def test_grove_janitor_removes_builds_unused_for_the_idle_days_but_not_one_in_use(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", worktrees_dir=tmp_path / "wt")
+    day = 86400.0
+    stale, in_use = build(settings, "a", "k0", idle_s=40 * day), build(settings, "a", "k1", idle_s=45 * day)
+    fresh = build(settings, "b", "k2", idle_s=2 * day)
+    env = {
+        **os.environ,
+        "GROVE_DATA_DIR": str(settings.data_dir),
+        "GROVE_WORKTREES_DIR": str(settings.worktrees_dir),
+        "GROVE_DISK_HIGH_WATER": "1.0",  # no room to make: only the idle rule removes anything
+    }
+    env.pop("GROVE_WORKER_TOKEN", None)
+    user = used_by_another_process(in_use)
+    try:
+        cli = [sys.executable, "-m", "backend.cli.main", "janitor"]
+        done = subprocess.run(cli, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "removed 1 environment builds unused for 30 days" in done.stdout
+        assert not stale.exists() and (in_use / "ready").exists() and (fresh / "ready").exists()
+        shorter = subprocess.run(
+            [*cli, "--env-days", "1"], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120
+        )
+        assert shorter.returncode == 0, shorter.stderr
+        assert not fresh.exists() and not (settings.data_dir / "envs" / "b").exists()
+        assert (in_use / "ready").exists()
+    finally:
+        assert user.stdin is not None
+        user.stdin.close()
+        user.wait(timeout=30)
