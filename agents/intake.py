@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from agents import entrypoints
+from agents import entrypoints, goals
 from agents.policies import configfiles
 
 EVALUATORS = (
@@ -72,6 +72,7 @@ class Choices:
     sealed: list[str] = field(default_factory=list)
     formats: dict[str, str] = field(default_factory=dict)
     search: dict[str, dict[str, Any]] = field(default_factory=dict)
+    constraints: list[dict[str, Any]] = field(default_factory=list)  # each with the goal's phrase in "why"
     setup: str = ""
     notes: list[str] = field(default_factory=list)
     writes: dict[str, str] = field(default_factory=dict)  # files the draft adds beside grove.toml
@@ -180,8 +181,10 @@ def draft(files: dict[str, str], name: str, goal: str = "", base: str = "") -> C
     if ev is not None:
         _own_evaluator(c, ev, files[ev])
         c.sealed = _sealed(files)
+        _goal_limits(c, _printed(files[ev]), ev)
     elif ep is not None:
         _adapter(c, ep, files)
+        _goal_limits(c, ep.printed, ep.script)
     else:
         c.notes.append(
             "evaluator: no eval.py, evaluate.py or score.py, and no MLproject, Hydra app or train.py/main.py "
@@ -231,6 +234,23 @@ def draft(files: dict[str, str], name: str, goal: str = "", base: str = "") -> C
             "packages (network = true, which the operator allows with GROVE_SANDBOX_NETWORK=true)"
         )
     return c
+
+
+def _printed(text: str) -> list[str]:
+    """Return the metric-like names an evaluator prints: JSON keys and `name: value` texts."""
+    keys = [m.group(1) for m in re.finditer(r"""["']([A-Za-z]\w*)["']\s*:""", text)]
+    return list(dict.fromkeys([*keys, *entrypoints.printed_names(text)]))
+
+
+def _goal_limits(c: Choices, names: list[str], where: str) -> None:
+    """Turn the goal's bounds on metrics the evaluator prints into `[[constraints]]`."""
+    for limit in goals.limits(c.goal, [n for n in names if n != c.metric]):
+        bound = {k: v for k, v in (("min", limit.min), ("max", limit.max)) if v is not None}
+        c.constraints.append({"name": limit.metric, "metric": limit.metric, **bound, "why": limit.phrase})
+        said = " and ".join(f"{'≥' if k == 'min' else '≤'} {v:g}" for k, v in bound.items())
+        c.notes.append(
+            f"constraint: {limit.metric} {said}, from the goal's {limit.phrase!r} ({where} prints it)"
+        )
 
 
 def _own_evaluator(c: Choices, ev: str, text: str) -> None:
@@ -421,6 +441,15 @@ def one_line(text: str) -> str:
     return re.sub(r"[\x00-\x1f\x7f\u2028\u2029\x85]", " ", text)
 
 
+def _constraint_lines(c: Choices) -> list[str]:
+    lines = []
+    for con in c.constraints:
+        lines += [f"[[constraints]]   # from the goal: {one_line(con['why'])}"]
+        lines += [f"{k} = {_toml(v)}" for k, v in con.items() if k != "why"]
+        lines.append("")
+    return lines
+
+
 def render(c: Choices) -> str:
     """Write the choices out as a commented grove.toml."""
     lines = [
@@ -445,6 +474,7 @@ def render(c: Choices) -> str:
         "# into test_predict (writes $GROVE_OUTPUTS, no labels) and test_score (protected code only).",
         "repeats = 3",
         "",
+        *_constraint_lines(c),
         "[files]",
         f"editable = {_toml(c.editable or ['TODO-config-file'])}   # what a change may touch",
         f"protected = {_toml(c.protected)}   # never changed: the evaluator and its data",

@@ -82,14 +82,15 @@ SCRIPT = {
             far = 0.05 * (math.log10(lr) - math.log10(0.02)) ** 2 + 0.01 * (math.log2(hidden) - 4) ** 2
             loss = 0.1 + far + 1 / (1 + step) + 0.001 * sum(points) / len(points)
             print(f"step {step} loss: {loss:.6f}")
+        print(f"n_params: {hidden * 500}")
         """,
     "config.yaml": "data:\n  path: data/points.csv\nmodel:\n  hidden: 2\n  lr: 0.5\ntrain:\n  steps: 50\n  log_n_steps: 10\n",
     "data/points.csv": ROWS,
 }
 
 
-def _study(settings: Settings, repo: Path) -> dict[str, object]:
-    made = grove(settings, "init", str(repo), "--commit", "--goal", "improve the model")
+def _study(settings: Settings, repo: Path, goal: str = "improve the model") -> dict[str, object]:
+    made = grove(settings, "init", str(repo), "--commit", "--goal", goal)
     assert made.returncode == 0, made.stderr + made.stdout
     spec = tomllib.loads((repo / "grove.toml").read_text())
     assert spec["evaluate"] == {
@@ -158,7 +159,7 @@ def test_script_with_a_yaml_config_argument_gets_it_and_no_logging_knob(
     settings: Settings, tmp_path: Path
 ) -> None:
     repo = make_repo(tmp_path / "net", SCRIPT)
-    out = _study(settings, repo)
+    out = _study(settings, repo, "Lower the loss and keep the model under 3k parameters")
     spec = out["spec"]
     assert isinstance(spec, dict)
     assert spec["objective"] == {"metric": "loss", "direction": "minimize"}
@@ -166,3 +167,6 @@ def test_script_with_a_yaml_config_argument_gets_it_and_no_logging_knob(
     assert '"main.py"' in adapter and '"config.yaml"' in adapter
     assert not any("log_n_steps" in key for key in spec["search"])
     assert "config.yaml:model.lr" in spec["search"]
+    # The goal's limit names a number main.py prints: it becomes a constraint.
+    assert spec["constraints"] == [{"name": "n_params", "metric": "n_params", "max": 3000.0}]
+    assert "constraint: n_params ≤ 3000, from the goal's 'under 3k parameters'" in out["init"]
