@@ -194,6 +194,10 @@ def recall(key: str, keep: bool = True) -> None:
     )
     if kind == "success":
         st.success(text)
+    elif kind == "info":
+        st.info(text)
+    elif kind == "warning":
+        st.warning(text)
     elif kind == "error":
         st.error(text)
 

@@ -36,6 +36,11 @@ class Draft(BaseModel):
     spec: str = Field(description="the drafted grove.toml text, commented")
     notes: list[str] = Field(description="why each choice was made")
     model: str | None = Field(description="the model that refined Grove's own analysis, if any")
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="files the draft needs in the repository beside grove.toml (path -> text): the "
+        "evaluator adapter `grove init` writes for a repository without an evaluator, and its data split",
+    )
 
 
 class StudyPublic(BaseModel):

@@ -29,6 +29,7 @@ class Drafted:
     spec: str
     notes: list[str]
     model: str | None
+    files: dict[str, str]  # files the draft needs beside grove.toml (the evaluator adapter, data splits)
 
 
 def read_repository(source: str) -> tuple[str, dict[str, str]]:
@@ -55,7 +56,18 @@ def draft_study(name: str, files: dict[str, str], goal: str, use_model: bool = T
     model = os.environ.get("GROVE_MODEL") if use_model else None
     if model:
         choices = _with_model(model, choices, files, goal)
-    return Drafted(intake.render(choices), choices.notes, model)
+    elif use_model:
+        choices.notes.insert(
+            0, "model: none is configured on this service (GROVE_MODEL); Grove's own analysis"
+        )
+    else:
+        choices.notes.insert(0, "model: not asked; this draft is Grove's own analysis")
+    if choices.writes:
+        choices.notes.append(
+            f"files: this draft needs {', '.join(sorted(choices.writes))} in the repository; `grove init "
+            f"PATH --commit` on the server writes and commits them, or save them from here and commit them"
+        )
+    return Drafted(intake.render(choices), choices.notes, model, dict(choices.writes))
 
 
 def _repository_map(choices: intake.Choices, files: dict[str, str]) -> dict[str, Any]:

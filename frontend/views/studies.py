@@ -68,10 +68,22 @@ def new_study_form() -> None:
             upload.getvalue().decode("utf-8", "replace") if upload is not None else options[template]
         )
         st.session_state.pop("draft_notes", None)
+        st.session_state.pop("draft_files", None)
     spec = st.text_area("grove.toml", key="spec_text", height=440)
     if st.session_state.get("draft_notes"):
         with st.expander("Why Grove chose each line of this draft", expanded=True):
             st.text("\n".join(f"- {n}" for n in st.session_state.draft_notes))  # a model's words: plain text
+    if st.session_state.get("draft_files"):
+        added = st.session_state.draft_files
+        with st.expander(f"Files this draft needs in the repository ({len(added)})"):
+            st.caption(
+                "Commit these beside grove.toml before creating the study (`grove init PATH --commit` on the "
+                "server writes and commits them)."
+            )
+            for path, text in sorted(added.items()):
+                st.download_button(
+                    f"Save {path}", text, file_name=path.rsplit("/", 1)[-1], key=f"save:{path}"
+                )
     spec_msg = st.empty()
     left, right, _ = st.columns([1, 1, 4])
     check = left.button("Validate", key="validate")
@@ -142,7 +154,14 @@ def draft_from_goal(repository: str, repo_msg: Any) -> None:
         return
     st.session_state.spec_text = made["spec"]
     st.session_state.draft_notes = made["notes"]
-    by = f" with {made['model']}" if made.get("model") else ""
+    st.session_state.draft_files = made.get("files") or {}
+    by = (
+        f" with {made['model']}"
+        if made.get("model")
+        else " from Grove's own analysis (no model asked)"
+        if not use_model
+        else " from Grove's own analysis: no model is configured on this service (GROVE_MODEL)"
+    )
     ui.remember("create", "info", f"Drafted grove.toml{by}: read it, edit it, Validate, then Create study.")
     st.rerun()
 

@@ -454,6 +454,8 @@ def test_goal_in_words_to_a_drafted_spec_validated_and_created(
         expect(spec).to_have_value(re.compile(r'dev = "python evaluate.py --split dev"'))
         expect(spec).to_have_value(re.compile(r'sealed = \["data/test/\*\*"\]'))
         expect(page.get_by_text("Why Grove chose each line of this draft")).to_be_visible()
+        drafted = "Drafted grove.toml with " if with_model else "Drafted grove.toml from Grove's own analysis"
+        expect(page.get_by_text(drafted)).to_be_visible()
         notes = page.get_by_test_id("stText").filter(has_text="- evaluator: evaluate.py")
         expect(notes).to_contain_text("metric: 'rmse', minimized")
         if with_model:

@@ -461,7 +461,26 @@ def test_draft_explains_its_choices_and_refuses_what_it_cannot_read(
     assert got.status_code == 200, got.text
     draft = got.json()
     assert draft["model"] is None and 'name = "wine"' in draft["spec"]
+    assert draft["notes"][0] == "model: not asked; this draft is Grove's own analysis"
     assert any(n.startswith("sealed: data/test/**") for n in draft["notes"])
+    assert draft["files"] == {}  # the repository has its own evaluator
+    # Asked for a model where none is configured: the notes say so.
+    asked = client.post(f"{API}/studies/draft", json={**body, "use_model": True}, headers=op).json()
+    assert asked["model"] is None and asked["notes"][0].startswith(
+        "model: none is configured on this service"
+    )
+    # A repository with no evaluator: the draft carries the adapter and data split it needs.
+    from tests.integration.test_init_adapter import MLPROJECT
+
+    bare = make_repo(tmp_path / "bare", MLPROJECT)
+    adapted = client.post(f"{API}/studies/draft", json={**body, "repository": str(bare)}, headers=op).json()
+    assert set(adapted["files"]) >= {
+        "grove_eval.py",
+        "grove/adapter.json",
+        "grove/heldout/data/wine-quality.csv",
+    }
+    assert 'dev = "python grove_eval.py dev"' in adapted["spec"]
+    assert any(n.startswith("files: this draft needs grove/adapter.json") for n in adapted["notes"])
     # Its setup would download, which this server does not allow: said, naming the setting.
     url = f"{API}/studies/validate"
     refused = client.post(url, json={"spec": draft["spec"], "repository": str(repo)}, headers=op)

@@ -107,7 +107,7 @@ def draft(body: schemas.DraftRequest, settings: SettingsDep, who: Operator) -> s
     except (FileNotFoundError, gitops.GitError) as exc:
         raise HTTPException(422, {"message": f"repository: {exc}", "errors": []}) from None
     made = drafting.draft_study(name, files, body.goal, use_model=body.use_model)
-    return schemas.Draft(spec=made.spec, notes=made.notes, model=made.model)
+    return schemas.Draft(spec=made.spec, notes=made.notes, model=made.model, files=made.files)
 
 
 @router.post("/validate", response_model=schemas.Message)
