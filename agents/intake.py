@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from agents import entrypoints, goals
+from agents import entrypoints, goals, spec
 from agents.policies import configfiles
 
 EVALUATORS = (
@@ -74,6 +76,7 @@ class Choices:
     search: dict[str, dict[str, Any]] = field(default_factory=dict)
     constraints: list[dict[str, Any]] = field(default_factory=list)  # each with the goal's phrase in "why"
     setup: str = ""
+    env_inputs: list[str] = field(default_factory=list)  # environment.inputs, where not the default
     notes: list[str] = field(default_factory=list)
     writes: dict[str, str] = field(default_factory=dict)  # files the draft adds beside grove.toml
 
@@ -222,18 +225,61 @@ def draft(files: dict[str, str], name: str, goal: str = "", base: str = "") -> C
         c.notes.append(
             "search: no config key named like a hyperparameter; list keys under [search] or use the llm policy"
         )
-    reqs = [p for p in ("requirements.txt", "pyproject.toml", "setup.py") if p in files]
-    if reqs:
-        c.setup = (
-            'python -m venv "$GROVE_ENV" && "$GROVE_ENV/bin/pip" install -r requirements.txt'
-            if reqs[0] == "requirements.txt"
-            else 'python -m venv "$GROVE_ENV" && "$GROVE_ENV/bin/pip" install .'
-        )
-        c.notes.append(
-            f"environment: {reqs[0]} found; the setup installs it into the study's environment, downloading "
-            "packages (network = true, which the operator allows with GROVE_SANDBOX_NETWORK=true)"
-        )
+    _environment(c, files, ev or (ep.script if ep else None))
     return c
+
+
+CONDA_FILES = ("environment.yml", "environment.yaml", "conda.yaml", "conda.yml")
+PIP_VENV = 'python -m venv "$GROVE_ENV" && "$GROVE_ENV/bin/pip" install'
+INLINE = re.compile(r"(?m)^# /// script\s*$\n((?:^#(?: .*)?$\n)+?)^# ///\s*$")
+
+
+def inline_dependencies(text: str) -> list[str] | None:
+    """Return the dependencies of a script's inline metadata (`# /// script`, PEP 723), or None."""
+    m = INLINE.search(text if text.endswith("\n") else text + "\n")
+    if m is None:
+        return None
+    body = "\n".join(line[2:] if line.startswith("# ") else line[1:] for line in m.group(1).splitlines())
+    try:
+        deps = tomllib.loads(body).get("dependencies", [])
+    except tomllib.TOMLDecodeError:
+        return None
+    return [d for d in deps if isinstance(d, str)] if isinstance(deps, list) else None
+
+
+def _environment(c: Choices, files: dict[str, str], script: str | None) -> None:
+    """Draft `[environment]` from the dependency files found (conda, pip, inline script metadata)."""
+    network = (
+        "downloading packages (network = true, which the operator allows with GROVE_SANDBOX_NETWORK=true)"
+    )
+    conda = next((p for p in CONDA_FILES if p in files), None)
+    reqs = [p for p in ("requirements.txt", "pyproject.toml", "setup.py") if p in files]
+    inline = inline_dependencies(files[script]) if script and script.endswith(".py") else None
+    if conda:
+        c.setup = (
+            f'if command -v micromamba >/dev/null; then micromamba create -y -q -p "$GROVE_ENV" -f {conda}; '
+            f'elif command -v conda >/dev/null; then conda env create -q -p "$GROVE_ENV" -f {conda}; '
+            f'else echo "{conda} needs micromamba or conda where the study runs; neither is installed '
+            '(install one, or set environment.setup to a pip install)" >&2; exit 127; fi'
+        )
+        if conda not in spec.ENV_INPUTS:
+            c.env_inputs = [*spec.ENV_INPUTS, conda]
+        c.notes.append(
+            f"environment: {conda} found; the setup builds it with micromamba or conda (whichever the machine "
+            f"has in the sandbox's view, e.g. /usr/local/bin; else it stops saying so), {network}"
+        )
+    elif reqs:
+        c.setup = f"{PIP_VENV} -r requirements.txt" if reqs[0] == "requirements.txt" else f"{PIP_VENV} ."
+        c.notes.append(
+            f"environment: {reqs[0]} found; the setup installs it into the study's environment, {network}"
+        )
+    elif inline and script:
+        c.setup = f"{PIP_VENV} " + " ".join(shlex.quote(d) for d in inline)
+        c.env_inputs = [*spec.ENV_INPUTS, script]
+        c.notes.append(
+            f"environment: {script} declares its dependencies inline (# /// script); the setup installs "
+            f"them ({', '.join(inline)}), rebuilt when {script} changes, {network}"
+        )
 
 
 def _printed(text: str) -> list[str]:
@@ -488,9 +534,14 @@ def render(c: Choices) -> str:
     if c.setup:
         lines += [
             "",
-            "[environment]   # built once per clone and dependency files, then shared by every run",
+            "[environment]   # built once per repository and dependency files, then shared by every run",
             f"setup = {_toml(c.setup)}",
             "network = true   # the setup step downloads packages",
+            *(
+                [f"inputs = {_toml(c.env_inputs)}   # the files whose content keys the build"]
+                if c.env_inputs
+                else []
+            ),
         ]
     lines += [
         "",
