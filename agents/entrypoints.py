@@ -153,32 +153,116 @@ def _hydra(path: str, text: str, files: dict[str, str]) -> EntryPoint | None:
     return None
 
 
-def _argparse(path: str, text: str, files: dict[str, str]) -> EntryPoint:
-    ep = EntryPoint("argparse" if "add_argument" in text else "script", path, ["python", path])
+@dataclass(frozen=True)
+class _Arg:
+    flags: list[str]  # ["--lr"], or ["config"] for a positional
+    default: Any
+    required: bool
+
+    @property
+    def positional(self) -> bool:
+        return not self.flags[0].startswith("-")
+
+
+def _argparse_args(tree: ast.AST) -> list[_Arg]:
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            flags = [a for a in (_const(x) for x in node.args) if isinstance(a, str)]
+            kw = _kwargs(node)
+            if flags:
+                out.append(_Arg(flags, _const(kw.get("default")), _const(kw.get("required")) is True))
+    return out
+
+
+def _click_args(tree: ast.AST) -> list[_Arg]:
+    out = []
+    for node in ast.walk(tree):
+        f = node.func if isinstance(node, ast.Call) else None
+        if not (isinstance(f, ast.Attribute) and getattr(f.value, "id", "") == "click"):
+            continue
+        assert isinstance(node, ast.Call)
+        names = [a for a in (_const(x) for x in node.args) if isinstance(a, str)]
+        kw = _kwargs(node)
+        if f.attr == "option" and any(n.startswith("--") for n in names):
+            flag = next(n for n in names if n.startswith("--"))
+            out.append(_Arg([flag], _const(kw.get("default")), _const(kw.get("required")) is True))
+        elif f.attr == "argument" and names:
+            out.append(_Arg([names[0]], _const(kw.get("default")), "default" not in kw))
+    return out
+
+
+def _typer_args(tree: ast.AST) -> list[_Arg]:
+    """Return the parameters of the functions typer runs (`typer.run(f)`, `@app.command()`)."""
+    run = {
+        a.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "run"
+        and getattr(n.func.value, "id", "") == "typer"
+        for a in n.args
+        if isinstance(a, ast.Name)
+    }
+    out = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        commands = any(
+            isinstance(d, ast.Call) and getattr(d.func, "attr", "") in ("command", "callback")
+            for d in fn.decorator_list
+        )
+        if fn.name not in run and not commands:
+            continue
+        args = fn.args.args
+        defaults: list[ast.expr | None] = [None] * (len(args) - len(fn.args.defaults)) + list(
+            fn.args.defaults
+        )
+        for arg, default in zip(args, defaults, strict=True):
+            flag = "--" + arg.arg.replace("_", "-")
+            if isinstance(default, ast.Call) and getattr(default.func, "attr", "") in ("Option", "Argument"):
+                kind = getattr(default.func, "attr", "")
+                names = [a for a in (_const(x) for x in default.args[1:]) if isinstance(a, str)]
+                first = _const(default.args[0]) if default.args else _const(_kwargs(default).get("default"))
+                required = (
+                    bool(default.args)
+                    and isinstance(default.args[0], ast.Constant)
+                    and default.args[0].value is Ellipsis
+                )
+                if kind == "Argument":
+                    out.append(_Arg([arg.arg], None if required else first, required))
+                else:
+                    long = next((n for n in names if n.startswith("--")), flag)
+                    out.append(_Arg([long], None if required else first, required))
+            elif default is None:
+                out.append(_Arg([arg.arg], None, True))
+            else:
+                out.append(_Arg([flag], _const(default), False))
+    return out
+
+
+def _script(path: str, text: str, files: dict[str, str]) -> EntryPoint:
+    """Return how a training script is run, from its argparse, click or typer parameters."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
-        return ep
+        return EntryPoint("script", path, ["python", path])
+    kinds = [("argparse", _argparse_args), ("click", _click_args), ("typer", _typer_args)]
+    kind, args = next(((k, got) for k, read in kinds if (got := read(tree))), ("script", []))
+    ep = EntryPoint(kind, path, ["python", path])
     configs = _config_files(files)
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"):
-            continue
-        flags = [a for a in (_const(x) for x in node.args) if isinstance(a, str)]
-        if not flags:
-            continue
-        kw = _kwargs(node)
-        default, dest = _const(kw.get("default")), flags[-1].lstrip("-").replace("-", "_")
-        positional = not flags[0].startswith("-")
-        needed = positional or _const(kw.get("required")) is True
-        if needed and default is None:
+    for arg in args:
+        flags, default = arg.flags, arg.default
+        dest = flags[-1].lstrip("-").replace("-", "_")
+        if (arg.positional or arg.required) and default is None:
             if CONFIG_ARG.search(dest) and configs:
-                ep.command += ([] if positional else [flags[0]]) + [configs[0]]
+                ep.command += ([] if arg.positional else [flags[0]]) + [configs[0]]
                 ep.configs.append(configs[0])
                 ep.notes.append(f"{path} needs {flags[0]}: given the config file {configs[0]}")
             else:
-                ep.command += ([] if positional else [flags[0]]) + ["TODO"]
+                ep.command += ([] if arg.positional else [flags[0]]) + ["TODO"]
                 ep.notes.append(f"{path} needs {flags[0]}; TODO: say what to pass in grove/adapter.json")
-        elif not positional and isinstance(default, int | float) and not isinstance(default, bool):
+        elif not arg.positional and isinstance(default, int | float) and not isinstance(default, bool):
             ep.params[dest] = default
             ep.command += [flags[0], f"{{{dest}}}"]
     return ep
@@ -204,7 +288,7 @@ def find(files: dict[str, str]) -> EntryPoint | None:
         script = next((s for s in SCRIPTS if s in files), None)
         if script is None:
             return None
-        ep = _argparse(script, files[script], files)
+        ep = _script(script, files[script], files)
     if ep.script in files:
         ep.printed = printed_names(files[ep.script])
     return ep

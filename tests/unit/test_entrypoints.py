@@ -1,0 +1,62 @@
+"""How `grove init` reads a training script's command line: argparse, click and typer."""
+
+from __future__ import annotations
+
+from agents import entrypoints
+
+CLICK = """\
+import click
+
+@click.command()
+@click.argument("config_path")
+@click.option("--lr", "-l", default=0.01, type=float)
+@click.option("--log-every", default=10)
+def main(config_path, lr, log_every):
+    print("val_loss:", lr)
+
+if __name__ == "__main__":
+    main()
+"""
+
+TYPER = """\
+import typer
+
+def main(config: str, learning_rate: float = 0.01, epochs: int = typer.Option(5, "--epochs", "-e"),
+         name: str = typer.Option(..., "--name")):
+    print("loss=", learning_rate)
+
+if __name__ == "__main__":
+    typer.run(main)
+"""
+
+ARGPARSE = """\
+import argparse
+p = argparse.ArgumentParser()
+p.add_argument("--cfg", required=True)
+p.add_argument("--batch-size", type=int, default=32)
+print("acc:", p.parse_args().batch_size)
+"""
+
+
+def test_click_options_become_slots_and_its_config_argument_gets_the_config_file() -> None:
+    ep = entrypoints.find({"train.py": CLICK, "config.yaml": "a: 1\n"})
+    assert ep is not None and ep.kind == "click"
+    assert ep.command == ["python", "train.py", "config.yaml", "--lr", "{lr}", "--log-every", "{log_every}"]
+    assert ep.params == {"lr": 0.01, "log_every": 10} and ep.printed == ["val_loss"]
+
+
+def test_typer_parameters_become_slots_and_a_required_option_is_a_todo() -> None:
+    ep = entrypoints.find({"train.py": TYPER, "conf/params.yaml": "a: 1\n"})
+    assert ep is not None and ep.kind == "typer"
+    assert ep.command == [
+        "python", "train.py", "conf/params.yaml", "--learning-rate", "{learning_rate}", "--epochs", "{epochs}",
+        "--name", "TODO",
+    ]  # fmt: skip
+    assert ep.params == {"learning_rate": 0.01, "epochs": 5}
+    assert any("needs --name; TODO" in n for n in ep.notes)
+
+
+def test_argparse_required_config_flag_gets_the_config_file() -> None:
+    ep = entrypoints.find({"main.py": ARGPARSE, "params.yaml": "a: 1\n"})
+    assert ep is not None and ep.kind == "argparse"
+    assert ep.command == ["python", "main.py", "--cfg", "params.yaml", "--batch-size", "{batch_size}"]
