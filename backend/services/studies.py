@@ -425,14 +425,18 @@ def promote(s: Session, study: Study, by: str) -> str:
 
 
 MAX_INTAKE_BYTES = 200_000
+MAX_INTAKE_ROWS_BYTES = 64_000_000  # a data file of rows (CSV, JSON lines) init may split into dev/held-out
 
 
 def repository_files(path: Path) -> dict[str, str]:
     """Return a repository's (or plain folder's) text files, path -> content, as intake reads them.
 
     In a git work tree, the files committed at HEAD; in a plain folder, the files on disk. Large
-    and binary files, and folders such as `.git`, `.venv` and `node_modules`, are left out.
+    and binary files, and folders such as `.git`, `.venv` and `node_modules`, are left out; a file
+    of rows (`.csv`, `.tsv`, `.jsonl`, `.txt`) may be larger, up to `MAX_INTAKE_ROWS_BYTES`.
     """
+    from agents.entrypoints import ROWS
+
     out: dict[str, str] = {}
     root = path.resolve()
     if gitops.toplevel(root) == root:
@@ -448,7 +452,8 @@ def repository_files(path: Path) -> dict[str, str]:
         }
     for name, file in sorted(blobs.items()):
         try:
-            if file.is_symlink() or file.stat().st_size > MAX_INTAKE_BYTES:
+            cap = MAX_INTAKE_ROWS_BYTES if name.lower().endswith(ROWS) else MAX_INTAKE_BYTES
+            if file.is_symlink() or file.stat().st_size > cap:
                 continue
             data = file.read_bytes()
         except OSError:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from agents import entrypoints
 
 CLICK = """\
@@ -60,3 +62,17 @@ def test_argparse_required_config_flag_gets_the_config_file() -> None:
     ep = entrypoints.find({"main.py": ARGPARSE, "params.yaml": "a: 1\n"})
     assert ep is not None and ep.kind == "argparse"
     assert ep.command == ["python", "main.py", "--cfg", "params.yaml", "--batch-size", "{batch_size}"]
+
+
+def test_a_data_file_of_rows_larger_than_a_text_file_is_still_read_for_the_split(tmp_path: Path) -> None:
+    from backend.services.studies import MAX_INTAKE_BYTES, repository_files
+
+    rows = "x,y\n" + "".join(f"{i},{i % 7}\n" for i in range(60_000))
+    assert len(rows) > MAX_INTAKE_BYTES
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "big.csv").write_text(rows)
+    (tmp_path / "notes.md").write_text("#" * (MAX_INTAKE_BYTES + 1))
+    files = repository_files(tmp_path)
+    assert files["data/big.csv"] == rows and "notes.md" not in files
+    dev, held = entrypoints.split_rows("data/big.csv", rows)
+    assert dev.startswith("x,y\n") and held.startswith("x,y\n") and held.count("\n") == 20_001
