@@ -141,7 +141,28 @@ def _leaves(value: Any, prefix: str, out: list[tuple[str, Any]]) -> list[tuple[s
                 _leaves(v, f"{prefix}.{k}" if prefix else k, out)
     elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         out.append((prefix, float(value) if isinstance(value, float) else int(value)))
+    elif isinstance(value, str) and _choices(prefix.rsplit(".", 1)[-1], value):
+        out.append((prefix, value))
     return out
+
+
+# Well-known categorical knobs and the alternatives worth trying (scikit-learn's and PyTorch's names).
+CHOICES: dict[str, list[list[str]]] = {
+    "optimizer": [["adam", "adamw", "sgd", "rmsprop"], ["Adam", "AdamW", "SGD", "RMSprop"]],
+    "optim": [["adam", "adamw", "sgd", "rmsprop"]],
+    "activation": [["relu", "gelu", "tanh", "silu"], ["ReLU", "GELU", "Tanh", "SiLU"]],
+    "criterion": [["gini", "entropy", "log_loss"], ["squared_error", "absolute_error", "friedman_mse"]],
+    "kernel": [["rbf", "linear", "poly", "sigmoid"]],
+    "penalty": [["l2", "l1", "elasticnet"]],
+    "scheduler": [["cosine", "linear", "constant", "step"]],
+    "weights": [["uniform", "distance"]],
+    "max_features": [["sqrt", "log2"]],
+}
+
+
+def _choices(name: str, value: str) -> list[str] | None:
+    """Return the alternatives of a well-known categorical knob whose current value is one of them."""
+    return next((opts for opts in CHOICES.get(name.lower(), []) if value in opts), None)
 
 
 def _name_of(dotted: str) -> str:
@@ -425,11 +446,18 @@ def _search_configs(
             key_name = _name_of(dotted)
             if NOT_HYPER.search(key_name):
                 continue
-            if HYPER.search(key_name) or HYPER.search(dotted.split(".")[-1]):
-                scored.append((0 if HYPER.search(key_name) else 1, path, dotted, value, fmt))
+            if isinstance(value, str) or HYPER.search(key_name) or HYPER.search(dotted.split(".")[-1]):
+                scored.append(
+                    (0 if isinstance(value, str) or HYPER.search(key_name) else 1, path, dotted, value, fmt)
+                )
     chosen = sorted(scored, key=lambda t: (t[0], t[1], t[2]))[: MAX_KEYS + len(when)]
     for _, path, dotted, value, fmt in chosen:
-        dim = _range(_name_of(dotted), value)
+        dim: dict[str, Any] | None
+        if isinstance(value, str):
+            options = _choices(dotted.rsplit(".", 1)[-1], value)
+            dim = {"values": options} if options else None
+        else:
+            dim = _range(_name_of(dotted), value)
         if dim is None:
             continue
         if path in when:

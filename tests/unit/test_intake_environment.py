@@ -39,3 +39,15 @@ def test_a_conda_environment_file_is_built_with_micromamba_or_conda_or_says_it_c
     assert "environment.yaml" in spec.environment.inputs
     both = intake.draft({**files, "requirements.txt": "numpy\n"}, "x", "")
     assert "micromamba" in both.setup  # the conda file is the whole environment; pip's list is part of it
+
+
+def test_well_known_categorical_knobs_are_drafted_with_their_alternatives() -> None:
+    params = (
+        "model:\n  optimizer: adam\n  activation: relu\n  name: foo\n  lr: 0.001\ntree:\n  criterion: gini\n"
+    )
+    c = intake.draft({"evaluate.py": EVALUATE, "params.yaml": params}, "x", "")
+    assert c.search["params.yaml:model.optimizer"] == {"values": ["adam", "adamw", "sgd", "rmsprop"]}
+    assert c.search["params.yaml:model.activation"] == {"values": ["relu", "gelu", "tanh", "silu"]}
+    assert c.search["params.yaml:tree.criterion"] == {"values": ["gini", "entropy", "log_loss"]}
+    assert "params.yaml:model.name" not in c.search  # not a knob Grove knows the alternatives of
+    parse_spec(intake.render(c))
