@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -255,6 +255,14 @@ def _validated(spec_path: Path, repo: str | None, static: bool, probe_seconds: f
     return checked
 
 
+def _until_refused(runs: Iterator[evaluation.Receipt]) -> Iterator[evaluation.Receipt]:
+    """Yield the trial runs until one is refused (a knob file that is a link), saying so."""
+    try:
+        yield from runs
+    except ValueError as exc:
+        err.print(f"[yellow]warning:[/] knob probes stopped: {escape(str(exc))}")
+
+
 def _trial(
     settings: Settings, spec: Spec, clone: gitops.Repo, base: str, probe_seconds: float, source: str
 ) -> _Checked:
@@ -287,7 +295,7 @@ def _trial(
     receipts: list[evaluation.Receipt] = []
     started = time.monotonic()
     with contextlib.closing(trial_runs(settings, spec, clone, base, variants, source)) as runs:
-        for receipt in runs:
+        for receipt in _until_refused(runs):
             receipts.append(receipt)
             if len(receipts) == 1:
                 checked.base = receipt
