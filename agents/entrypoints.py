@@ -47,12 +47,13 @@ def adapter_source() -> str:
     return Path(__file__).with_name(ADAPTER).read_text("utf-8")
 
 
-def adapter_command(config_text: str) -> list[str]:
-    """Return the command an adapter's `grove/adapter.json` runs; ValueError if it names none."""
-    command = json.loads(config_text).get("command")
+def adapter_settings(config_text: str) -> dict[str, Any]:
+    """Return an adapter's `grove/adapter.json`; ValueError unless it names a command to run."""
+    settings = json.loads(config_text)
+    command = settings.get("command") if isinstance(settings, dict) else None
     if not isinstance(command, list) or not command or not all(isinstance(w, str) for w in command):
         raise ValueError(f"{ADAPTER_CONFIG}: command must be a non-empty list of strings")
-    return command
+    return dict(settings)
 
 
 def metric_name(raw: str) -> str:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Literal
 
 from agents import entrypoints, globs
+from agents.policies import configfiles
 
 if TYPE_CHECKING:
     from agents.spec import Spec
@@ -48,8 +49,20 @@ def findings(spec: Spec, files: list[str], read: Callable[[str], str]) -> list[F
             "it runs beside the sealed files, so a candidate could read them: split it into "
             "evaluate.test_predict (the candidate's code, without the labels) and evaluate.test_score"
         )
-    reached, unknown = _reach(command, set(files), read)
-    editable = sorted(p for p in reached if globs.match_any(spec.files.editable, p))
+    # Grove's adapter is trusted to run what its settings name only while neither can be edited.
+    trusted = not any(
+        globs.match_any(spec.files.editable, p) for p in (entrypoints.ADAPTER, entrypoints.ADAPTER_CONFIG)
+    )
+    reached, unknown = _reach(command, set(files), read, trusted)
+    # Under the search policy a change edits config files only at its [search] keys, to values the
+    # spec lists or ranges: settings, not code. Any other change to what the test reads counts.
+    settings_only = spec.policy_kind == "search"
+    editable = sorted(
+        p
+        for p in reached
+        if globs.match_any(spec.files.editable, p)
+        and not (settings_only and (p in spec.files.formats or configfiles.suffix_format(p)))
+    )
     out: list[Finding] = []
     if editable:
         out.append(
@@ -69,7 +82,7 @@ def findings(spec: Spec, files: list[str], read: Callable[[str], str]) -> list[F
 
 
 def _reach(
-    command: str, present: set[str], read: Callable[[str], str], nested: bool = False
+    command: str, present: set[str], read: Callable[[str], str], trusted: bool = False, nested: bool = False
 ) -> tuple[set[str], list[str]]:
     """Return the repository files a command runs (named, imported) and what could not be followed."""
     try:
@@ -78,6 +91,7 @@ def _reach(
         return set(), [f"cannot parse {command!r}"]
     todo: list[tuple[str, str]] = []  # (path, the folder its own imports are resolved from)
     inline: dict[str, str] = {}  # `python -c` code, by a name of its own
+    data: set[str] = set()
     unknown: list[str] = []
     named_code = False
     for i, word in enumerate(words):
@@ -85,7 +99,8 @@ def _reach(
             continue
         path = posixpath.normpath(word.removeprefix("./"))
         if path in present and posixpath.splitext(path)[1].lower() in DATA:
-            continue  # a config or data file the command reads: protected code decides what it does
+            data.add(path)  # a config or data file the command reads, not code it runs
+            continue
         if path in present:
             named_code = named_code or path.endswith(".py")
             todo.append((path, posixpath.dirname(path)))
@@ -113,16 +128,20 @@ def _reach(
             continue
         try:
             text = inline[path] if path in inline else read(path)
-            if path == entrypoints.ADAPTER and text == entrypoints.adapter_source() and not nested:
-                # Grove's own adapter runs what its settings name, and nothing else.
-                ran, unsure = _reach(
-                    shlex.join(entrypoints.adapter_command(read(entrypoints.ADAPTER_CONFIG))),
-                    present,
-                    read,
-                    True,
-                )
+            if (
+                path == entrypoints.ADAPTER
+                and trusted
+                and text == entrypoints.adapter_source()
+                and not nested
+            ):
+                # Grove's own adapter runs what its settings name, and nothing else; a Hydra app
+                # also reads its YAML configs as code (`_target_`, callbacks), so they count too.
+                settings = entrypoints.adapter_settings(read(entrypoints.ADAPTER_CONFIG))
+                ran, unsure = _reach(shlex.join(settings["command"]), present, read, False, True)
                 reached |= ran
                 unknown += unsure
+                if settings.get("hydra"):
+                    reached |= {p for p in present if p.endswith((".yaml", ".yml"))}
                 continue
             tree = ast.parse(text)
         except (SyntaxError, ValueError, OSError, UnicodeDecodeError) as exc:
@@ -135,7 +154,7 @@ def _reach(
         dynamic = _dynamic(tree)
         if dynamic:
             unknown.append(f"{path} calls {dynamic}")
-    return reached - set(inline), unknown
+    return (reached | data) - set(inline), unknown
 
 
 def _imports(tree: ast.AST) -> Iterable[tuple[str, int]]:

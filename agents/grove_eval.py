@@ -129,7 +129,9 @@ def main(split: str) -> int:
         if run.returncode != 0:
             print(f"grove_eval: {' '.join(argv)} exited with {run.returncode}", file=sys.stderr)
             return run.returncode
-        metrics = printed_metrics(run.stdout + "\n" + run.stderr) | mlflow_metrics(scratch / "mlruns")
+        # What it printed to stdout wins over stderr (library warnings, logging), MLflow's over both.
+        printed = printed_metrics(run.stderr) | printed_metrics(run.stdout)
+        metrics = printed | mlflow_metrics(scratch / "mlruns")
         print(json.dumps(metrics))
         return 0
     finally:

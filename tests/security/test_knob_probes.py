@@ -63,4 +63,7 @@ def test_a_run_that_swaps_its_knob_file_for_a_link_gets_nothing_written_through_
     # Every probe ran in a fresh tree: no checkpoint carried over, so `wd` (never read) moved nothing
     # and is reported, while `lr` moved the score.
     assert "conf.toml:train.lr: 0.01 → 0.1: score 1.0 → 0.91" in out, out
-    assert "search.conf.toml:train.wd" in " ".join(checked.stderr.split()) and "changed no metric" in checked.stderr
+    assert (
+        "search.conf.toml:train.wd" in " ".join(checked.stderr.split())
+        and "changed no metric" in checked.stderr
+    )

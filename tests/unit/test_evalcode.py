@@ -86,3 +86,29 @@ def test_an_edited_adapter_is_not_trusted_to_run_only_what_its_settings_say() ->
     edited = adapter_source() + "\n# changed\n"
     out = check(ADAPTER, _adapter_files(["python", "train.py"], edited))
     assert [(key, level) for key, _, level in out] == [("evaluate.test", "warning")]
+
+
+def test_an_adapter_whose_settings_a_change_may_edit_is_not_trusted() -> None:
+    spec = parse_spec(
+        SPEC.format(test=ADAPTER).replace('editable = ["model.py", "pkg/**"]', 'editable = ["grove/*.json"]')
+    )
+    files = _adapter_files(["python", "train.py"])
+    out = findings(spec, list(files), files.__getitem__)
+    assert [(key, level) for key, _, level in out] == [("evaluate.test", "warning")]
+
+
+def test_a_hydra_apps_editable_configs_count_as_code_unless_the_search_policy_edits_them() -> None:
+    files = {
+        **_adapter_files(["python", "app.py"]),
+        "grove/adapter.json": json.dumps({"entry": "hydra", "command": ["python", "app.py"], "hydra": True}),
+        "app.py": "import hydra\n",
+        "conf/config.yaml": "lr: 0.1\n",
+    }
+    free = parse_spec(SPEC.format(test=ADAPTER).replace('"model.py", "pkg/**"', '"conf/**"'))
+    out = findings(free, list(files), files.__getitem__)
+    assert [level for _, _, level in out] == ["error"] and "conf/config.yaml" in out[0][1]
+    searched = parse_spec(
+        SPEC.format(test=ADAPTER).replace('"model.py", "pkg/**"', '"conf/**"')
+        + '[search]\n"conf/config.yaml:lr" = { low = 0.01, high = 1.0, log = true }\n'
+    )
+    assert findings(searched, list(files), files.__getitem__) == []
