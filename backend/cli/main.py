@@ -50,6 +50,15 @@ def _require_sandbox(settings: Settings) -> None:
         raise typer.Exit(2) from None
 
 
+def _source(repo: str | None, spec_path: Path) -> str:
+    """Return the repository a command names: a URL as given, a local path made absolute."""
+    from backend.core import gitops
+
+    if repo and gitops.is_url(repo):
+        return repo
+    return str(Path(repo or spec_path.parent).expanduser().resolve())
+
+
 def _spec_file(path: Path) -> Path:
     p = path / "grove.toml" if path.is_dir() else path
     if not p.is_file():
@@ -213,11 +222,11 @@ def _validated(spec_path: Path, repo: str | None, static: bool, probe_seconds: f
         )
         settings.ensure_dirs()
         _require_sandbox(settings)
-        seen.append(_trial(settings, spec, clone, base, probe_seconds, repo or str(spec_path.parent)))
+        seen.append(_trial(settings, spec, clone, base, probe_seconds, _source(repo, spec_path)))
 
     try:
         spec = validate(
-            spec_path.read_text("utf-8"), repo or str(spec_path.parent), str(spec_path), warnings,
+            spec_path.read_text("utf-8"), _source(repo, spec_path), str(spec_path), warnings,
             trial=None if static else trial, settings=settings,
         )  # fmt: skip
     except SpecError as exc:
@@ -472,9 +481,7 @@ def run_cmd(
     if existing is None:
         try:
             with db.session(settings.db_url) as s:
-                study = create_study(
-                    s, settings, text, repo or str(spec_path.parent), spec_source=str(spec_path)
-                )
+                study = create_study(s, settings, text, _source(repo, spec_path), spec_source=str(spec_path))
         except SpecError as exc:
             for issue in exc.issues:
                 err.print(f"[red]error:[/] {exc.source}: {issue}")

@@ -2,8 +2,9 @@
 
 The setup runs in the sandbox with the folder it builds mounted writable at `$GROVE_ENV` (and
 the network only if `environment.network` allows it), on a worktree of the commit at hand. Its
-temporary folder and `HOME` (pip's download and cache) live in the build folder, under the
-setup's `disk_mb`, not in the box's small `/tmp`, and are removed when it ends. The operator's
+temporary folder and `HOME` (pip's download and cache) are a scratch folder beside the build
+(mounted at /grove/scratch), under the setup's `disk_mb`, not in the box's small `/tmp`, and
+removed when it ends; `$GROVE_ENV` itself starts empty (micromamba and conda want that). The operator's
 package-index settings (pip configuration files, `PIP_*`/`UV_*` variables, CA bundles) pass into
 the setup box unless `GROVE_SETUP_PACKAGE_SETTINGS=false`; a value or file holding credentials
 in a URL never does.
@@ -34,6 +35,7 @@ from typing import IO
 
 from agents import globs
 from agents.spec import Spec
+from backend.core import gitops
 from backend.core.config import Settings
 from backend.core.gitops import Repo
 from backend.core.models import Study
@@ -44,7 +46,7 @@ class SetupFailed(RuntimeError):
     """The study's environment setup did not succeed; the message says why and where its log is."""
 
 
-SCRATCH = ".grove-tmp"  # the setup's TMPDIR and HOME, inside the build folder while it runs
+SCRATCH = "scratch"  # the setup's TMPDIR and HOME, beside the build's env/ while it runs
 _held: dict[Path, IO[str]] = {}  # builds this process uses, each under a shared lock until `release`
 
 
@@ -67,31 +69,41 @@ def _inputs(spec: Spec, repo: Repo, commit: str) -> str:
     return h.hexdigest()
 
 
+INSTALLS_REPOSITORY = re.compile(
+    r"install\s+(?:-[\w-]+\s+)*(?:-e\s+)?[\"']?\.(?:\[[^\]]*\])?[\"']?(?:\s|$|[;&|])|setup\.py|poetry\s+install|uv\s+sync|"
+    r"pdm\s+install|hatch\s+env|flit\s+install|conda\s+develop"
+)
+
+
 def key_of(spec: Spec, repo: Repo, commit: str, base: str) -> tuple[str, str]:
     """Return an environment's cache key and the commit to build it on.
 
-    The key is the setup command and the input files' content, nothing else: a node or another
-    study whose dependency files are as at base shares the build. While `commit` has the same
-    input files as the study's base, the build runs on the base (the researcher's own code); a
-    node that changes them gets a build of its own commit.
+    While `commit` has the same input files as the study's base, the build runs on the base (the
+    researcher's own code) and is keyed by the setup command and the inputs' content alone, so
+    another study of the repository with the same dependency files shares it whatever its
+    evaluator. A node that changes the inputs gets a build of its own commit, keyed by that commit
+    too: a candidate's build is never shared. So is a setup that installs the repository itself
+    (`pip install .`): its build holds that commit's code.
     """
     digest = _inputs(spec, repo, commit)
     build = base if base and commit != base and _inputs(spec, repo, base) == digest else commit
-    key = hashlib.sha256(f"{spec.environment.setup}\0{digest}".encode()).hexdigest()[:16]
+    own = build != base or bool(INSTALLS_REPOSITORY.search(spec.environment.setup))
+    key = hashlib.sha256(f"{spec.environment.setup}\0{digest}\0{build if own else ''}".encode()).hexdigest()[
+        :16
+    ]
     return key, build
 
 
 def group_of(settings: Settings, study: Study) -> str:
     """Return the folder under `envs/` holding a study's builds: one per repository it came from.
 
-    A remote worker (one with a worker token) keeps a folder per study instead, removed with the
-    rest of its copies when the study ends.
+    A repository is named by its URL or absolute path; a study whose source is neither, and every
+    study on a remote worker (one with a worker token, whose copies go when the study ends), has
+    a folder of its own.
     """
-    if not study.source or settings.worker_token:
-        return study.name
     source = study.source
-    if "://" not in source and Path(source).exists():
-        source = str(Path(source).resolve())
+    if settings.worker_token or not (gitops.is_url(source) or source.startswith("/")):
+        return study.name
     return "repo-" + hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
@@ -110,17 +122,23 @@ def ensure(
     return replace(iso, env_dir=str(env), env_writable=False)
 
 
-CA_VARS = (
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "PIP_CERT",
-    "UV_NATIVE_TLS",
-)
+CA_VARS = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+# The package-index settings that pass, by name: where packages come from and how to reach it.
+PACKAGE_VARS = (
+    "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_TRUSTED_HOST", "PIP_CERT",
+    "PIP_CONFIG_FILE", "PIP_CONSTRAINT", "PIP_DEFAULT_TIMEOUT", "PIP_TIMEOUT", "PIP_RETRIES",
+    "PIP_NO_CACHE_DIR", "PIP_DISABLE_PIP_VERSION_CHECK", "PIP_PREFER_BINARY", "PIP_ONLY_BINARY",
+    "PIP_NO_BINARY", "PIP_PROGRESS_BAR", "PIP_NO_INDEX", "PIP_PROXY",
+    "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_INDEX", "UV_DEFAULT_INDEX", "UV_FIND_LINKS",
+    "UV_NATIVE_TLS", "UV_HTTP_TIMEOUT", "UV_INDEX_STRATEGY", "UV_OFFLINE", "UV_NO_CACHE",
+)  # fmt: skip
 PIP_FILES = ("/etc/pip.conf", "/etc/xdg/pip/pip.conf")
 USER_PIP_FILES = ("~/.config/pip/pip.conf", "~/.pip/pip.conf")
-CREDENTIALS = re.compile(r"://[^/\s@]+@")
+# Credentials in a URL: a user and password, or a query parameter named like a secret.
+CREDENTIALS = re.compile(
+    r"://[^/\s@]+@|[?&][^=\s&]*(token|key|secret|passw|auth|sig|credential)[^=\s&]*=|PRIVATE KEY", re.I
+)
+SENSITIVE = frozenset({".ssh", ".gnupg", ".aws", ".kube", ".docker", ".netrc", ".pypirc", ".git-credentials"})
 
 
 def package_settings(
@@ -128,17 +146,23 @@ def package_settings(
 ) -> tuple[dict[str, str], tuple[str, ...]]:
     """Return the variables and read-only paths that carry the operator's package-index settings.
 
-    Files and folders the settings name (a CA bundle, a constraints file, a wheel folder) come
-    along, except `/`, top-level folders and anything holding or inside a `keep_out` folder.
+    Only the settings named in `PACKAGE_VARS` and `CA_VARS` pass, and none whose value holds
+    credentials. Files and folders they name (a CA bundle, a constraints file, a wheel folder) come
+    along, except `/`, top-level folders, home folders and what holds them, folders holding keys
+    (`.ssh`, `.aws`, ...), files holding credentials or a private key, and anything holding or
+    inside a `keep_out` folder.
     """
     environ = dict(os.environ if environ is None else environ)
     env: dict[str, str] = {}
     paths: list[str] = []
+    homes = {Path(h).resolve() for h in (environ.get("HOME", ""), "/root") if h.startswith("/")}
 
     def clean(path: str) -> bool:
         try:
             p = Path(path)
-            return p.is_dir() or (p.is_file() and not CREDENTIALS.search(p.read_text("utf-8", "replace")))
+            if p.is_dir():
+                return not any((p / name).exists() for name in SENSITIVE)
+            return p.is_file() and not CREDENTIALS.search(p.read_text("utf-8", "replace"))
         except OSError:
             return False
 
@@ -149,15 +173,17 @@ def package_settings(
             p = Path(word).resolve() if word.startswith("/") else None
             if p is None or len(p.parts) < 3 or not clean(str(p)):
                 continue
+            if p.parent == Path("/home") or any(p == h or p in h.parents for h in homes):
+                continue
             if any(p == k or p in k.parents or k in p.parents for k in keep_out):
                 continue
             out.append(str(p))
         return out
 
     for k, v in sorted(environ.items()):
-        if not (k.startswith(("PIP_", "UV_")) or k in CA_VARS) or sandbox.SECRET.search(k):
+        if k not in PACKAGE_VARS and k not in CA_VARS:
             continue
-        if CREDENTIALS.search(v) or (v.startswith("/") and not clean(v)):
+        if CREDENTIALS.search(v) or (v.startswith("/") and len(v.split()) == 1 and not clean(v)):
             continue
         env[k] = v
         paths += named(v)
@@ -254,12 +280,14 @@ def _build(
         network=spec.environment.network,
         disk_mb=spec.environment.disk_mb,
     )
-    box = replace(iso, env_dir=str(env), env_writable=True)
+    scratch = root / SCRATCH
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
     keep_out = (settings.data_dir.resolve(), settings.worktrees_dir.resolve())
     extra, paths = package_settings(keep_out=keep_out) if settings.setup_package_settings else ({}, ())
-    box = replace(box, binds=(*box.binds, *paths))
-    scratch = f"{box.env_path()}/{SCRATCH}"
-    (env / SCRATCH).mkdir()
+    box = replace(
+        iso, env_dir=str(env), env_writable=True, scratch_dir=str(scratch), binds=(*iso.binds, *paths)
+    )
     try:
         res = sandbox.run(
             spec.environment.setup,
@@ -268,11 +296,11 @@ def _build(
             name="setup",
             limits=limits,
             isolation=box,
-            env={**extra, "TMPDIR": scratch, "HOME": scratch},
+            env={**extra, "TMPDIR": box.scratch_path(), "HOME": box.scratch_path()},
             output_cap=settings.output_cap_bytes,
         )
     finally:
-        shutil.rmtree(env / SCRATCH, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
         repo.remove_worktree(tree)
         repo.git("branch", "-D", branch, check=False)
     if not res.ok:

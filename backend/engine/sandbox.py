@@ -45,7 +45,7 @@ SAFE_ENV = (
     "OPENBLAS_L2_SIZE", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
 )  # fmt: skip
 SECRET = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
-TREE, OUT, ENV = "/grove/tree", "/grove/out", "/grove/env"
+TREE, OUT, ENV, SCRATCH = "/grove/tree", "/grove/out", "/grove/env", "/grove/scratch"
 # What a box sees of /etc: enough for the dynamic linker, locales, TLS roots and user names.
 ETC = (
     "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "ssl", "ca-certificates",
@@ -112,10 +112,20 @@ class Isolation:
     # first on PATH; writable only while its setup builds it.
     env_dir: str = ""
     env_writable: bool = False
+    # A writable scratch folder mounted at /grove/scratch (an environment setup's TMPDIR and HOME).
+    scratch_dir: str = ""
 
     def env_path(self) -> str:
         """Return where a command sees the environment: /grove/env in a box, else its real folder."""
         return ENV if self.boxed else self.env_dir
+
+    def scratch_path(self) -> str:
+        """Return where a command sees the scratch folder: /grove/scratch in a box, else its real folder."""
+        return SCRATCH if self.boxed else self.scratch_dir
+
+    def writable(self) -> list[Path]:
+        """Return the folders besides the tree a command may write: the env while it builds, the scratch."""
+        return [Path(p) for p in (self.env_dir if self.env_writable else "", self.scratch_dir) if p]
 
     @property
     def boxed(self) -> bool:
@@ -637,6 +647,8 @@ def _bwrap_argv(
     args += [*_dirs(TREE), "--bind", str(tree), TREE, "--bind", str(out), OUT]
     if iso.env_dir:
         args += ["--bind" if iso.env_writable else "--ro-bind", iso.env_dir, ENV]
+    if iso.scratch_dir:
+        args += ["--bind", iso.scratch_dir, SCRATCH]
     # The tree's `.git` (a file naming Grove's clone) becomes an empty read-only mount point: the box
     # can neither read where the clone is nor remove or replace it with a repository of its own.
     dotgit = tree / ".git"
@@ -810,8 +822,8 @@ def run(
                 owner = (os.getuid(), os.getgid()) if uid is not None else None
                 budget = limits.disk_mb * 1024 * 1024 if limits.disk_mb else UNSHARE_BYTES
                 _reclaim(tree, owner, budget)
-                if isolation.env_dir and isolation.env_writable:
-                    _reclaim(Path(isolation.env_dir), owner, budget)
+                for folder in isolation.writable():
+                    _reclaim(folder, owner, budget)
     finally:
         shutil.rmtree(exchange, ignore_errors=True)
 
@@ -848,8 +860,8 @@ def _run(
     if uid is not None:
         _chown_tree(tree, uid, uid)
         os.chown(exchange, uid, uid)
-        if iso.env_dir and iso.env_writable:
-            _chown_tree(Path(iso.env_dir), uid, uid)
+        for folder in iso.writable():
+            _chown_tree(folder, uid, uid)
     # The box's lifeline, and the way back for its wrapper's report: this process holds the only
     # copy of its end until the end of the run (its stdin is the box's end, in bwrap and the wrapper).
     ours, theirs = socket.socketpair()
@@ -883,8 +895,8 @@ def _run(
                 argv = [*prlimit, *argv] if prlimit is not None else argv
             else:
                 argv, stdin, prlimit = inner, subprocess.DEVNULL, None
-            # A writable environment folder (its setup step) counts like the tree.
-            watched = (tree, exchange, *([Path(iso.env_dir)] if iso.env_dir and iso.env_writable else []))
+            # A writable environment folder (its setup step) and a scratch folder count like the tree.
+            watched = (tree, exchange, *iso.writable())
             baseline = usage(*watched) if disk_base is None and limits.disk_mb else disk_base or 0
             started = time.monotonic()
             proc = subprocess.Popen(

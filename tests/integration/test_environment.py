@@ -181,7 +181,7 @@ def test_a_download_larger_than_the_box_tmp_installs_and_a_second_study_reuses_t
     wheel = [p for p in asked if p.endswith(".whl")]
     assert len(wheel) == 1
     [build] = builds_of(online, first)
-    assert not (build / "env" / environment.SCRATCH).exists()  # the download is gone with the setup
+    assert not (build / environment.SCRATCH).exists()  # the download is gone with the setup
     # A second study of the same repository, its evaluator changed: the build is reused.
     spec = (repo / "grove.toml").read_text().replace('name = "envs"', 'name = "envs-again"')
     (repo / "grove.toml").write_text(spec)
@@ -192,3 +192,38 @@ def test_a_download_larger_than_the_box_tmp_installs_and_a_second_study_reuses_t
     assert second.baseline_dev and min(second.baseline_dev) >= 2.0  # the changed evaluator ran
     assert builds_of(online, second) == [build] and len([p for p in asked if p.endswith(".whl")]) == 1
     assert (build / "setup.stdout").read_text().strip() == "built"
+
+
+def test_a_build_is_shared_by_the_researchers_commits_and_never_by_a_candidates(tmp_path: Path) -> None:
+    from agents.spec import parse_spec
+
+    files = tiny_files(name="keys")
+    files["requirements.txt"] = "tinypkg==0.1\n"
+    repo_path = make_repo(tmp_path / "r", files)
+    repo = gitops.Repo(repo_path)
+
+    def commit(path: str, text: str, message: str) -> str:
+        (repo_path / path).write_text(text)
+        gitops.git("commit", "-qam", message, cwd=repo_path)
+        return repo.rev("HEAD")
+
+    base = repo.rev("HEAD")
+    evaluator_changed = commit("eval.py", files["eval.py"] + "\n# scored differently\n", "evaluator")
+    node = commit("requirements.txt", "tinypkg==0.2\n", "a candidate's dependency change")
+    gitops.git("checkout", "-q", "-b", "other", evaluator_changed, cwd=repo_path)
+    twin = commit("requirements.txt", "tinypkg==0.2\n", "the same dependency change, other code")
+    spec = parse_spec(files["grove.toml"] + "\n[environment]\nsetup = 'pip install -r requirements.txt'\n")
+    shared, built_on = environment.key_of(spec, repo, evaluator_changed, base)
+    assert (shared, built_on) == (environment.key_of(spec, repo, base, base)[0], base)
+    # A second study whose base has the evaluator change shares the first study's build.
+    assert environment.key_of(spec, repo, evaluator_changed, evaluator_changed)[0] == shared
+    # A candidate that changes the dependency files gets a build of its own commit, shared with no one.
+    mine, on = environment.key_of(spec, repo, node, base)
+    assert on == node and mine != shared
+    assert environment.key_of(spec, repo, twin, base)[0] not in (mine, shared)
+    # A setup that installs the repository's own code keeps a build per commit.
+    own = parse_spec(files["grove.toml"] + "\n[environment]\nsetup = 'pip install -e \".[dev]\"'\n")
+    assert (
+        environment.key_of(own, repo, base, base)[0]
+        != environment.key_of(own, repo, evaluator_changed, evaluator_changed)[0]
+    )

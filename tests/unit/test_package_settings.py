@@ -26,6 +26,8 @@ def test_index_settings_and_the_files_they_name_pass_credentials_do_not(tmp_path
             "SSL_CERT_FILE": str(ca),
             "PIP_CONFIG_FILE": str(conf),
             "PIP_FIND_LINKS": "/",  # the root is never bound
+            "UV_INDEX_URL": "https://pypi.example/simple?access_token=abc",  # a token in the query
+            "PIP_CLIENT_CERT": str(ca),  # not a setting that passes
             "HOME": "/root",
         },
         keep_out=(data,),
@@ -47,3 +49,22 @@ def test_a_config_file_holding_credentials_is_left_out(tmp_path: Path) -> None:
     conf.write_text("[global]\nindex-url = https://ada:s3cret@pypi.example/simple\n")
     env, paths = package_settings({"PIP_CONFIG_FILE": str(conf)})
     assert "PIP_CONFIG_FILE" not in env and str(conf) not in paths
+
+
+def test_home_folders_folders_holding_keys_and_private_keys_are_never_bound(tmp_path: Path) -> None:
+    home, keys, wheels = tmp_path / "home" / "op", tmp_path / "keys", tmp_path / "opt" / "wheels"
+    for d in (home / ".ssh", keys / ".aws", wheels):
+        d.mkdir(parents=True)
+    key = tmp_path / "pki" / "client.pem"
+    key.parent.mkdir()
+    key.write_text("-----BEGIN RSA PRIVATE KEY-----\n")
+    env, paths = package_settings(
+        {
+            "HOME": str(home),
+            "PIP_FIND_LINKS": f"{home} {keys} {wheels} {tmp_path / 'home'}",
+            "SSL_CERT_FILE": str(key),
+        }
+    )
+    assert str(wheels) in paths
+    assert not any(p in (str(home), str(keys), str(key), str(tmp_path / "home")) for p in paths)
+    assert "SSL_CERT_FILE" not in env
