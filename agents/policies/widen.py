@@ -4,7 +4,8 @@ A merge at a range's bound says the optimum may lie beyond it. Replaying the mer
 order, each value within 2% of a bound (in the range's own coordinates: log or linear) moves that
 bound out — a log range by a factor of up to 10, a linear one by half its width — never past a
 natural limit: 0 for a range that starts at or above 0, 1 for an integer range starting at 1,
-and 0 or 1 for a range inside [0, 1] (a probability or fraction).
+0 or 1 for a range inside [0, 1] (a probability or fraction), nor below what a parameter
+accepts (`min_samples_split` 2); a log range stays above 0.
 """
 
 from __future__ import annotations
@@ -56,13 +57,14 @@ def on_bound(dim: dict[str, Any], value: float) -> str | None:
     return None
 
 
-def widened_bound(dim: dict[str, Any], side: str) -> float | None:
+FLOORS = {"min_samples_split": 2.0}  # scikit-learn refuses less
+
+
+def widened_bound(dim: dict[str, Any], side: str, key: str = "") -> float | None:
     """Return the bound moved out on `side`, or None where it is a natural limit."""
     low, high = float(dim["low"]), float(dim["high"])
     bound = low if side == "low" else high
     integer = bool(dim.get("integer"))
-    if low >= 0.0 and high <= 1.0 and bound in (0.0, 1.0):
-        return None
     if dim.get("log"):
         factor = min(10.0, high / low)
         new = low / factor if side == "low" else high * factor
@@ -70,9 +72,17 @@ def widened_bound(dim: dict[str, Any], side: str) -> float | None:
         step = (high - low) / 2
         new = low - step if side == "low" else high + step
         if side == "low" and low >= 0:
-            new = max(new, 1.0 if integer and low >= 1 else 0.0)
+            new = max(new, 0.0)
     if integer:
         new = float(math.floor(new) if side == "low" else math.ceil(new))
+        if side == "low" and low >= 1:
+            new = max(new, 1.0)
+    if side == "low":
+        new = max(new, FLOORS.get(key.rsplit(":", 1)[-1].rsplit(".", 1)[-1], -math.inf))
+    if low >= 0.0 and high <= 1.0:  # a probability or fraction stays within [0, 1]
+        new = min(max(new, 0.0), 1.0)
+    if dim.get("log") and new <= 0:
+        return None
     return new if new != bound else None
 
 
@@ -90,7 +100,7 @@ def widen(
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue
             side = on_bound(dim, float(value))
-            new = widened_bound(dim, side) if side else None
+            new = widened_bound(dim, side, key) if side else None
             if side is None or new is None:
                 continue
             out.append(Widening(key, side, float(value), float(dim[side]), new, node_id, number))

@@ -31,3 +31,12 @@ def test_natural_limits_are_never_crossed() -> None:
     assert widened_bound({"low": 2, "high": 9, "integer": True}, "low") == 1.0
     assert widened_bound({"low": 2, "high": 9, "integer": True}, "high") == 13.0
     assert widened_bound({"low": -1.0, "high": 1.0}, "low") == -2.0
+
+
+def test_a_widened_range_stays_valid_for_its_kind() -> None:
+    assert widened_bound({"low": 1, "high": 16, "integer": True, "log": True}, "low") is None  # not 0
+    assert widened_bound({"low": 0.0, "high": 0.95}, "high") == 1.0  # dropout stays a probability
+    assert (
+        widened_bound({"low": 2, "high": 9, "integer": True}, "low", "p.yaml:tree.min_samples_split") is None
+    )
+    assert widened_bound({"low": 1e-4, "high": 1e-1, "log": True}, "low") == pytest.approx(1e-5)
