@@ -81,6 +81,11 @@ def _const(node: ast.expr | None) -> Any:
     return node.value if isinstance(node, ast.Constant) else None
 
 
+def _text(node: ast.expr | None) -> str:
+    value = _const(node)
+    return value if isinstance(value, str) else ""
+
+
 def _kwargs(call: ast.Call) -> dict[str, ast.expr]:
     return {k.arg: k.value for k in call.keywords if k.arg}
 
@@ -103,7 +108,8 @@ def _mlproject(files: dict[str, str]) -> EntryPoint | None:
         return None
     script = next((t for t in command if t.endswith(".py")), "")
     ep = EntryPoint("mlproject", script, command)
-    for param, spec in (point.get("parameters") or {}).items():
+    params = point.get("parameters") or {}
+    for param, spec in params.items() if isinstance(params, dict) else []:
         default = spec.get("default") if isinstance(spec, dict) else None
         if default is None:
             ep.notes.append(
@@ -134,10 +140,10 @@ def _hydra(path: str, text: str, files: dict[str, str]) -> EntryPoint | None:
                 continue
             kw = _kwargs(deco)
             conf_dir = posixpath.normpath(
-                posixpath.join(posixpath.dirname(path), _const(kw.get("config_path")) or ".")
+                posixpath.join(posixpath.dirname(path), _text(kw.get("config_path")) or ".")
             )
             main = posixpath.normpath(
-                posixpath.join(conf_dir, f"{_const(kw.get('config_name')) or 'config'}.yaml")
+                posixpath.join(conf_dir, f"{_text(kw.get('config_name')) or 'config'}.yaml")
             )
             if main not in files:
                 return None
@@ -215,7 +221,7 @@ def _typer_args(tree: ast.AST) -> list[_Arg]:
         )
         if fn.name not in run and not commands:
             continue
-        args = fn.args.args
+        args = [*fn.args.posonlyargs, *fn.args.args]
         defaults: list[ast.expr | None] = [None] * (len(args) - len(fn.args.defaults)) + list(
             fn.args.defaults
         )

@@ -7,6 +7,7 @@ metric the evaluator prints (`names`), by the words they share ("parameters" is 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -93,6 +94,8 @@ def limits(goal: str, names: list[str]) -> list[Limit]:
             else:
                 op, number, scale, words = m.group(1), m.group(2), m.group(3), m.group(4)
             side = "max" if re.fullmatch(UPPER, op) else "min"
+            if not math.isfinite(_value(number, scale)):
+                continue
             found.append((m.start(), side, words, _value(number, scale), m.group(0).strip()))
     out: dict[str, Limit] = {}
     for _, side, words, value, phrase in sorted(found):

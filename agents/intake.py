@@ -201,7 +201,11 @@ def draft(files: dict[str, str], name: str, goal: str = "", base: str = "") -> C
     if not goal.strip():
         c.notes.append("goal: none given; write what should improve (ideation reads it)")
     ev = _evaluator(files)
-    ep = None if ev else entrypoints.find(files)
+    try:
+        ep = None if ev else entrypoints.find(files)
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        ep = None
+        c.notes.append(f"entry point: could not read how the repository is run ({type(exc).__name__}: {exc})")
     if ev is not None:
         _own_evaluator(c, ev, files[ev])
         c.sealed = _sealed(files)
@@ -275,7 +279,7 @@ def _environment(c: Choices, files: dict[str, str], script: str | None) -> None:
     )
     conda = next((p for p in CONDA_FILES if p in files), None)
     reqs = [p for p in ("requirements.txt", "pyproject.toml", "setup.py") if p in files]
-    inline = inline_dependencies(files[script]) if script and script.endswith(".py") else None
+    inline = inline_dependencies(files[script]) if script in files and script.endswith(".py") else None
     if conda:
         c.setup = (
             f'if command -v micromamba >/dev/null; then micromamba create -y -q -p "$GROVE_ENV" -f {conda}; '
@@ -418,8 +422,15 @@ def _search_configs(
     hydra = ep.hydra if ep is not None else {}
     when: dict[str, dict[str, Any]] = {}
     if hydra:
-        doc = configfiles.load(hydra["main"], files[hydra["main"]], "yaml")
-        for item in doc.get("defaults", []) if isinstance(doc, dict) else []:
+        try:
+            doc = configfiles.load(hydra["main"], files[hydra["main"]], "yaml")
+        except configfiles.ConfigFormatError as exc:
+            c.notes.append(
+                f"search: {hydra['main']} does not parse as YAML ({exc}); its groups are not searched"
+            )
+            doc = None
+        defaults = doc.get("defaults") if isinstance(doc, dict) else None
+        for item in defaults if isinstance(defaults, list) else []:
             if isinstance(item, dict) and len(item) == 1:
                 group, chosen = next(iter(item.items()))
                 options = hydra["groups"].get(group, [])

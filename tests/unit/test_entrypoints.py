@@ -76,3 +76,21 @@ def test_a_data_file_of_rows_larger_than_a_text_file_is_still_read_for_the_split
     assert files["data/big.csv"] == rows and "notes.md" not in files
     dev, held = entrypoints.split_rows("data/big.csv", rows)
     assert dev.startswith("x,y\n") and held.startswith("x,y\n") and held.count("\n") == 20_001
+
+
+def test_odd_repositories_get_a_draft_not_a_crash() -> None:
+    from agents import intake
+    from agents.spec import parse_spec
+
+    app = 'import hydra\n@hydra.main(config_path=CONF, config_name="config")\ndef main(cfg):\n    print("acc:", 1)\n'
+    odd = [
+        {"app.py": app.replace("CONF", '"conf"'), "conf/config.yaml": "defaults: null\nlr: 0.1\n"},
+        {"app.py": app.replace("CONF", '"conf"'), "conf/config.yaml": "defaults: [\n  - x: {\n"},
+        {"app.py": app.replace("CONF", "1"), "config.yaml": "lr: 0.1\n"},
+        {"MLproject": "entry_points:\n  main:\n    parameters: [alpha]\n    command: python train.py\n"},
+        {"MLproject": "entry_points:\n  main:\n    command: python missing.py {a}\n"},
+        {"train.py": "import typer\ndef main(a=1, /, lr=0.1):\n    print('loss:', lr)\ntyper.run(main)\n"},
+    ]
+    for files in odd:
+        c = intake.draft(files, "odd", "keep it below 1e999 parameters")
+        parse_spec(intake.render(c))  # a spec that parses, whatever the repository held
