@@ -517,3 +517,32 @@ def test_a_human_hypothesis_past_max_depth_below_a_merge_is_refused_naming_paren
     assert deeper.json()["detail"]["message"].startswith(
         f"parent: n{child.json()['number']} is policy.max_depth (1)"
     )
+
+
+def test_a_merge_on_a_range_bound_is_a_finding_and_widens_the_range(
+    service: Service, client: TestClient, tmp_path: Path
+) -> None:
+    files = tiny_files(name="edge", mode="auto", experiments=3)
+    files["grove.toml"] = files["grove.toml"].replace("values = [0, 1, 2, 3, 4, 5]", "low = 0.5, high = 3.0")
+    repo = make_repo(tmp_path / "r", files)
+    op = auth(service, "operator")
+    sid = client.post(
+        f"{API}/studies", json={"spec": files["grove.toml"], "repository": str(repo)}, headers=op
+    ).json()["id"]
+    assert client.post(f"{API}/studies/{sid}/pause", headers=op).json()["status"] == "paused"
+    root = next(n["id"] for n in client.get(f"{API}/studies/{sid}/tree", headers=op).json()["nodes"])
+    edge = {"title": "x to its upper bound", "edits": {"config.toml:knob.x": 3.0}}  # the best score there is
+    assert (
+        client.post(f"{API}/studies/{sid}/nodes/{root}/hypotheses", json=edge, headers=op).status_code == 201
+    )
+    assert client.post(f"{API}/studies/{sid}/resume", headers=op).json()["status"] == "running"
+    wait_for(
+        lambda: client.get(f"{API}/studies/{sid}", headers=op).json()["status"] == "finished", timeout=180
+    )
+    log = client.get(f"{API}/studies/{sid}/events/log", headers=op).json()
+    widened = [e for e in log if e["type"] == "search.widened"]
+    assert [(e["payload"]["key"], e["payload"]["side"], e["payload"]["new"]) for e in widened] == [
+        ("config.toml:knob.x", "high", 4.25)
+    ]
+    report = client.get(f"{API}/studies/{sid}/report", headers=op).text
+    assert "on the high bound of its range (3): the optimum may lie beyond it" in report
