@@ -141,9 +141,18 @@ def _leaves(value: Any, prefix: str, out: list[tuple[str, Any]]) -> list[tuple[s
                 _leaves(v, f"{prefix}.{k}" if prefix else k, out)
     elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         out.append((prefix, float(value) if isinstance(value, float) else int(value)))
-    elif isinstance(value, str) and _choices(prefix.rsplit(".", 1)[-1], value):
-        out.append((prefix, value))
+    elif (isinstance(value, str) and _choices(prefix.rsplit(".", 1)[-1], value)) or _sizes(value):
+        out.append((prefix, value))  # a well-known choice, or a list of layer sizes
     return out
+
+
+def _sizes(value: Any) -> bool:
+    """Return whether a value is a list of layer sizes (`hidden_dims: [64, 64]`)."""
+    return (
+        isinstance(value, list)
+        and 0 < len(value) <= 8
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 2 for v in value)
+    )
 
 
 # Well-known categorical knobs and the alternatives worth trying (scikit-learn's and PyTorch's names).
@@ -467,6 +476,8 @@ def _search_configs(
         if isinstance(value, str):
             options = _choices(dotted.rsplit(".", 1)[-1], value)
             dim = {"values": options} if options else None
+        elif isinstance(value, list):  # layer sizes: halved, as they are, doubled
+            dim = {"values": [[max(1, v // 2) for v in value], value, [v * 2 for v in value]]}
         else:
             dim = _range(_name_of(dotted), value)
         if dim is None:

@@ -51,3 +51,11 @@ def test_well_known_categorical_knobs_are_drafted_with_their_alternatives() -> N
     assert c.search["params.yaml:tree.criterion"] == {"values": ["gini", "entropy", "log_loss"]}
     assert "params.yaml:model.name" not in c.search  # not a knob Grove knows the alternatives of
     parse_spec(intake.render(c))
+
+
+def test_layer_size_lists_are_drafted_as_halved_kept_and_doubled() -> None:
+    params = "model:\n  hidden_dims: [64, 32]\n  milestones: [30, 60]\n"
+    c = intake.draft({"evaluate.py": EVALUATE, "params.yaml": params}, "x", "")
+    assert c.search["params.yaml:model.hidden_dims"] == {"values": [[32, 16], [64, 32], [128, 64]]}
+    assert "params.yaml:model.milestones" not in c.search  # not named like a size
+    parse_spec(intake.render(c))
