@@ -14,7 +14,7 @@ import re
 import shlex
 import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 from agents import entrypoints, goals, spec
@@ -376,7 +376,7 @@ def _adapter(c: Choices, ep: entrypoints.EntryPoint, files: dict[str, str]) -> N
     if ep.kind == "hydra":
         adapter["hydra"] = True
     c.writes["grove/adapter.json"] = json.dumps(adapter, indent=2) + "\n"
-    c.writes["grove_eval.py"] = Path(__file__).with_name("grove_eval.py").read_text("utf-8")
+    c.writes[entrypoints.ADAPTER] = entrypoints.adapter_source()
     c.dev, c.test = "python grove_eval.py dev", "python grove_eval.py test"
     c.protected = ["grove_eval.py", "grove/adapter.json", "grove/dev/**", "grove/heldout/**"]
     c.notes += ep.notes

@@ -195,9 +195,8 @@ def validate_cmd(
 
 @dataclass
 class _Checked:
-    """What `grove validate` saw: the spec, the dev run on base, and the knobs that moved nothing."""
+    """What `grove validate` saw: the dev run on base, and the knobs that moved nothing."""
 
-    spec: Spec
     base: evaluation.Receipt | None = None
     noop: dict[str, str] = field(default_factory=dict)  # key -> what was tried
 
@@ -241,7 +240,7 @@ def _validated(spec_path: Path, repo: str | None, static: bool, probe_seconds: f
         raise typer.Exit(1) from None
     for w in warnings:
         err.print(f"[yellow]warning:[/] {spec_path}: {w}")
-    checked = seen[0] if seen else _Checked(spec)
+    checked = seen[0] if seen else _Checked()
     r = checked.base
     if r is not None and not r.ok:
         err.print(f"[red]error:[/] evaluate.dev on base: {r.reason} after {r.duration:.1f}s")
@@ -300,7 +299,7 @@ def _trial(
                 variants.append(texts)
             pair.append(variants.index(texts))
         slots.append((pair[0], pair[1]))
-    checked = _Checked(spec)
+    checked = _Checked()
     receipts: list[evaluation.Receipt] = []
     started = time.monotonic()
     with contextlib.closing(trial_runs(settings, spec, clone, base, variants, source)) as runs:

@@ -497,18 +497,25 @@ def test_draft_explains_its_choices_and_refuses_what_it_cannot_read(
         assert bad.status_code == 422 and said in bad.text and "repository" in bad.text, bad.text
 
 
-def test_a_human_hypothesis_past_max_depth_below_a_merge_is_refused_naming_parent(
-    service: Service, client: TestClient, tmp_path: Path
-) -> None:
-    files = tiny_files(name="shallow", mode="auto", experiments=2)
-    files["grove.toml"] = files["grove.toml"].replace("[policy]\n", "[policy]\nmax_depth = 1\n")
-    repo = make_repo(tmp_path / "r", files)
-    op = auth(service, "operator")
+def paused_study(
+    client: TestClient, op: dict[str, str], files: dict[str, str], repo: Path
+) -> tuple[int, int]:
+    """Create a study of `repo` and pause it at once; return its id and its root node's."""
     sid = client.post(
         f"{API}/studies", json={"spec": files["grove.toml"], "repository": str(repo)}, headers=op
     ).json()["id"]
     assert client.post(f"{API}/studies/{sid}/pause", headers=op).json()["status"] == "paused"
     root = next(n["id"] for n in client.get(f"{API}/studies/{sid}/tree", headers=op).json()["nodes"])
+    return sid, root
+
+
+def test_a_human_hypothesis_past_max_depth_below_a_merge_is_refused_naming_parent(
+    service: Service, client: TestClient, tmp_path: Path
+) -> None:
+    files = tiny_files(name="shallow", mode="auto", experiments=2)
+    files["grove.toml"] = files["grove.toml"].replace("[policy]\n", "[policy]\nmax_depth = 1\n")
+    op = auth(service, "operator")
+    sid, root = paused_study(client, op, files, make_repo(tmp_path / "r", files))
     one = {"title": "x = 3", "edits": {"config.toml:knob.x": 3}}
     child = client.post(f"{API}/studies/{sid}/nodes/{root}/hypotheses", json=one, headers=op)
     assert child.status_code == 201  # the root is merged: 0 steps below a merge
@@ -524,13 +531,8 @@ def test_a_merge_on_a_range_bound_is_a_finding_and_widens_the_range(
 ) -> None:
     files = tiny_files(name="edge", mode="auto", experiments=3)
     files["grove.toml"] = files["grove.toml"].replace("values = [0, 1, 2, 3, 4, 5]", "low = 0.5, high = 3.0")
-    repo = make_repo(tmp_path / "r", files)
     op = auth(service, "operator")
-    sid = client.post(
-        f"{API}/studies", json={"spec": files["grove.toml"], "repository": str(repo)}, headers=op
-    ).json()["id"]
-    assert client.post(f"{API}/studies/{sid}/pause", headers=op).json()["status"] == "paused"
-    root = next(n["id"] for n in client.get(f"{API}/studies/{sid}/tree", headers=op).json()["nodes"])
+    sid, root = paused_study(client, op, files, make_repo(tmp_path / "r", files))
     edge = {"title": "x to its upper bound", "edits": {"config.toml:knob.x": 3.0}}  # the best score there is
     assert (
         client.post(f"{API}/studies/{sid}/nodes/{root}/hypotheses", json=edge, headers=op).status_code == 201
@@ -540,9 +542,13 @@ def test_a_merge_on_a_range_bound_is_a_finding_and_widens_the_range(
         lambda: client.get(f"{API}/studies/{sid}", headers=op).json()["status"] == "finished", timeout=180
     )
     log = client.get(f"{API}/studies/{sid}/events/log", headers=op).json()
-    widened = [e for e in log if e["type"] == "search.widened"]
-    assert [(e["payload"]["key"], e["payload"]["side"], e["payload"]["new"]) for e in widened] == [
-        ("config.toml:knob.x", "high", 4.25)
+    widened = [
+        (e["payload"]["key"], e["payload"]["side"], e["payload"]["new"])
+        for e in log
+        if e["type"] == "search.widened"
     ]
+    # The sampler may also merge a point on the low bound (any x beats the base's 0) before x = 3.
+    assert ("config.toml:knob.x", "high", 4.25) in widened or ("config.toml:knob.x", "high", 4.5) in widened
+    assert len(widened) == len(set(widened)) and all(side in ("low", "high") for _, side, _ in widened)
     report = client.get(f"{API}/studies/{sid}/report", headers=op).text
     assert "on the high bound of its range (3): the optimum may lie beyond it" in report
