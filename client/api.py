@@ -186,6 +186,10 @@ class Grove:
         """Return each measured node's `[search]` values with its dev score."""
         return cast(dict[str, Any], self._get(f"/studies/{study_id}/search"))
 
+    def importance(self, study_id: int) -> dict[str, Any]:
+        """Return each `[search]` key's share of the dev score's variance (fANOVA), most important first."""
+        return cast(dict[str, Any], self._get(f"/studies/{study_id}/importance"))
+
     def memory(self, study_id: int) -> list[models.MemoryEntry]:
         """Return what Grove already knew for a study: the lab-memory entries its ideator is given."""
         return cast(list[models.MemoryEntry], self._get(f"/studies/{study_id}/memory"))

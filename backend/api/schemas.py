@@ -254,6 +254,18 @@ class SearchSpace(BaseModel):
     points: list[SearchPoint]
 
 
+class Importance(BaseModel):
+    key: str
+    importance: float  # its share of the dev score's variance, the shares summing to 1
+
+
+class Importances(BaseModel):
+    metric: str
+    method: str
+    measured: int  # the measured configurations it was computed from
+    keys: list[Importance]  # most important first; empty until three configurations differ in score
+
+
 class LearningJobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: Literal["distill", "sparse_eval", "sparse_train"]

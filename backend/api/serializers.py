@@ -266,3 +266,18 @@ def search_space(s: Session, st: Study) -> schemas.SearchSpace:
         if n.dev_mean is not None and n.id is not None
     ]
     return schemas.SearchSpace(keys=keys, metric=spec.objective.metric, points=points)
+
+
+def importances(s: Session, st: Study) -> schemas.Importances:
+    """Return how much of the dev score's variance each `[search]` key explains (fANOVA)."""
+    from agents.policies import optuna_bridge  # optuna loads only when asked
+    from agents.policies.space import Space
+
+    space = search_space(s, st)
+    dims = {k: d.model_dump() for k, d in spec_of(st).search.items()}
+    measured = [(p.values, p.dev) for p in space.points]
+    found = optuna_bridge.importances(Space(dims, dict(st.base_values)), measured) if dims else {}
+    keys = [schemas.Importance(key=k, importance=v) for k, v in sorted(found.items(), key=lambda kv: -kv[1])]
+    return schemas.Importances(
+        metric=space.metric, method="fANOVA (Optuna)", measured=len(measured), keys=keys
+    )

@@ -8,7 +8,7 @@ from typing import Any
 import streamlit as st
 
 from client import Grove
-from frontend import decisions, ui
+from frontend import decisions, ui, verdicts
 
 
 def header(n: dict[str, Any], sid: int) -> None:
@@ -83,12 +83,19 @@ def verdict_rows(constraints: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def verification(n: dict[str, Any]) -> None:
+    """Say what the gate and AREX decided in words, then the verdict of each constraint."""
+    for words in (verdicts.gate(n), verdicts.arex(n)):
+        if words:
+            st.text(words)  # plain text: a reason may quote a model or a repository
     if n["constraints"]:
         st.dataframe(verdict_rows(n["constraints"]), hide_index=True, width="stretch")
+    elif n["verification"]:
+        st.caption("The goal sets no constraint: there is nothing to check beyond the gain.")
     else:
-        st.caption("No constraint verdicts yet.")
+        st.caption("Not verified yet: verification runs once the dev evaluation is in.")
     if n["verification"]:
-        st.json(n["verification"], expanded=False)
+        with st.expander("AREX's record"):
+            st.json(n["verification"], expanded=True)
 
 
 def receipts(api: Grove, n: dict[str, Any], sid: int) -> None:

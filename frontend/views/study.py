@@ -8,9 +8,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import streamlit as st
+import streamlit.components.v1 as components
 
 from client import ApiError, Grove, Unreachable
-from frontend import decisions, palette, tree_view, ui
+from frontend import charts, decisions, palette, tree_explorer, ui, verdicts
 
 REFRESH = "3s"
 
@@ -88,6 +89,48 @@ def awaiting(api: Grove, s: dict[str, Any]) -> None:
             f"**Waiting for your decision on n{a['node_number']}** ({a['title']}): it passed the held-out gate. {then}"
         )
         decisions.card(api, a, s["name"])
+
+
+def best_change(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
+    """Answer first: the trusted best change (trunk's last merge) and the best candidate still in play."""
+    nodes = t["nodes"]
+    by_id = {n["id"]: n for n in nodes}
+    trunk = by_id.get(t["trunk_node_id"] or -1)
+    left, right = st.columns(2)
+    with left.container(border=True, key="best-trusted"):
+        st.markdown("**Trusted best change**")
+        if trunk is None or trunk["parent_id"] is None:
+            st.write("None yet: trunk is the repository as submitted. A change is trusted once it passes "
+                     "the held-out gate and is merged.")  # fmt: skip
+        else:
+            n = api.node(s["id"], trunk["id"])
+            lcb = verdicts.heldout_lcb(n)
+            ui.page_link("node", f"n{n['number']} · {n['title'][:70]}", study=s["id"], node=n["id"])
+            st.markdown(
+                f"held-out gain **{ui.fmt(n['heldout_gain'], True)}**"
+                + (f" (95% lower bound {ui.fmt(lcb, True)})" if lcb is not None else "")
+                + f" · dev gain {ui.fmt(n['gain'], True)}"
+            )
+            st.caption(f"change: {verdicts.diff_summary(n)}")
+            for words in (verdicts.gate(n), verdicts.arex(n), n["fate"]):
+                if words:
+                    st.text(words)  # plain text: a reason may quote a model or a repository
+    with right.container(border=True, key="best-in-play"):
+        st.markdown("**Best candidate in play**")
+        c = verdicts.in_play(nodes)
+        if c is None:
+            st.write("None: no measured change is waiting for the gate or a decision.")
+        else:
+            ui.page_link("node", f"n{c['number']} · {c['title'][:70]}", study=s["id"], node=c["id"])
+            st.markdown(
+                f"dev gain **{ui.fmt(c['gain'], True)}** (LCB {ui.fmt(c['gain_lcb'], True)})"
+                + (
+                    f" · held-out gain {ui.fmt(c['heldout_gain'], True)}"
+                    if c["heldout_gain"] is not None
+                    else ""
+                )
+            )
+            st.text(f"It {verdicts.waits_for(c)}.")
 
 
 def budget(s: dict[str, Any]) -> None:
@@ -189,13 +232,33 @@ def node_url(sid: int, node_id: int) -> str:
     return f"node?study={sid}&node={node_id}"
 
 
-def search_space(api: Grove, sid: int) -> None:
-    """Plot each `[search]` key's value against the dev score, one small chart per key."""
+def search_space(api: Grove, s: dict[str, Any]) -> None:
+    """Chart the search: parallel coordinates, which knobs matter, each key against the dev score."""
+    sid = s["id"]
     space = api.search_space(sid)
     points = [p for p in space["points"] if p["values"]]
     if not points or not space["keys"]:
         st.caption("No measured node yet." if space["keys"] else "The study has no [search] keys.")
         return
+    st.markdown("**Parallel coordinates**")
+    chart = charts.parallel(
+        points,
+        space["keys"],
+        space["metric"],
+        s["baseline_dev"],
+        s["direction"] == "maximize",
+        node_url(sid, 0)[:-1],
+    )
+    components.html(chart, height=340, scrolling=True)
+    st.markdown("**Which knobs matter**")
+    imp = api.importance(sid)
+    if imp["keys"]:
+        components.html(
+            charts.importance(imp["keys"], imp["method"], imp["measured"]),
+            height=22 * len(imp["keys"][:15]) + 50,
+        )
+    else:
+        st.caption("Not yet: importance needs three measured nodes whose dev scores differ.")
     st.caption(f"dev {space['metric']} against each searched value (one point per measured node)")
     cols = st.columns(3)
     for i, key in enumerate(space["keys"][:12]):
@@ -280,17 +343,16 @@ def events(api: Grove, sid: int, number: dict[int, int]) -> None:
 
 
 def tree(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
+    """Draw the tree: zoom with the wheel, drag to pan, find a node, fold subtrees; click to open."""
     nodes = t["nodes"]
-    collapse = st.toggle("Collapse pruned subtrees and dead ends", value=True, key="collapse")
-    dot, stats = tree_view.to_dot(
-        nodes, t["trunk_node_id"], collapse=collapse, link=lambda nid: node_url(s["id"], nid)
-    )
     st.caption(
-        f"{len(nodes)} nodes · showing {stats.shown}"
-        + (f", {stats.hidden} folded" if stats.hidden else "")
-        + " · hover a node for its fate, click it to open it"
+        f"{len(nodes)} nodes · fill: dev gain, outline: status · hover a node for its fate, click it to open it"
     )
-    st.graphviz_chart(dot, width="content")
+    height = 380 if len(nodes) <= 8 else 640
+    page = tree_explorer.html(
+        nodes, t["trunk_node_id"], node_url(s["id"], 0)[:-1], height=height, key=f"grove-tree-{s['id']}"
+    )
+    components.html(page, height=height)
 
 
 def node_picker(s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
@@ -503,6 +565,7 @@ def page() -> None:
             return
         if (fresh["status"] in ui.FINISHED) != finished:
             st.rerun()
+        best_change(api, fresh, t)
         awaiting(api, fresh)
         scores(fresh)
         left, right = st.columns([3, 1])
@@ -524,7 +587,7 @@ def page() -> None:
     st.subheader("Leaderboard")
     leaderboard(api, s, nodes)
     st.subheader("Search space")
-    search_space(api, sid)
+    search_space(api, s)
     if s["policy"] == "llm":
         st.subheader("What Grove already knew")
         already_knew(api, s)

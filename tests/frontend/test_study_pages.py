@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from streamlit.testing.v1.element_tree import Block
 
 from backend.core import db
 from backend.services.studies import create_study
@@ -66,8 +69,23 @@ def study(api: Api, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Study]
     st.http.close()
 
 
-def dot_of(at: Any) -> str:
-    return str(at.get("graphviz_chart")[0].proto.spec)
+def texts_in(at: Any, key: str) -> str:
+    """Return the words inside the container with `key`: text, markdown and link labels."""
+    block = next(b for b in at.main if isinstance(b, Block) and key in b._block_id)
+    parts = []
+    for e in block:
+        proto = getattr(e, "proto", None)
+        for field in ("body", "label"):
+            if proto is not None and isinstance(getattr(proto, field, None), str) and getattr(proto, field):
+                parts.append(getattr(proto, field))
+    return "\n".join(parts)
+
+
+def tree_of(at: Any) -> dict[int, dict[str, Any]]:
+    """Return the nodes the page's tree frame draws, by id."""
+    page = next(e.proto.srcdoc for e in at.get("iframe") if "grove-tree-" in e.proto.srcdoc)
+    data = json.loads(re.search(r"const DATA = (.*?);</script>", page, re.S).group(1))  # type: ignore[union-attr]
+    return {n["id"]: n for n in data["nodes"]}
 
 
 def test_study_page_shows_tree_scores_budget_state_and_events(api: Api, study: Study) -> None:
@@ -75,16 +93,20 @@ def test_study_page_shows_tree_scores_budget_state_and_events(api: Api, study: S
     at = app_test(api.url, api.approver, page="views/study.py", study=study.id)
     assert not at.exception, at.exception
     assert "pages" in at.title[0].value
-    dot = dot_of(at)
+    drawn = tree_of(at)
     tree = study.get("/tree")  # the study explores on while its approval waits: nodes move on
     assert len(tree["nodes"]) >= 3
     for n in tree["nodes"]:
         if n["id"] in before:
-            assert f"n{n['id']} [" in dot
+            assert drawn[n["id"]]["n"] == n["number"]
         if before.get(n["id"]) == n["status"]:  # unchanged while the page was drawn
-            assert f"n{n['number']} · {n['status']}" in dot
+            assert drawn[n["id"]]["s"] == n["status"]
     root = tree["nodes"][0]["id"]
-    assert f'n{root} [label="n1 · merged' in dot and "penwidth=2.5" in dot
+    assert drawn[root]["s"] == "merged" and drawn[root]["k"]  # the root is on trunk's path
+    # No change is trusted yet; the node waiting for approval is the best candidate in play.
+    trusted, in_play = texts_in(at, "best-trusted"), texts_in(at, "best-in-play")
+    assert "None yet: trunk is the repository as submitted" in trusted, trusted
+    assert "waits for your decision" in in_play, in_play
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["baseline dev"] == f"{study.get()['baseline_dev']:.4f}"
     assert metrics["pending approvals"] == "1"
@@ -221,7 +243,13 @@ def test_approvals_need_the_approver_role_and_merge_the_node(api: Api, study: St
     assert any(f"n{number}: approval recorded by dashboard-test" in s.value for s in at.success), texts(at)
     wait_for(lambda: study.node(node_id)["status"] == "merged", timeout=60)
     page = app_test(api.url, api.viewer, page="views/study.py", study=study.id)
-    assert f'n{node_id} [label="n{number} · merged' in dot_of(page)
+    drawn = tree_of(page)
+    assert drawn[node_id]["s"] == "merged" and drawn[node_id]["k"]
+    # The merged node is the trusted best change, linked from the first thing the page shows.
+    trusted = texts_in(page, "best-trusted")
+    assert (
+        f"n{number} · " in trusted and "held-out gain" in trusted and "passed the held-out gate" in trusted
+    ), trusted
 
 
 def test_a_failed_study_says_why_and_what_fixes_it_and_its_report_is_rendered(

@@ -209,6 +209,12 @@ def read_search_space(study_id: StudyId, s: SessionDep, who: Reader) -> schemas.
     return serializers.search_space(s, get_study(s, study_id))
 
 
+@router.get("/{study_id}/importance", response_model=schemas.Importances)
+def read_importance(study_id: StudyId, s: SessionDep, who: Reader) -> schemas.Importances:
+    """Return each `[search]` key's share of the dev score's variance over the measured nodes."""
+    return serializers.importances(s, get_study(s, study_id))
+
+
 @router.get("/{study_id}/report", response_class=PlainTextResponse)
 def read_report(study_id: StudyId, s: SessionDep, who: Reader) -> str:
     """Return the study's REPORT.md (built from its current state)."""
