@@ -1,10 +1,12 @@
-"""Charts drawn as plain SVG pages (no script, no network): parallel coordinates and importance."""
+"""Charts drawn as SVG pages (nothing fetched; a script only to follow links): parallel coordinates, importance."""
 
 from __future__ import annotations
 
 import math
 from html import escape
 from typing import Any
+
+from frontend.tree_explorer import FOLLOW_LINKS
 
 NEG, MID, POS = "#d7191c", "#f7f7f7", "#2c7bb6"  # the tree's diverging gain scale
 
@@ -33,7 +35,8 @@ def _page(body: str, title: str) -> str:
         'body{margin:0;font-family:"Source Sans Pro",Helvetica,Arial,sans-serif;font-size:12px;color:#262730}'
         "polyline{fill:none;stroke-width:1.6;opacity:.75}a:hover polyline{stroke-width:4;opacity:1}"
         "text{fill:#31333f}.axis{stroke:#8a8a99;stroke-width:1}.muted{fill:#6b6b7b}"
-        f'</style></head><body><div role="img" aria-label="{escape(title)}">{body}</div></body></html>'
+        f'</style></head><body><div role="img" aria-label="{escape(title)}">{body}</div>'
+        f"<script>{FOLLOW_LINKS}</script></body></html>"
     )
 
 

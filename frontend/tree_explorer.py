@@ -14,7 +14,9 @@ from typing import Any
 
 from frontend import palette
 
-SCRIPT = (Path(__file__).parent / "assets" / "tree_explorer.js").read_text()
+ASSETS = Path(__file__).parent / "assets"
+FOLLOW_LINKS = (ASSETS / "follow_links.js").read_text()
+SCRIPT = FOLLOW_LINKS + (ASSETS / "tree_explorer.js").read_text()
 
 MARKS = {
     "human": "rejected by a human",

@@ -154,7 +154,7 @@
       sub.textContent = short(n.t, 30) + (n.g !== null ? "  " + fmt(n.g) : "");
       const hidden = size.get(id);
       if (hidden) {
-        const f = el("g", { class: "foldbox", transform: `translate(${W + 10},${H / 2})`, "data-fold": id }, boxes);
+        const f = el("g", { class: "foldbox", transform: `translate(${x + W + 10},${y + H / 2})`, "data-fold": id }, boxes);
         el("circle", { class: "fold", r: 7 }, f);
         const t = el("text", { class: "foldtext", x: 0, y: 3.5, "text-anchor": "middle" }, f);
         t.textContent = folded.has(id) ? "+" : "\u2212";

@@ -24,12 +24,13 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, Playwright, Route, expect, sync_playwright
+from playwright.sync_api import Browser, Frame, Page, Playwright, Route, expect, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-from backend.core.config import PROJECT_ROOT
+from backend.core.config import PROJECT_ROOT, Settings
 from tests.conftest import free_port, git, make_repo, spawn_up, tiny_files, wait_for
 from tests.fake_llm import FakeLLM
+from tests.trees import grow
 
 ARTIFACTS = Path(os.environ.get("GROVE_TEST_ARTIFACTS", PROJECT_ROOT / "test-artifacts"))
 # The stack runs the digits study on the same 2 cores the browser uses: a page may take seconds.
@@ -75,7 +76,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, fake_model: FakeLLM) -> Iter
         token = re.search(r"token\s+(grove_\S+)", text).group(1)  # type: ignore[union-attr]
         dashboard = re.search(r"dashboard\s+(http://\S+)", text).group(1)  # type: ignore[union-attr]
         data = str(out.parent / "data")
-        yield {"api": f"http://127.0.0.1:{port}/api/v1", "token": token, "dashboard": dashboard, "data": data}
+        redis = re.search(r"redis\s+(redis://\S+)", text).group(1)  # type: ignore[union-attr]
+        yield {"api": f"http://127.0.0.1:{port}/api/v1", "token": token, "dashboard": dashboard, "data": data,
+               "redis": redis}  # fmt: skip
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
@@ -135,14 +138,15 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
 
     page.get_by_role("link", name="Open the new study").click()
     expect(page.get_by_role("heading", name="digits")).to_be_visible()
-    nodes = page.get_by_text(re.compile(r"^\d+ nodes · showing"))
+    nodes = page.get_by_text(re.compile(r"^\d+ nodes · fill: dev gain"))
 
     def grown() -> bool:
         m = re.match(r"(\d+) nodes", nodes.first.inner_text(timeout=5_000)) if nodes.count() else None
         return bool(m and int(m.group(1)) >= 3)
 
     wait_for(grown, timeout=240, every=1.0)
-    expect(page.locator("svg text", has_text=re.compile(r"^n1 · merged$"))).to_be_visible()
+    tree = page.frame_locator("iframe[srcdoc*='grove-tree-']")
+    expect(tree.locator("text.label", has_text=re.compile(r"^n1 · merged$"))).to_be_visible()
     shot(page, "02-study-growing")
 
     headers = {"Authorization": f"Bearer {stack['token']}"}
@@ -154,8 +158,17 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
     pending = httpx.get(f"{stack['api']}/approvals", headers=headers).json()["data"][0]
     node_id, number = pending["node_id"], pending["node_number"]
 
-    # A node of the drawn tree is a link to its page.
-    page.locator("svg text", has_text=re.compile(rf"^n{number} · awaiting_approval$")).click()
+    # A node of the drawn tree is a link to its page. The study runs on, and a changed tree is drawn
+    # afresh: a click that lands while its frame reloads is made again.
+    def open_from_tree() -> bool:
+        try:
+            tree.locator(f'g.node[data-number="{number}"]').click(timeout=5_000)
+            page.wait_for_url(re.compile(r"/node\?"), timeout=5_000)
+        except PlaywrightTimeoutError:
+            return False
+        return True
+
+    wait_for(open_from_tree, timeout=90, every=0.5)
     expect(page.get_by_role("heading", level=1, name=re.compile(rf"^n{number} · "))).to_be_visible()
     # The node waits for a decision: its page says so, with the decision card right there.
     expect(page.get_by_text(f"n{number} waits for your decision")).to_be_visible()
@@ -188,6 +201,10 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
     expect(page.get_by_text(f"Waiting for your decision on n{number}")).to_be_visible()
     shot(page, "05-study-waiting")
     page.get_by_role("button", name="Approve").first.click()  # it asks first, as Reject does
+    expect(page.get_by_role("button", name="Yes, approve")).to_be_visible()
+    assert httpx.get(f"{stack['api']}/studies/{sid}/nodes/{node_id}", headers=headers).json()["status"] == (
+        "awaiting_approval"
+    )  # nothing happened before the confirmation
     page.get_by_role("button", name="Yes, approve").click()
     expect(page.get_by_text(re.compile(rf"n{number}: approval recorded by grove-up"))).to_be_visible()
 
@@ -201,9 +218,17 @@ def walk_through(stack: dict[str, str], page: Page, tmp_path: Path) -> None:
         timeout=120,
     )
     page.goto(f"{stack['dashboard']}/study?study={pending['study_id']}")
-    merged = page.locator("svg text", has_text=re.compile(rf"^n{number} · merged$"))
+    tree = page.frame_locator("iframe[srcdoc*='grove-tree-']")
+    merged = tree.locator("text.label", has_text=re.compile(rf"^n{number} · merged$"))
     expect(merged).to_be_visible(timeout=30_000)
+    # The first thing the page shows is the trusted best change: the merged node, linked.
+    card = page.locator(".st-key-best-trusted")
+    expect(card.get_by_text("passed the held-out gate")).to_be_visible()
+    expect(card.get_by_text(re.compile(r"^held-out gain \+"))).to_be_visible()
     shot(page, "06-study-merged")
+    card.get_by_role("link", name=re.compile(rf"^n{number} · ")).click()
+    expect(page.get_by_role("heading", level=1, name=re.compile(rf"^n{number} · "))).to_be_visible()
+    page.go_back()
 
     # The node picker opens it too (type to filter the list), and its page says what became of it.
     # The page reruns whole once when the study finishes, which can close the list under the
@@ -494,3 +519,94 @@ def test_goal_in_words_to_a_drafted_spec_validated_and_created(
         raise
     finally:
         page.close()
+
+
+def grown(stack: dict[str, str], root: Path, name: str, size: int, **kw: str) -> int:
+    """Write a study with a `size`-node tree into the stack's database; return its id."""
+    data = Path(stack["data"])
+    settings = Settings(data_dir=data, worktrees_dir=data.parent / "wt", redis_url=stack["redis"])
+    return grow(settings, root, name, size, **kw)
+
+
+def tree_frame(page: Page) -> Frame:
+    """Return the frame that draws the study's tree, once it has drawn."""
+    page.frame_locator("iframe[srcdoc*='grove-tree-']").locator("g.node").first.wait_for()
+    return next(f for f in page.frames if f.url == "about:srcdoc" and f.locator("#canvas").count())
+
+
+def test_a_500_node_tree_reads_after_a_zoom_and_a_search_centres_the_node(
+    stack: dict[str, str], browser: Browser, tmp_path: Path
+) -> None:
+    sid = grown(stack, tmp_path, "wide", 500)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{stack['dashboard']}/study?study={sid}")
+    tree = tree_frame(page)
+    expect(tree.locator("#info")).to_contain_text("of 500 nodes")
+    tree.get_by_role("button", name="Fit").click()
+    label = tree.locator("g.node text.label").first
+    k = tree.evaluate("groveTree.state().k")
+    assert k < 0.35 and not label.is_visible()  # the whole tree at once: too small to read, labels left out
+    tree.locator("#canvas").scroll_into_view_if_needed()
+    canvas = tree.locator("#canvas").bounding_box()
+    assert canvas is not None
+    page.mouse.move(canvas["x"] + 200, canvas["y"] + 200)
+    for _ in range(12):  # the wheel zooms in around the pointer
+        page.mouse.wheel(0, -240)
+    wait_for(lambda: tree.evaluate("groveTree.state().k") >= 1, timeout=10)
+    readable = [b for b in (e.bounding_box() for e in tree.locator("g.node text.label").all()[:400]) if b]
+    assert readable and min(b["height"] for b in readable) >= 11  # px on screen
+    shot(page, "07-tree-500-zoomed")
+
+    tree.get_by_role("searchbox", name="Find a node").fill("n250")
+    tree.get_by_role("searchbox", name="Find a node").press("Enter")
+    hit = tree.locator('g.node.hit[data-number="250"]')
+    expect(hit).to_be_visible()
+    box, frame = hit.bounding_box(), tree.locator("#canvas").bounding_box()
+    assert box is not None and frame is not None
+    centre = (frame["x"] + frame["width"] / 2, frame["y"] + frame["height"] / 2)
+    assert (
+        abs(box["x"] + box["width"] / 2 - centre[0]) < 40
+        and abs(box["y"] + box["height"] / 2 - centre[1]) < 40
+    )
+    assert tree.locator('g.node.hit[data-number="250"] text.label').first.bounding_box()["height"] >= 11  # type: ignore[index]
+    expect(tree.locator("#info")).to_contain_text("n250: match 1 of 1")
+    shot(page, "08-tree-500-search")
+    page.close()
+
+
+def test_a_finished_study_shows_parallel_coordinates_importance_and_its_report(
+    stack: dict[str, str], browser: Browser, tmp_path: Path
+) -> None:
+    sid = grown(stack, tmp_path, "charted", 40, status="finished", stop_reason="experiment budget spent")
+    headers = {"Authorization": f"Bearer {stack['token']}"}
+    measured = httpx.get(f"{stack['api']}/studies/{sid}/search", headers=headers).json()["points"]
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{stack['dashboard']}/study?study={sid}")
+    expect(page.get_by_text("Parallel coordinates")).to_be_visible()
+    parallel = page.frame_locator("iframe[srcdoc*='id=\"parallel\"']")
+    expect(parallel.locator("polyline")).to_have_count(len(measured))
+    expect(parallel.get_by_text("config.toml:knob.x")).to_be_visible()
+    importance = page.frame_locator("iframe[srcdoc*='id=\"importance\"']")
+    expect(importance.locator("rect.bar")).to_have_count(1)
+    expect(importance.get_by_text("100%")).to_be_visible()  # the study's one knob explains it all
+    page.get_by_text("Parallel coordinates").scroll_into_view_if_needed()
+    shot(page, "09-search-charts")
+    page.get_by_text("REPORT.md").last.click()
+    expect(page.get_by_role("heading", name="Grove report: charted")).to_be_visible()
+    expect(page.get_by_role("heading", name="Baseline → final")).to_be_visible()
+    page.close()
+
+
+def test_a_failed_study_opens_with_a_banner_giving_the_reason_and_the_fix(
+    stack: dict[str, str], browser: Browser, tmp_path: Path
+) -> None:
+    reason = "dev evaluation fails on the unchanged repository: eval.py exited 1"
+    sid = grown(stack, tmp_path, "broken", 3, status="failed", stop_reason=reason)
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.goto(f"{stack['dashboard']}/study?study={sid}")
+    banner = page.get_by_role("alert").filter(has_text="This study failed.")
+    expect(banner).to_be_visible()
+    expect(banner).to_contain_text(reason)
+    expect(banner).to_contain_text("What to do: Run grove validate on the repository")
+    shot(page, "10-study-failed")
+    page.close()
