@@ -43,14 +43,16 @@ def gate(n: dict[str, Any]) -> str:
     if not reason:
         return ""
     if n["status"] in ("merged", "awaiting_approval"):
-        return f"passed the held-out gate: {reason}"
+        return f"passed the held-out gate: {reason.removeprefix('passed: ')}"
     return f"held-out gate: {reason}"
 
 
-def heldout_lcb(n: dict[str, Any]) -> float | None:
-    """Return the held-out gain's lower bound the gate recorded in its reason, if any."""
-    m = re.search(r"lower bound ([+\-\u2212]?[\d.]+(?:e[+\-]?\d+)?)", str(n.get("gate_reason") or ""))
-    return float(m.group(1).replace("\u2212", "-")) if m else None
+def heldout_lcb(n: dict[str, Any]) -> tuple[str, float] | None:
+    """Return the held-out gain's lower bound the gate recorded in its reason, with its level ('97.3%')."""
+    m = re.search(
+        r"([\d.]+%) lower bound ([+\-\u2212]?[\d.]+(?:e[+\-]?\d+)?)", str(n.get("gate_reason") or "")
+    )
+    return (m.group(1), float(m.group(2).replace("\u2212", "-"))) if m else None
 
 
 def diff_summary(n: dict[str, Any]) -> str:

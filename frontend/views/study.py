@@ -108,7 +108,7 @@ def best_change(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
             ui.page_link("node", f"n{n['number']} · {n['title'][:70]}", study=s["id"], node=n["id"])
             st.markdown(
                 f"held-out gain **{ui.fmt(n['heldout_gain'], True)}**"
-                + (f" (95% lower bound {ui.fmt(lcb, True)})" if lcb is not None else "")
+                + (f" ({lcb[0]} lower bound {ui.fmt(lcb[1], True)})" if lcb is not None else "")
                 + f" · dev gain {ui.fmt(n['gain'], True)}"
             )
             st.caption(f"change: {verdicts.diff_summary(n)}")

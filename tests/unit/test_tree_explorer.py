@@ -49,7 +49,10 @@ def test_verification_in_words() -> None:
                     gate_reason="held-out gain +0.0123 (95% lower bound +0.00412, n=3) > margin 0")  # fmt: skip
     assert verdicts.arex(accepted) == "accepted: every constraint holds (size); gain kept"
     assert verdicts.gate(accepted).startswith("passed the held-out gate: held-out gain +0.0123")
-    assert verdicts.heldout_lcb(accepted) == 0.00412
+    assert verdicts.heldout_lcb(accepted) == ("95%", 0.00412)
+    assert verdicts.gate({**accepted, "gate_reason": "passed: held-out gain +0.4"}) == (
+        "passed the held-out gate: held-out gain +0.4"
+    )
     refined = node(6, 1, "rejected", verification={"decision": "refine", "open_constraints": ["size"]},
                    constraints=[{"name": "size", "verdict": "violated", "detail": "4608 > 2048"}],
                    fate="constraint size open \u2192 refined as n8")  # fmt: skip
