@@ -187,7 +187,7 @@ class Grove:
         return cast(dict[str, Any], self._get(f"/studies/{study_id}/search"))
 
     def importance(self, study_id: int) -> dict[str, Any]:
-        """Return each `[search]` key's share of the dev score's variance (fANOVA), most important first."""
+        """Return how much each `[search]` key sets the best nodes apart (PED-ANOVA), most important first."""
         return cast(dict[str, Any], self._get(f"/studies/{study_id}/importance"))
 
     def memory(self, study_id: int) -> list[models.MemoryEntry]:

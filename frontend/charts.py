@@ -34,7 +34,7 @@ def _page(body: str, title: str) -> str:
         '<!doctype html><html><head><meta charset="utf-8"><style>'
         'body{margin:0;font-family:"Source Sans Pro",Helvetica,Arial,sans-serif;font-size:12px;color:#262730}'
         "polyline{fill:none;stroke-width:1.6;opacity:.75}a:hover polyline{stroke-width:4;opacity:1}"
-        "text{fill:#31333f}.axis{stroke:#8a8a99;stroke-width:1}.muted{fill:#6b6b7b}"
+        "text{fill:#31333f}.axis{stroke:#8a8a99;stroke-width:1}.muted{fill:#6b6b7b;color:#6b6b7b}p{margin:2px 0 0 60px}"
         f'</style></head><body><div role="img" aria-label="{escape(title)}">{body}</div>'
         f"<script>{FOLLOW_LINKS}</script></body></html>"
     )
@@ -87,7 +87,7 @@ def parallel(
     spread = max((abs(g) for g in gains if g is not None), default=0.0)
     width, top, height = max(640, 150 * len(axes)), 40, 240
     step = (width - 120) / max(1, len(axes) - 1)
-    out = [f'<svg id="parallel" width="{width}" height="{top + height + 50}">']
+    out = [f'<svg id="parallel" width="{width}" height="{top + height + 24}">']
     lines = []
     for p, g in sorted(
         zip(points, gains, strict=True), key=lambda pg: pg[1] if pg[1] is not None else -math.inf
@@ -127,14 +127,14 @@ def parallel(
                 f'<text class="muted" x="{x:.1f}" y="{top + height + 16}" text-anchor="middle">log scale</text>'
             )
     out.append(
-        f'<text class="muted" x="60" y="{top + height + 38}">one line per measured node · colour: dev gain over the '
-        "baseline (red worse, blue better) · click a line to open its node</text></svg>"
+        '</svg><p class="muted">one line per measured node · colour: dev gain over the baseline (red worse, '
+        "blue better) · click a line to open its node</p>"
     )
     return _page("".join(out), "parallel coordinates")
 
 
 def importance(keys: list[dict[str, Any]], method: str, measured: int) -> str:
-    """Return a bar per searched key: its share of the dev score's variance."""
+    """Return a bar per searched key: how much it sets the best measured nodes apart."""
     rows = keys[:15]
     width, bar = 640, 22
     out = [f'<svg id="importance" width="{width}" height="{len(rows) * bar + 34}">']
@@ -149,7 +149,7 @@ def importance(keys: list[dict[str, Any]], method: str, measured: int) -> str:
             f'<text class="muted" x="{242 + w:.1f}" y="{y + 14}">{100 * float(r["importance"]):.0f}%</text>'
         )
     out.append(
-        f'<text class="muted" x="8" y="{len(rows) * bar + 24}">share of the dev score\'s variance each key '
-        f"explains: {escape(method)} over {measured} measured nodes</text></svg>"
+        f'<text class="muted" x="8" y="{len(rows) * bar + 24}">how much each key sets the best dev scores '
+        f"apart: {escape(method)} over {measured} measured nodes</text></svg>"
     )
     return _page("".join(out), "parameter importance")

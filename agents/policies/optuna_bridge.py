@@ -378,8 +378,14 @@ def _suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
     return trial.suggest_float(name, dist.low, dist.high, log=dist.log)
 
 
-def importances(space: Space, measured: Sequence[tuple[Assignment, float]]) -> dict[str, float]:
-    """Return each searched key's share of the dev score's variance over measured nodes (fANOVA).
+def importances(
+    space: Space, measured: Sequence[tuple[Assignment, float]], maximize: bool = True
+) -> dict[str, float]:
+    """Return how much each searched key tells the best tenth of the measured nodes apart (PED-ANOVA).
+
+    Optuna's PED-ANOVA compares where the top 10% of the dev scores lie with the whole history,
+    key by key; the shares sum to 1. It takes tens of milliseconds at hundreds of nodes (fANOVA's
+    forest took seconds).
 
     Range bounds stretch to the values seen (a widened range's merges count); a node whose value
     lies outside a list's choices is left out. Keys a node leaves inactive are not compared.
@@ -395,7 +401,7 @@ def importances(space: Space, measured: Sequence[tuple[Assignment, float]]) -> d
             d["low"], d["high"] = min([float(d["low"]), *seen]), max([float(d["high"]), *seen])
     wide = Space(dims, space.base)
     dists = distributions(wide)
-    study = optuna.create_study(direction="maximize")
+    study = optuna.create_study(direction="maximize" if maximize else "minimize")
     for a, v in measured:
         if not math.isfinite(v):
             continue
@@ -408,9 +414,10 @@ def importances(space: Space, measured: Sequence[tuple[Assignment, float]]) -> d
     if len(trials) < 3 or len({t.value for t in trials}) < 2:
         return {}
     try:
-        with threadpool_limits(limits=1, user_api="blas"):
+        with threadpool_limits(limits=1, user_api="blas"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             found = optuna.importance.get_param_importances(
-                study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0)
+                study, evaluator=optuna.importance.PedAnovaImportanceEvaluator()
             )
     except (RuntimeError, ValueError):
         return {}

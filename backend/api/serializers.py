@@ -268,16 +268,23 @@ def search_space(s: Session, st: Study) -> schemas.SearchSpace:
     return schemas.SearchSpace(keys=keys, metric=spec.objective.metric, points=points)
 
 
+IMPORTANCE_POINTS = 2000
+
+
 def importances(s: Session, st: Study) -> schemas.Importances:
-    """Return how much of the dev score's variance each `[search]` key explains (fANOVA)."""
+    """Return how much each `[search]` key tells the best measured nodes apart (PED-ANOVA)."""
     from agents.policies import optuna_bridge  # optuna loads only when asked
     from agents.policies.space import Space
 
     space = search_space(s, st)
     dims = {k: d.model_dump() for k, d in spec_of(st).search.items()}
     measured = [(p.values, p.dev) for p in space.points]
-    found = optuna_bridge.importances(Space(dims, dict(st.base_values)), measured) if dims else {}
+    if len(measured) > IMPORTANCE_POINTS:  # an even sample of a long history
+        step = len(measured) / IMPORTANCE_POINTS
+        measured = [measured[int(i * step)] for i in range(IMPORTANCE_POINTS)]
+    space_ = Space(dims, dict(st.base_values))
+    found = optuna_bridge.importances(space_, measured, spec_of(st).maximize) if dims else {}
     keys = [schemas.Importance(key=k, importance=v) for k, v in sorted(found.items(), key=lambda kv: -kv[1])]
     return schemas.Importances(
-        metric=space.metric, method="fANOVA (Optuna)", measured=len(measured), keys=keys
+        metric=space.metric, method="PED-ANOVA (Optuna), top 10%", measured=len(measured), keys=keys
     )

@@ -425,7 +425,7 @@ SORTS = {
 
 
 def leaderboard(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
-    """Rank the measured nodes (sort, filter by status) and compare two of them side by side."""
+    """Rank the measured nodes (sort, filter by status) and compare up to five of them side by side."""
     measured = [n for n in nodes if n["parent_id"] is not None and n["dev_mean"] is not None]
     if not measured:
         st.caption("No node has been measured yet.")
@@ -459,18 +459,22 @@ def leaderboard(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> N
 
 
 def compare(api: Grove, s: dict[str, Any], measured: list[dict[str, Any]]) -> None:
-    """Show two nodes side by side: scores, fate, their dev runs and their diffs."""
+    """Show up to five nodes side by side: scores, fate, their dev runs and their diffs."""
     if len(measured) < 2:
         return
-    st.markdown("**Compare two**")
+    st.markdown("**Compare**")
     labels = {n["id"]: f"n{n['number']} · {n['title'][:50]}" for n in measured}
-    ids = list(labels)
-    cols = st.columns(2)
-    picks = [
-        cols[i].selectbox(f"Node {'AB'[i]}", ids, index=i, format_func=labels.__getitem__, key=f"cmp_{i}")
-        for i in range(2)
-    ]
-    for col_, nid in zip(cols, picks, strict=True):
+    picks = st.multiselect(
+        "Nodes to compare (up to five)",
+        list(labels),
+        default=list(labels)[:2],
+        format_func=labels.__getitem__,
+        max_selections=5,
+        key="cmp",
+    )
+    if not picks:
+        return
+    for col_, nid in zip(st.columns(len(picks)), picks, strict=True):
         n = api.node(s["id"], nid)
         with col_:
             st.markdown(f"**n{n['number']}** · {n['title']}")

@@ -124,7 +124,7 @@ def test_study_page_shows_tree_scores_budget_state_and_events(api: Api, study: S
     assert at.button(key="stop").label == "Yes, stop it" and at.button(key="promote").label == "Yes, promote"
 
 
-def test_the_leaderboard_sorts_filters_and_compares_two_nodes(api: Api, study: Study) -> None:
+def test_the_leaderboard_sorts_filters_and_compares_up_to_five_nodes(api: Api, study: Study) -> None:
     at = app_test(api.url, api.viewer, page="views/study.py", study=study.id)
     assert not at.exception, at.exception
     measured = [
@@ -140,13 +140,13 @@ def test_the_leaderboard_sorts_filters_and_compares_two_nodes(api: Api, study: S
     only = measured[0]["status"]
     at.multiselect(key="lb_status").set_value([only]).run()
     assert set(at.table[0].value["node"]) == {f"n{n['number']}" for n in measured if n["status"] == only}
-    # Compare: both nodes' diffs, side by side.
-    a, b = measured[0]["id"], measured[1]["id"]
-    at.selectbox(key="cmp_0").set_value(a).run()
-    at.selectbox(key="cmp_1").set_value(b).run()
+    # Compare: the picked nodes' diffs, side by side, up to five.
+    picked = [n["id"] for n in measured[:3]]
+    at.multiselect(key="cmp").set_value(picked).run()
     diffs = [c.value.strip() for c in at.code if c.language == "diff"]
-    assert diffs[-2:] == [(study.node(i)["diff"] or "(no change)").strip() for i in (a, b)]
+    assert diffs[-3:] == [(study.node(i)["diff"] or "(no change)").strip() for i in picked]
     assert diffs[-1] != diffs[-2]
+    assert at.multiselect(key="cmp").proto.max_selections == 5
 
 
 def test_the_search_space_gives_each_measured_node_its_whole_configuration(study: Study) -> None:

@@ -97,5 +97,7 @@ def test_importance_credits_the_knob_that_drives_the_score() -> None:
     found = importances(space, measured)
     assert set(found) == {"a", "b"} and found["a"] > 0.8 > found["b"]
     assert importances(space, measured[:2]) == {}  # too few to say
-    bars = charts.importance([{"key": k, "importance": v} for k, v in found.items()], "fANOVA (Optuna)", 20)
+    bars = charts.importance(
+        [{"key": k, "importance": v} for k, v in found.items()], "PED-ANOVA (Optuna)", 20
+    )
     assert bars.count('class="bar"') == 2 and "over 20 measured nodes" in bars

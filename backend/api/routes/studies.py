@@ -211,7 +211,7 @@ def read_search_space(study_id: StudyId, s: SessionDep, who: Reader) -> schemas.
 
 @router.get("/{study_id}/importance", response_model=schemas.Importances)
 def read_importance(study_id: StudyId, s: SessionDep, who: Reader) -> schemas.Importances:
-    """Return each `[search]` key's share of the dev score's variance over the measured nodes."""
+    """Return how much each `[search]` key sets the best measured nodes apart (PED-ANOVA)."""
     return serializers.importances(s, get_study(s, study_id))
 
 
