@@ -28,27 +28,43 @@ def study_list() -> None:
     if not studies:
         st.info("No studies yet: create one below, or `grove submit path/to/repo`.")
         return
-    rows = [
-        {
-            "id": s["id"],
-            "name": s["name"],
+    usd = any(s["budget_usd"] for s in studies)
+    rows = []
+    for s in studies:
+        gain = (
+            s["trunk_heldout"] - s["baseline_heldout"]
+            if s["trunk_heldout"] is not None and s["baseline_heldout"] is not None
+            else None
+        )
+        row = {
+            "study": s["name"],
             "status": s["status"],
-            "best dev": s["best_dev"],
-            "trunk dev": s["trunk_dev"],
-            "trunk held-out": s["trunk_heldout"],
-            "baseline held-out": s["baseline_heldout"],
-            "budget units": f"{s['experiments_used']}/{s['experiments_budget']}",
-            "USD": f"{s['llm_usd']:.2f}/{s['budget_usd']:.2f}",
-            "pending approvals": s["pending_approvals"],
+            "to approve": s["pending_approvals"] or "",
+            "best dev": ui.fmt(s["best_dev"]),
+            "trunk held-out": ui.fmt(s["trunk_heldout"]) + (f" ({ui.fmt(gain, True)})" if gain else ""),
+            "budget": f"{s['experiments_used']}/{s['experiments_budget']}",
         }
-        for s in studies
-    ]
-    st.dataframe(rows, hide_index=True, width="stretch")
-    cols = st.columns(4)
-    for i, s in enumerate(studies[:40]):
-        with cols[i % 4]:
-            flag = f" · {s['pending_approvals']} to approve" if s["pending_approvals"] else ""
-            ui.page_link("study", f"{s['name']} ({s['status']}){flag}", study=s["id"])
+        if usd:
+            row["USD"] = f"{s['llm_usd']:.2f}/{s['budget_usd']:.2f}"
+        rows.append(row)
+    st.caption("Click a row to open its study.")
+    picked = st.dataframe(
+        rows,
+        hide_index=True,
+        width="stretch",
+        on_select="rerun",
+        selection_mode="single-row",
+        key="studies_table",
+    )
+    chosen = picked.selection.rows if picked is not None else []
+    if chosen:
+        st.switch_page(ui.PAGES["study"], query_params={"study": str(studies[chosen[0]]["id"])})
+    waiting = [s for s in studies if s["pending_approvals"]][:12]
+    if waiting:
+        cols = st.columns(min(4, len(waiting)))
+        for i, s in enumerate(waiting):
+            with cols[i % len(cols)]:
+                ui.page_link("study", f"{s['name']}: {s['pending_approvals']} to approve", study=s["id"])
 
 
 def new_study_form() -> None:

@@ -603,7 +603,17 @@ def test_a_failed_study_opens_with_a_banner_giving_the_reason_and_the_fix(
     reason = "dev evaluation fails on the unchanged repository: eval.py exited 1"
     sid = grown(stack, tmp_path, "broken", 3, status="failed", stop_reason=reason)
     page = browser.new_page(viewport={"width": 1280, "height": 800})
-    page.goto(f"{stack['dashboard']}/study?study={sid}")
+    # The studies list: a click on a study's row opens it.
+    page.goto(stack["dashboard"])
+    headers = {"Authorization": f"Bearer {stack['token']}"}
+    listed = httpx.get(f"{stack['api']}/studies", headers=headers).json()["data"]
+    row = next(i for i, s in enumerate(listed) if s["id"] == sid)
+    grid = page.locator("[data-testid='stDataFrame']").first
+    expect(grid).to_be_visible()
+    box = grid.bounding_box()
+    assert box is not None
+    page.mouse.click(box["x"] + 16, box["y"] + 35 * (row + 1) + 17)  # the row's selector, under the header
+    expect(page).to_have_url(re.compile(rf"/study\?study={sid}$"))
     banner = page.get_by_role("alert").filter(has_text="This study failed.")
     expect(banner).to_be_visible()
     expect(banner).to_contain_text(reason)

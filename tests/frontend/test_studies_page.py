@@ -76,7 +76,9 @@ def test_form_validates_then_creates_a_study(api: Api, tmp_path: Path) -> None:
     assert not at.exception
     assert any("Created study 'form-ok'" in s.value for s in at.success), texts(at)
     assert count(api) == before + 1
-    assert any(r["name"] == "form-ok" for r in at.dataframe[0].value.to_dict("records"))
+    rows = at.dataframe[0].value.to_dict("records")
+    assert any(r["study"] == "form-ok" for r in rows)
+    assert "None" not in str(rows)  # an empty value reads as a dash, never "None"
 
     at.button(key="create").click().run()  # the same name again
     assert right_after(at, "spec_text").value.startswith("study.name: study 'form-ok' already exists")  # type: ignore[attr-defined]
