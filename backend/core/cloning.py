@@ -325,6 +325,28 @@ def _run_clone(
             raise GitError(args, proc.returncode, text)
 
 
+def reachable(checked: Checked, base: str, timeout: float) -> None:
+    """Ask the host for the repository's refs (`git ls-remote`) within `timeout` s; raise HostRefused if it cannot.
+
+    A `base` other than HEAD or a commit must name one of its branches or tags (refused naming `study.base`).
+    """
+    url, config = pinned(checked)
+    args = ["ls-remote", "--", url]
+    try:
+        proc = gitops.run_captured(["git", *args], cwd=None, env=gitops.git_env(config), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise HostRefused(f"repository: {checked.remote.host} did not answer within {timeout:g} s") from None
+    if proc.returncode != 0:
+        said = failure(checked.remote.url, GitError(args, proc.returncode, proc.stderr))
+        raise HostRefused(said.replace("could not clone from", "cannot read the repository at"))
+    refs = {line.split("\t", 1)[1] for line in proc.stdout.splitlines() if "\t" in line}
+    commit = re.fullmatch(r"[0-9a-f]{7,40}", base) is not None
+    if base != "HEAD" and not commit and not {base, f"refs/heads/{base}", f"refs/tags/{base}"} & refs:
+        raise HostRefused(
+            f"study.base: the repository at {checked.remote.host} has no branch or tag {base!r}"
+        )
+
+
 def _has_objects(tmp: Path) -> bool:
     objects = tmp / ".git" / "objects"
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,7 +121,7 @@ def test_a_study_from_a_url_is_cloned_in_the_background(
     check = httpx.post(
         f"{url}/studies/validate", json={"spec": spec, "repository": f"{remote}/tiny"}, headers=headers
     )
-    assert check.status_code == 200 and "cloned and checked in the background" in check.text
+    assert check.status_code == 200 and "the repository answered" in check.text, check.text
 
     good = httpx.post(f"{url}/studies", json={"spec": spec, "repository": f"{remote}/tiny"}, headers=headers)
     assert good.status_code == 201, good.text
@@ -143,3 +144,38 @@ def test_a_study_from_a_url_is_cloned_in_the_background(
     types = [e["type"] for e in httpx.get(f"{url}/studies/{gid}/events/log", headers=headers).json()]
     assert types[:3] == ["study.cloning", "study.created", "study.started"]
     assert status(url, headers, gid)["trunk_heldout"]
+
+
+def test_validate_asks_the_repository_and_names_what_it_cannot_reach(
+    api: tuple[str, dict[str, str], Service], remote: str, silent: str, tmp_path: Path
+) -> None:
+    url, headers, svc = api
+    svc.settings.clone_first_byte_timeout = 3.0
+    make_repo(tmp_path / "remote" / "tiny", tiny_files(name="asked"))
+    spec = (tmp_path / "remote" / "tiny" / "grove.toml").read_text()
+
+    def validate(spec_text: str, repository: str) -> httpx.Response:
+        return httpx.post(
+            f"{url}/studies/validate",
+            json={"spec": spec_text, "repository": repository},
+            headers=headers,
+            timeout=60,
+        )
+
+    assert validate(spec, f"{remote}/tiny").status_code == 200
+    started = time.monotonic()
+    hung = validate(spec, f"{silent}/r")
+    assert hung.status_code == 422 and time.monotonic() - started < 30, (
+        hung.text
+    )  # bounded: the first-byte time
+    assert hung.json()["detail"]["errors"][0]["key"] == "repository"
+    assert "did not answer within 3 s" in hung.json()["detail"]["message"]
+    missing = validate(spec, f"{remote}/nope")
+    assert missing.status_code == 422 and missing.json()["detail"]["errors"][0]["key"] == "repository"
+    assert "authentication failed or the repository does not exist" in missing.text
+    branch = validate(spec.replace("[study]", '[study]\nbase = "no-such-branch"', 1), f"{remote}/tiny")
+    assert branch.status_code == 422 and branch.json()["detail"]["errors"][0]["key"] == "study.base", (
+        branch.text
+    )
+    assert validate(spec.replace("[study]", '[study]\nbase = "main"', 1), f"{remote}/tiny").status_code == 200
+    assert not list((svc.settings.data_dir / "repos").glob("*"))  # nothing was cloned

@@ -15,12 +15,13 @@ from agents.spec import SpecIssue, parse_spec
 from agents.tree.status import StudyStatus
 from backend.api import schemas, serializers
 from backend.api.deps import MAX_ID, Approver, CeleryDep, Operator, Reader, SessionDep, SettingsDep, StudyId
-from backend.core import gitops
+from backend.core import cloning, gitops
 from backend.core.config import Settings
 from backend.core.models import Study
 from backend.services import drafting, lifecycle, report
 from backend.services.studies import (
     NotPromotable,
+    SourceRefused,
     check_new,
     check_operator_limits,
     check_source,
@@ -120,14 +121,26 @@ def validate(
     check_operator_limits(settings, spec)
     if gitops.is_url(body.repository):
         check_new(s, spec, body.repository)
+        reach(settings, body.repository, spec.study.base)
         return schemas.Message(
-            message=f"valid: study {spec.study.name!r} can be created; the repository is cloned and "
-            "checked in the background when it is"
+            message=f"valid: study {spec.study.name!r} can be created; the repository answered, and is cloned "
+            "and checked in the background when it is"
         )
     warnings: list[SpecIssue] = []
     spec = check_study(s, body.spec, body.repository, warnings)
     said = "".join(f"; warning: {w}" for w in warnings)
     return schemas.Message(message=f"valid: study {spec.study.name!r} can be created{said}")
+
+
+def reach(settings: Settings, source: str, base: str) -> None:
+    """Refuse a repository URL whose host does not answer within the clone's first-byte time (at most 20 s)."""
+    try:
+        cloning.reachable(cloning.check(settings, source), base, min(settings.clone_first_byte_timeout, 20.0))
+    except cloning.HostRefused as exc:
+        if str(exc).startswith("study.base: "):
+            error = {"key": "study.base", "message": str(exc).removeprefix("study.base: ")}
+            raise HTTPException(422, {"message": str(exc), "errors": [error]}) from None
+        raise SourceRefused(str(exc)) from None
 
 
 @router.get("", response_model=schemas.Page[schemas.StudyPublic])
