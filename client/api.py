@@ -219,6 +219,10 @@ class Grove:
         """Return a node with its evidence."""
         return cast(models.NodeDetail, self._get(f"/studies/{study_id}/nodes/{node_id}"))
 
+    def curves(self, study_id: int, node_id: int) -> dict[str, Any]:
+        """Return the per-step records each dev run of a node printed (`{"step": ..., ...}` lines)."""
+        return cast(dict[str, Any], self._get(f"/studies/{study_id}/nodes/{node_id}/curves"))
+
     def receipt_output(self, study_id: int, receipt_id: int, stream: str = "stdout") -> str:
         """Return a receipt's full stored output."""
         return self._call(

@@ -254,6 +254,17 @@ class SearchSpace(BaseModel):
     points: list[SearchPoint]
 
 
+class Curve(BaseModel):
+    receipt_id: int
+    seed: int
+    records: list[dict[str, float]]  # each with its `step`, in the order the run printed them
+
+
+class Curves(BaseModel):
+    keys: list[str]  # the numeric keys besides `step` that some record holds
+    curves: list[Curve]  # one per dev run that printed step records
+
+
 class Importance(BaseModel):
     key: str
     importance: float  # how much it sets the best tenth of the measured nodes apart; the shares sum to 1

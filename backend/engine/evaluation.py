@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,9 @@ class Receipt:
         return float(self.metrics[metric])
 
 
-def _last_json_line(text: str) -> dict[str, Any] | None:
-    for line in reversed(text.splitlines()):
+def _json_objects(text: str, newest_first: bool = False) -> Iterator[dict[str, Any]]:
+    lines = text.splitlines()
+    for line in reversed(lines) if newest_first else lines:
         line = line.strip()
         if not (line.startswith("{") and line.endswith("}")):
             continue
@@ -53,8 +55,38 @@ def _last_json_line(text: str) -> dict[str, Any] | None:
         except (json.JSONDecodeError, RecursionError):  # nested past the parser's depth: not metrics
             continue
         if isinstance(value, dict):
+            yield value
+
+
+def _is_step(value: dict[str, Any]) -> bool:
+    step = value.get("step")
+    return isinstance(step, int) and not isinstance(step, bool)
+
+
+def _last_json_line(text: str) -> dict[str, Any] | None:
+    """Return the last JSON-object line that is not a step record, else the last step record."""
+    last_step = None
+    for value in _json_objects(text, newest_first=True):
+        if not _is_step(value):
             return value
-    return None
+        last_step = last_step or value
+    return last_step
+
+
+def step_records(text: str, limit: int = 2000) -> list[dict[str, float]]:
+    """Return the per-step records an evaluation printed: JSON-object lines with an integer `step`.
+
+    Only numeric values are kept; a long run is thinned evenly to at most `limit` records.
+    """
+    found = [
+        {k: float(v) for k, v in value.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        for value in _json_objects(text)
+        if _is_step(value)
+    ]
+    found = [r for r in found if all(math.isfinite(v) for v in r.values())]
+    if len(found) > limit:
+        found = [found[int(i * len(found) / limit)] for i in range(limit)]
+    return found
 
 
 def parse_metrics(

@@ -130,6 +130,35 @@ def receipts(api: Grove, n: dict[str, Any], sid: int) -> None:
                 st.code(api.receipt_output(sid, r["id"]), language="text")
 
 
+def curves(api: Grove, n: dict[str, Any], sid: int) -> None:
+    """Chart the per-step records the node's dev runs printed, one chart per key, a line per run."""
+    found = api.curves(sid, n["id"])
+    if not found["curves"]:
+        return
+    st.subheader("Training curves")
+    st.caption("per-step records its dev runs printed (JSON lines with an integer `step`), a line per seed")
+    cols = st.columns(min(3, len(found["keys"])) or 1)
+    for i, key in enumerate(found["keys"][:9]):
+        rows = [
+            {"step": r["step"], "value": r[key], "seed": str(c["seed"])}
+            for c in found["curves"]
+            for r in c["records"]
+            if key in r
+        ]
+        spec = {
+            "mark": {"type": "line", "point": len(rows) <= 60},
+            "encoding": {
+                "x": {"field": "step", "type": "quantitative"},
+                "y": {"field": "value", "type": "quantitative", "title": key, "scale": {"zero": False}},
+                "color": {"field": "seed", "type": "nominal", "title": "seed"},
+                "tooltip": [{"field": "seed"}, {"field": "step"}, {"field": "value"}],
+            },
+            "height": 200,
+        }
+        with cols[i % len(cols)]:
+            st.vega_lite_chart(rows, spec, width="stretch", key=f"curve-{i}")
+
+
 def live_output(api: Grove, n: dict[str, Any], sid: int) -> None:
     """While the node runs, tail its newest output every 2 s (its dev runs and executor commands)."""
     if n["status"] not in ("queued", "running"):
@@ -140,14 +169,24 @@ def live_output(api: Grove, n: dict[str, Any], sid: int) -> None:
         stream = st.segmented_control(
             "Live output", ["stdout", "stderr"], default="stdout", key="live_stream"
         )
-        out = api.live(sid, n["id"], stream or "stdout")
+        chosen = stream or "stdout"
+        out = api.live(sid, n["id"], chosen)
         if out["status"] not in ("queued", "running"):
             st.rerun()  # it finished: show the whole page as it now is
-        if out["run"]:
-            st.caption(f"{out['run']} · updated {(out['updated_at'] or '')[:19]}")
-            st.code(out["tail"][-8000:] or "(empty so far)", language="text")
-        else:
+        if not out["run"]:
             st.caption(out["note"])
+            return
+        other = "stderr" if chosen == "stdout" else "stdout"
+        if not out["tail"]:  # a run that prints only at the end: show what the other stream says meanwhile
+            also = api.live(sid, n["id"], other)
+            if also["tail"]:
+                st.caption(
+                    f"{out['run']} · nothing on {chosen} yet; the tail of {other}, updated {(also['updated_at'] or '')[:19]}"
+                )
+                st.code(also["tail"][-8000:], language="text")
+                return
+        st.caption(f"{out['run']} · updated {(out['updated_at'] or '')[:19]}")
+        st.code(out["tail"][-8000:] or f"(nothing on {chosen} or {other} yet)", language="text")
 
     tail()
 
@@ -169,6 +208,7 @@ def page() -> None:
                 decisions.card(api, a, api.study(sid)["name"])
     evidence(n)
     live_output(api, n, sid)
+    curves(api, n, sid)
     tabs = st.tabs(["Hypothesis", "Verification", "Diff", "Receipts", "Insights", "History", "Cost"])
     with tabs[0]:
         hypothesis(n)

@@ -284,3 +284,34 @@ def test_a_report_renders_no_image_or_link_that_would_fetch_from_elsewhere() -> 
     out = inert_markdown(text)
     assert "](" not in out and "<b>" not in out and "<https" not in out
     assert "[image: x]" in out and "docs (https://evil.example/)" in out
+
+
+def test_live_output_shows_stderr_while_a_run_says_nothing_on_stdout(
+    api: Api, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    files = tiny_files(name="quiet", experiments=1, sleep=8)
+    files["eval.py"] = files["eval.py"].replace(
+        "time.sleep(", "print(f'loading shard {seed}', file=sys.stderr, flush=True)\ntime.sleep("
+    )
+    repo = make_repo(tmp_path_factory.mktemp("quiet") / "r", files)
+    headers = {"Authorization": f"Bearer {api.approver}"}
+    resp = httpx.post(
+        f"{api.url}/studies", json={"spec": files["grove.toml"], "repository": str(repo)}, headers=headers
+    )
+    assert resp.status_code == 201, resp.text
+    st = Study(api, resp.json()["id"])
+
+    def quiet_node() -> int | None:
+        for n in st.get("/tree")["nodes"]:
+            if n["status"] == "running" and n["parent_id"] is not None:
+                out = st.get(f"/nodes/{n['id']}/live?stream=stderr")
+                if "loading shard" in out["tail"] and not st.get(f"/nodes/{n['id']}/live")["tail"]:
+                    return int(n["id"])
+        return None
+
+    nid = wait_for(quiet_node, timeout=120, every=0.2)
+    at = app_test(api.url, api.viewer, page="views/node.py", study=st.id, node=nid)
+    assert not at.exception, at.exception
+    assert any("nothing on stdout yet; the tail of stderr" in c.value for c in at.caption), texts(at)
+    assert any("loading shard" in c.value for c in at.code)
+    httpx.post(f"{api.url}/studies/{st.id}/stop", headers=headers)

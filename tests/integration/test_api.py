@@ -324,6 +324,37 @@ def test_a_running_node_shows_its_output_live(service: Service, client: TestClie
         assert quiet["run"] == "" and quiet["note"]
 
 
+def test_a_nodes_dev_runs_step_records_are_its_training_curves(
+    service: Service, client: TestClient, tmp_path: Path
+) -> None:
+    files = tiny_files(name="curves", experiments=2, mode="auto")
+    files["eval.py"] = files["eval.py"].replace(
+        'print("some log line")',
+        "for step in range(5):\n"
+        "    print(json.dumps({'step': step, 'loss': (x + 1) / (step + 1) + seed, 'lr': 0.1}))\n"
+        'print("some log line")',
+    )
+    repo = make_repo(tmp_path / "r", files)
+    op = auth(service, "viewer")
+    sid = create(client, repo, auth(service, "operator"))
+    wait_for(
+        lambda: client.get(f"{API}/studies/{sid}", headers=op).json()["status"] == "finished", timeout=180
+    )
+    nodes = client.get(f"{API}/studies/{sid}/tree", headers=op).json()["nodes"]
+    measured = next(n for n in nodes if n["parent_id"] is not None and n["dev_mean"] is not None)
+    detail = client.get(f"{API}/studies/{sid}/nodes/{measured['id']}", headers=op).json()
+    dev = [r for r in detail["receipts"] if r["kind"] == "dev"]
+    assert dev and all(set(r["metrics"]) == {"score", "size"} for r in dev)  # the metrics line, not a step
+    got = client.get(f"{API}/studies/{sid}/nodes/{measured['id']}/curves", headers=op).json()
+    assert got["keys"] == ["loss", "lr"]
+    assert sorted(c["receipt_id"] for c in got["curves"]) == sorted(r["id"] for r in dev)  # dev runs only
+    x = detail["edits"]["config.toml:knob.x"]
+    for c in got["curves"]:
+        assert [r["step"] for r in c["records"]] == [0, 1, 2, 3, 4]
+        assert c["records"][2]["loss"] == (x + 1) / 3 + c["seed"]
+    assert client.get(f"{API}/studies/{sid}/nodes/999999/curves", headers=op).status_code == 404
+
+
 def test_auth_rules(service: Service, client: TestClient, tmp_path: Path) -> None:
     assert client.get(f"{API}/studies").status_code == 401
     assert client.get(f"{API}/studies", headers={"Authorization": "Bearer nope"}).status_code == 401

@@ -69,3 +69,26 @@ def test_fingerprint_tracks_evaluator_files(tmp_path: Path) -> None:
     assert evaluation.fingerprint(tmp_path, ["eval.py"]) == fp
     (tmp_path / "eval.py").write_text("changed")
     assert evaluation.fingerprint(tmp_path, ["eval.py"]) != fp
+
+
+def test_step_records_are_kept_apart_from_the_metrics(tmp_path: Path) -> None:
+    script = (
+        "import json\n"
+        "for step in range(0, 50, 10):\n"
+        "    print(json.dumps({'step': step, 'loss': 1 / (step + 1), 'phase': 'train'}))\n"
+        "print(json.dumps({'score': 0.75}))\n"
+        "print(json.dumps({'step': 50, 'loss': 0.01}))\n"  # a step printed after the metrics
+    )
+    r = receipt(tmp_path, script)
+    assert r.ok and r.metrics == {"score": 0.75}
+    records = evaluation.step_records(Path(r.stdout_path).read_text())
+    assert [x["step"] for x in records] == [0, 10, 20, 30, 40, 50]
+    assert records[1] == {"step": 10.0, "loss": 1 / 11}  # numbers only
+    long = "\n".join(f'{{"step": {i}, "loss": {i}}}' for i in range(5000))
+    thinned = evaluation.step_records(long, limit=100)
+    assert len(thinned) == 100 and thinned[0]["step"] == 0 and thinned[-1]["step"] == 4950
+    only_steps = receipt(tmp_path, 'print(\'{"step": 3, "score": 0.5}\')')
+    assert only_steps.metrics == {
+        "step": 3,
+        "score": 0.5,
+    }  # no other line: the last step record is the metrics

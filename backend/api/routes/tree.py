@@ -18,6 +18,7 @@ from backend.api.deps import MAX_ID, CeleryDep, NodeId, Operator, Reader, Sessio
 from backend.api.routes.studies import get_study
 from backend.core import gitops
 from backend.core.models import Event, InsightVersion, Node, ReceiptRow, Study
+from backend.engine import evaluation
 from backend.services import fates, treebody
 from backend.services.records import add_event, spec_of
 from backend.services.storage import prune_subtree, reach
@@ -249,6 +250,31 @@ def live_output(
         updated_at=changed,
         note="",
     )
+
+
+@router.get("/nodes/{node_id}/curves", response_model=schemas.Curves)
+def node_curves(
+    study_id: StudyId, node_id: NodeId, s: SessionDep, settings: SettingsDep, who: Reader
+) -> schemas.Curves:
+    """Return the per-step records (JSON lines with an integer `step`) each dev run of the node printed."""
+    study = get_study(s, study_id)
+    get_node(s, study_id, node_id)
+    rows = s.exec(
+        select(ReceiptRow)
+        .where(ReceiptRow.node_id == node_id, ReceiptRow.kind == "dev")
+        .order_by(col(ReceiptRow.id))
+    ).all()
+    outputs = (settings.data_dir / "outputs" / study.name).resolve()
+    curves = []
+    for r in rows:
+        path = Path(r.stdout_path).resolve()
+        if not r.stdout_path or not path.is_relative_to(outputs) or not path.is_file():
+            continue
+        records = evaluation.step_records(path.read_text("utf-8", "replace"))
+        if records:
+            curves.append(schemas.Curve(receipt_id=r.id or 0, seed=r.seed, records=records))
+    keys = sorted({k for c in curves for rec in c.records for k in rec} - {"step"})
+    return schemas.Curves(keys=keys, curves=curves)
 
 
 @router.get("/receipts/{receipt_id}/output", response_class=PlainTextResponse)
