@@ -8,7 +8,7 @@ from typing import Any
 import streamlit as st
 
 from client import Grove
-from frontend import decisions, ui, verdicts
+from frontend import decisions, timeline, ui, verdicts
 
 
 def header(n: dict[str, Any], sid: int) -> None:
@@ -232,18 +232,7 @@ def page() -> None:
         else:
             st.caption("No insight yet.")
     with tabs[5]:
-        st.dataframe(
-            [
-                {
-                    "time": e["time"][:19],
-                    "event": e["type"],
-                    "details": json.dumps(e["payload"], ensure_ascii=False),
-                }
-                for e in n["history"]
-            ],
-            hide_index=True,
-            width="stretch",
-        )
+        st.text(timeline.lines(n["history"], {n["id"]: n["number"]}) or "No event yet.")
     with tabs[6]:
         cost = n["cost"] or {}
         seconds = sum(r["duration"] for r in n["receipts"])

@@ -11,7 +11,7 @@ import streamlit as st
 import streamlit.components.v1 as components
 
 from client import ApiError, Grove, Unreachable
-from frontend import charts, decisions, palette, tree_explorer, ui, verdicts
+from frontend import charts, decisions, palette, timeline, tree_explorer, ui, verdicts
 
 REFRESH = "3s"
 
@@ -81,8 +81,12 @@ def awaiting(api: Grove, s: dict[str, Any]) -> None:
     for a in pending:
         spent = s["experiments_used"] >= s["experiments_budget"]
         then = (
-            "The study has nothing left to do until you decide."
-            if spent or s["status"] != "running"
+            "The study is paused: it explores again once you resume it, decided or not."
+            if s["status"] == "paused"
+            else "Its experiment budget is spent: it finishes once you decide."
+            if spent and s["status"] == "running"
+            else f"The study is {s['status']}: nothing else runs until you decide."
+            if s["status"] != "running"
             else "The study keeps exploring on the current trunk meanwhile."
         )
         st.warning(
@@ -324,22 +328,13 @@ def improvement_state(state: dict[str, Any], number: dict[int, int]) -> None:
 
 
 def events(api: Grove, sid: int, number: dict[int, int]) -> None:
+    """Show the latest events as a timeline, newest first, one line each."""
     recent = list(reversed(api.events(sid, tail=30)))
-    st.dataframe(
-        [
-            {
-                "id": e["id"],
-                "time": e["time"][11:19],
-                "type": e["type"],
-                "node": f"n{number.get(e['node_id'], '?')}" if e["node_id"] else "",
-                "payload": json.dumps(e["payload"], ensure_ascii=False)[:160],
-            }
-            for e in recent
-        ],
-        hide_index=True,
-        width="stretch",
-        height=300,
-    )
+    if not recent:
+        st.caption("No event yet.")
+        return
+    with st.container(height=300, key="timeline"):
+        st.text(timeline.lines(recent, number))
 
 
 def tree(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:

@@ -114,8 +114,9 @@ def test_study_page_shows_tree_scores_budget_state_and_events(api: Api, study: S
     assert any(b.startswith("budget units ") and " experiments, " in b for b in bars) and any(
         b.startswith("running executors") for b in bars
     )
-    events = at.dataframe[-1].value.to_dict("records")
-    assert {"node.awaiting_approval", "node.evaluated"} <= {e["type"] for e in events}
+    events = next(t.value for t in at.text if " · " in t.value and "measured on dev" in t.value)
+    assert "passed the held-out gate; waits for a human decision" in events
+    assert "{" not in events  # words, not JSON
     assert "Verified findings" in texts(at) and "Next plan" in texts(at)
     charts = [c.proto.spec for c in at.get("vega_lite_chart")]
     assert len([c for c in charts if '"experiment"' in c]) == 2
@@ -184,9 +185,12 @@ def test_node_page_shows_evidence_diff_receipts_and_verdicts(api: Api, study: St
     # Approve and Reject both ask first: their buttons sit behind a confirmation.
     assert [b.label for b in at.button if b.label.startswith("Yes, ")] == ["Yes, approve", "Yes, reject"]
     assert any(t.value == f"Fate: {detail['fate']}" for t in at.text)
-    history = at.dataframe[-1].value.to_dict("records")
-    assert [h["event"] for h in history][:1] == ["node.proposed"]
-    assert "node.awaiting_approval" in {h["event"] for h in history}
+    words = [t.value for t in at.text]
+    assert "accepted: every constraint holds (small); gain kept" in words  # AREX's call in words
+    assert any(w.startswith("passed the held-out gate: held-out gain +") for w in words), words
+    history = next(t.value for t in at.text if " · n" in t.value and "proposed" in t.value).splitlines()
+    assert history[0].endswith(f"n{number} proposed") or f"n{number} proposed (" in history[0], history
+    assert any("passed the held-out gate; waits for a human decision" in h for h in history)
 
 
 def test_pause_and_resume_from_the_study_page(api: Api, study: Study) -> None:

@@ -101,3 +101,18 @@ def test_importance_credits_the_knob_that_drives_the_score() -> None:
         [{"key": k, "importance": v} for k, v in found.items()], "PED-ANOVA (Optuna)", 20
     )
     assert bars.count('class="bar"') == 2 and "over 20 measured nodes" in bars
+
+
+def test_events_read_as_sentences() -> None:
+    from frontend import timeline
+
+    number = {41: 5}
+    merged = {"time": "2026-12-06T10:11:12.5", "type": "node.merged", "node_id": 41, "payload": {"by": "ada"}}
+    assert timeline.sentence(merged, number) == "10:11:12 · n5 merged into trunk (by ada)"
+    odd = {"time": "2026-12-06T10:11:13", "type": "llm.refused", "node_id": None, "payload": {"x": {"y": 1}}}
+    assert timeline.sentence(odd, number) == "10:11:13 · llm refused"
+    gated = {"time": "2026-12-06T10:11:14", "type": "node.repeated", "node_id": 41,
+             "payload": {"seeds": 4, "reason": "gain unclear at 2 seeds"}}  # fmt: skip
+    assert timeline.sentence(gated, number) == (
+        "10:11:14 · n5 more dev runs asked (reason gain unclear at 2 seeds; seeds 4)"
+    )
