@@ -321,10 +321,14 @@ def improvement_state(state: dict[str, Any], number: dict[int, int]) -> None:
         ("Concerns", list(state.get("concerns", []))),
         ("Next plan", list(state.get("next_plan", []))),
     ]
-    cols = st.columns(len(sections))
-    for col, (title, items) in zip(cols, sections, strict=True):
-        col.markdown(f"**{title}**")
-        col.markdown("\n".join(f"- {i}" for i in items[-8:]) if items else "_none_")
+    # Findings are sentences: they get the page's width; the shorter lists share a row.
+    (title, items), rest = sections[0], sections[1:]
+    st.markdown(f"**{title}**")
+    st.markdown("\n".join(f"- {i}" for i in items[-8:]) if items else "_none_")
+    for pair in (rest[:2], rest[2:]):
+        for col, (title, items) in zip(st.columns(2), pair, strict=True):
+            col.markdown(f"**{title}**")
+            col.markdown("\n".join(f"- {i}" for i in items[-8:]) if items else "_none_")
 
 
 def events(api: Grove, sid: int, number: dict[int, int]) -> None:
