@@ -1,10 +1,11 @@
 """`GET /studies` with 200 studies: the listing's counters in bulk queries vs one set per study.
 
 Writes 200 studies (30 nodes and 30 experiment jobs each, some approvals and LLM calls) straight
-into a fresh SQLite database, then times, alternately in one run:
+into a fresh SQLite database, then times in one run:
 
-- `GET /api/v1/studies?limit=200` through the real app (FastAPI's test client, in-process);
-- the same page's serialisation by `serializers.study_publics` (every counter in a fixed number of
+- `GET /api/v1/studies?limit=200` through the real app (FastAPI's test client, in-process), the
+  requests back to back;
+- alternately, the same page's serialisation by `serializers.study_publics` (every counter in a fixed number of
   grouped queries), and by the per-study way it was done before (the same function called once
   per study: six queries for each).
 
@@ -69,11 +70,13 @@ def main() -> None:
         client = TestClient(app)
         headers = {"Authorization": f"Bearer {token}"}
         times: dict[str, list[float]] = {"GET /studies (bulk)": [], "bulk serialisation": [], "per study": []}
+        # The requests on their own, as a server answers them; then the two serialisations alternately.
         for _ in range(args.requests):
             t0 = time.perf_counter()
             resp = client.get(f"/api/v1/studies?limit={args.studies}", headers=headers)
             times["GET /studies (bulk)"].append(time.perf_counter() - t0)
             assert resp.status_code == 200 and len(resp.json()["data"]) == args.studies, resp.text[:300]
+        for _ in range(args.requests):
             with db.session(settings.db_url) as s:
                 rows = list(s.exec(select(Study).order_by(Study.id.desc())))  # type: ignore[union-attr]
                 t0 = time.perf_counter()

@@ -273,7 +273,7 @@
     hit = matches[at].id;
     reveal(hit);
     draw();
-    centre(hit, Math.max(k, 1.2));
+    centre(hit, Math.min(Math.max(k, 1.2), 1.6));  // readable, not blown up
     info.textContent = `n${matches[at].n}: match ${at + 1} of ${matches.length} \u00b7 ` + info.textContent;
   }
   search.addEventListener("keydown", (e) => { if (e.key === "Enter") find(); });
