@@ -49,7 +49,9 @@ def card(api: Grove, a: dict[str, Any], study_name: str) -> None:
     """Show what the approver needs to decide on one node, and the two buttons."""
     n = evidence(api, a)
     with st.container(border=True):
-        st.subheader(f"{study_name} · n{a['node_number']} · {a['title']}")
+        st.subheader(
+            f"{ui.inert_markdown(study_name)} · n{a['node_number']} · {ui.inert_markdown(a['title'])}"
+        )
         ui.page_link(
             "node",
             f"{study_name} / n{a['node_number']} — open the node",

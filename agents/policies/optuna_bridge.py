@@ -378,6 +378,15 @@ def _suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
     return trial.suggest_float(name, dist.low, dist.high, log=dist.log)
 
 
+def _finite_number(v: Any) -> bool:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an integer past a float's range
+        return False
+
+
 def importances(
     space: Space, measured: Sequence[tuple[Assignment, float]], maximize: bool = True
 ) -> dict[str, float]:
@@ -392,23 +401,29 @@ def importances(
     """
     dims = {k: dict(d) for k, d in space.dims.items()}
     for k, d in dims.items():
-        seen = [
-            float(a[k])
-            for a, _ in measured
-            if isinstance(a.get(k), int | float) and not isinstance(a[k], bool)
-        ]
-        if d.get("values") is None and seen:
+        if d.get("values") is not None:
+            continue
+        seen = [float(a[k]) for a, _ in measured if _finite_number(a.get(k))]
+        seen = [x for x in seen if x > 0] if d.get("log") else seen  # a log range stays above 0
+        if seen:
             d["low"], d["high"] = min([float(d["low"]), *seen]), max([float(d["high"]), *seen])
-    wide = Space(dims, space.base)
-    dists = distributions(wide)
+    try:
+        wide = Space(dims, space.base)
+        dists = distributions(wide)
+    except (ValueError, TypeError):
+        return {}
     study = optuna.create_study(direction="maximize" if maximize else "minimize")
     for a, v in measured:
-        if not math.isfinite(v):
+        if not _finite_number(v):
             continue
         params = _params(wide, {k: a.get(k, wide.base.get(k)) for k in wide.keys})
         try:
             study.add_trial(create_trial(params=params, distributions=_of(dists, params), value=v))
-        except ValueError:
+        except (
+            ValueError,
+            TypeError,
+            OverflowError,
+        ):  # a value outside its dimension (a string on a range, say)
             continue
     trials = study.get_trials(deepcopy=False)
     if len(trials) < 3 or len({t.value for t in trials}) < 2:
@@ -419,6 +434,6 @@ def importances(
             found = optuna.importance.get_param_importances(
                 study, evaluator=optuna.importance.PedAnovaImportanceEvaluator()
             )
-    except (RuntimeError, ValueError):
+    except (RuntimeError, ValueError, TypeError):
         return {}
     return {k: float(v) for k, v in found.items()}

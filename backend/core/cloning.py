@@ -326,22 +326,27 @@ def _run_clone(
 
 
 def reachable(checked: Checked, base: str, timeout: float) -> None:
-    """Ask the host for the repository's refs (`git ls-remote`) within `timeout` s; raise HostRefused if it cannot.
+    """Ask the host for the repository's HEAD and `base` (`git ls-remote`) within `timeout` s.
 
-    A `base` other than HEAD or a commit must name one of its branches or tags (refused naming `study.base`).
+    Raises HostRefused saying why not. A `base` that names a ref (not HEAD, a commit or a revision
+    expression, which only a clone can check) must be one of its branches or tags (refused naming
+    `study.base`).
     """
     url, config = pinned(checked)
-    args = ["ls-remote", "--", url]
+    named = (
+        base != "HEAD" and re.fullmatch(r"[\w./-]+", base) and not re.fullmatch(r"[0-9a-fA-F]{7,64}", base)
+    )
+    wanted = [f"refs/heads/{base}", f"refs/tags/{base}", base] if named else []
+    args = ["ls-remote", "--", url, "HEAD", *wanted]  # the refs asked for only: a small answer
     try:
         proc = gitops.run_captured(["git", *args], cwd=None, env=gitops.git_env(config), timeout=timeout)
     except subprocess.TimeoutExpired:
         raise HostRefused(f"repository: {checked.remote.host} did not answer within {timeout:g} s") from None
     if proc.returncode != 0:
-        said = failure(checked.remote.url, GitError(args, proc.returncode, proc.stderr))
+        said = failure(checked.remote.url, GitError(args, proc.returncode, proc.stderr[-4000:]))
         raise HostRefused(said.replace("could not clone from", "cannot read the repository at"))
-    refs = {line.split("\t", 1)[1] for line in proc.stdout.splitlines() if "\t" in line}
-    commit = re.fullmatch(r"[0-9a-f]{7,40}", base) is not None
-    if base != "HEAD" and not commit and not {base, f"refs/heads/{base}", f"refs/tags/{base}"} & refs:
+    refs = {line.split("\t", 1)[1] for line in proc.stdout.splitlines()[:100] if "\t" in line}
+    if named and not set(wanted) & refs:
         raise HostRefused(
             f"study.base: the repository at {checked.remote.host} has no branch or tag {base!r}"
         )

@@ -52,38 +52,42 @@ def _json_objects(text: str, newest_first: bool = False) -> Iterator[dict[str, A
             continue
         try:
             value = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):  # nested past the parser's depth: not metrics
+        except (ValueError, RecursionError):  # not JSON, an integer past the parser's limit, nested too deep
             continue
         if isinstance(value, dict):
             yield value
 
 
-def _is_step(value: dict[str, Any]) -> bool:
-    step = value.get("step")
-    return isinstance(step, int) and not isinstance(step, bool)
-
-
 def _last_json_line(text: str) -> dict[str, Any] | None:
-    """Return the last JSON-object line that is not a step record, else the last step record."""
-    last_step = None
-    for value in _json_objects(text, newest_first=True):
-        if not _is_step(value):
-            return value
-        last_step = last_step or value
-    return last_step
+    return next(_json_objects(text, newest_first=True), None)
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:  # an integer of hundreds of digits
+        return None
+    return f if math.isfinite(f) else None
+
+
+STEP_KEYS = 32  # the numbers of one step record that are kept
 
 
 def step_records(text: str, limit: int = 2000) -> list[dict[str, float]]:
     """Return the per-step records an evaluation printed: JSON-object lines with an integer `step`.
 
-    Only numeric values are kept; a long run is thinned evenly to at most `limit` records.
+    Only finite numbers are kept (at most `STEP_KEYS` a record); a long run is thinned evenly to
+    at most `limit` records.
     """
-    found = [
-        {k: float(v) for k, v in value.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-        for value in _json_objects(text)
-        if _is_step(value)
-    ]
-    found = [r for r in found if all(math.isfinite(v) for v in r.values())]
+    found = []
+    for value in _json_objects(text):
+        step = value.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or _number(step) is None:
+            continue
+        record = {k: x for k, x in ((str(k)[:64], _number(v)) for k, v in value.items()) if x is not None}
+        found.append(dict(list(record.items())[:STEP_KEYS]) | {"step": float(step)})
     if len(found) > limit:
         found = [found[int(i * len(found) / limit)] for i in range(limit)]
     return found

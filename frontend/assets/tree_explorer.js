@@ -35,6 +35,7 @@
   // Folded at first: pruned subtrees, and in a large tree every subtree with nothing worth a look.
   const folded = new Set();
   const opened = new Set();  // folded at first, opened by the viewer
+  const closed = new Set();  // folded by the viewer
   const keep = new Set();
   const ranked = nodes.filter((n) => n.g !== null).sort((a, b) => b.g - a.g).slice(0, 40);
   for (const n of nodes) {
@@ -179,19 +180,21 @@
   }
   // A running study's page redraws the tree as it grows: the view and the folds outlive a redraw.
   function save() {
-    try { sessionStorage.setItem(DATA.key, JSON.stringify({ k, tx, ty, hit, folded: [...folded], opened: [...opened] })); } catch (e) { /* no storage */ }
+    const state = { k, tx, ty, hit, opened: [...opened], closed: [...closed], q: search.value };
+    try { sessionStorage.setItem(DATA.key, JSON.stringify(state)); } catch (e) { /* no storage */ }
   }
-  function restore() {
-    try {
-      const s = JSON.parse(sessionStorage.getItem(DATA.key) || "null");
-      if (!s) return false;
-      folded.clear();
-      for (const id of s.folded) if (size.get(id)) folded.add(id);
-      for (const id of s.opened) opened.add(id);
-      hit = s.hit; k = s.k; tx = s.tx; ty = s.ty;
-      return true;
-    } catch (e) { return false; }
+  function restore() {  // the viewer's choices over the default folds, which a grown tree recomputes
+    let s;
+    try { s = JSON.parse(sessionStorage.getItem(DATA.key) || "null"); } catch (e) { return false; }
+    if (!s || typeof s.k !== "number" || !Array.isArray(s.opened) || !Array.isArray(s.closed)) return false;
+    for (const id of s.opened) if (byId.has(id)) { opened.add(id); folded.delete(id); }
+    for (const id of s.closed) if (size.get(id)) { closed.add(id); folded.add(id); }
+    hit = byId.has(s.hit) ? s.hit : null;
+    k = s.k; tx = s.tx; ty = s.ty;
+    search.value = typeof s.q === "string" ? s.q : "";
+    return true;
   }
+
   function zoomAt(factor, cx, cy) {
     const nk = Math.max(0.02, Math.min(4, k * factor));
     tx = cx - (cx - tx) * (nk / k);
@@ -220,7 +223,7 @@
   }
   function reveal(id) {  // open every folded ancestor of id
     let cur = byId.get(id).p;
-    while (cur !== null && byId.has(cur)) { folded.delete(cur); opened.add(cur); cur = byId.get(cur).p; }
+    while (cur !== null && byId.has(cur)) { folded.delete(cur); opened.add(cur); closed.delete(cur); cur = byId.get(cur).p; }
   }
 
   svg.addEventListener("wheel", (e) => {
@@ -248,7 +251,7 @@
     const f = e.target.closest && e.target.closest(".foldbox");
     if (!f) return;
     const id = Number(f.getAttribute("data-fold"));
-    if (folded.has(id)) { folded.delete(id); opened.add(id); } else { folded.add(id); opened.delete(id); }
+    if (folded.has(id)) { folded.delete(id); opened.add(id); closed.delete(id); } else { folded.add(id); closed.add(id); opened.delete(id); }
     const before = pos.get(id);
     draw();
     const after = pos.get(id);
@@ -283,7 +286,7 @@
   document.getElementById("zout").addEventListener("click", () => zoomAt(1 / 1.4, ...mid()));
   document.getElementById("fit").addEventListener("click", fit);
   document.getElementById("best").addEventListener("click", () => { if (DATA.trunk !== null) { reveal(DATA.trunk); draw(); centre(DATA.trunk, Math.max(k, 1)); } });
-  document.getElementById("unfold").addEventListener("click", () => { for (const id of folded) opened.add(id); folded.clear(); draw(); fit(); });
+  document.getElementById("unfold").addEventListener("click", () => { for (const id of folded) opened.add(id); folded.clear(); closed.clear(); draw(); fit(); });
 
   if (restore()) { draw(); apply(); } else {
     draw();

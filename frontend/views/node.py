@@ -13,9 +13,9 @@ from frontend import decisions, timeline, ui, verdicts
 
 def header(n: dict[str, Any], sid: int) -> None:
     title = n["title"] if len(n["title"]) <= 60 else n["title"][:59] + "…"
-    st.title(f"n{n['number']} · {title}")
+    st.title(f"n{n['number']} · {ui.inert_markdown(title)}")
     if title != n["title"]:
-        st.markdown(f"**{n['title']}**")
+        st.markdown(f"**{ui.inert_markdown(n['title'])}**")
     st.text(f"Fate: {n['fate']}")  # plain text: its words come from failures and reviewers
     st.caption(
         f"status **{n['status']}** · origin {n['origin']} · depth {n['depth']} · attempts {n['attempts']}"

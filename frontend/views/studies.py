@@ -56,9 +56,12 @@ def study_list() -> None:
         selection_mode="single-row",
         key="studies_table",
     )
+    # A row's place is in the list as it was drawn: a study created since then shifts the rows.
+    drawn = st.session_state.get("studies_drawn") or [s["id"] for s in studies]
+    st.session_state["studies_drawn"] = [s["id"] for s in studies]
     chosen = picked.selection.rows if picked is not None else []
-    if chosen:
-        st.switch_page(ui.PAGES["study"], query_params={"study": str(studies[chosen[0]]["id"])})
+    if chosen and chosen[0] < len(drawn):
+        st.switch_page(ui.PAGES["study"], query_params={"study": str(drawn[chosen[0]])})
     waiting = [s for s in studies if s["pending_approvals"]][:12]
     if waiting:
         cols = st.columns(min(4, len(waiting)))

@@ -109,13 +109,15 @@ def best_change(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
         else:
             n = api.node(s["id"], trunk["id"])
             lcb = verdicts.heldout_lcb(n)
-            ui.page_link("node", f"n{n['number']} · {n['title'][:70]}", study=s["id"], node=n["id"])
+            ui.page_link(
+                "node", f"n{n['number']} · {ui.inert_markdown(n['title'][:70])}", study=s["id"], node=n["id"]
+            )
             st.markdown(
                 f"held-out gain **{ui.fmt(n['heldout_gain'], True)}**"
                 + (f" ({lcb[0]} lower bound {ui.fmt(lcb[1], True)})" if lcb is not None else "")
                 + f" · dev gain {ui.fmt(n['gain'], True)}"
             )
-            st.caption(f"change: {verdicts.diff_summary(n)}")
+            st.caption(ui.inert_markdown(f"change: {verdicts.diff_summary(n)}"))
             for words in (verdicts.gate(n), verdicts.arex(n), n["fate"]):
                 if words:
                     st.text(words)  # plain text: a reason may quote a model or a repository
@@ -125,7 +127,9 @@ def best_change(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
         if c is None:
             st.write("None: no measured change is waiting for the gate or a decision.")
         else:
-            ui.page_link("node", f"n{c['number']} · {c['title'][:70]}", study=s["id"], node=c["id"])
+            ui.page_link(
+                "node", f"n{c['number']} · {ui.inert_markdown(c['title'][:70])}", study=s["id"], node=c["id"]
+            )
             st.markdown(
                 f"dev gain **{ui.fmt(c['gain'], True)}** (LCB {ui.fmt(c['gain_lcb'], True)})"
                 + (
@@ -476,7 +480,7 @@ def compare(api: Grove, s: dict[str, Any], measured: list[dict[str, Any]]) -> No
     for col_, nid in zip(st.columns(len(picks)), picks, strict=True):
         n = api.node(s["id"], nid)
         with col_:
-            st.markdown(f"**n{n['number']}** · {n['title']}")
+            st.markdown(f"**n{n['number']}** · {ui.inert_markdown(n['title'])}")
             st.text(f"fate: {n['fate']}")
             st.markdown(
                 f"dev {ui.mean_std(n['dev_values'])}  \n"

@@ -341,9 +341,10 @@ def test_a_nodes_dev_runs_step_records_are_its_training_curves(
         lambda: client.get(f"{API}/studies/{sid}", headers=op).json()["status"] == "finished", timeout=180
     )
     nodes = client.get(f"{API}/studies/{sid}/tree", headers=op).json()["nodes"]
-    measured = next(n for n in nodes if n["parent_id"] is not None and n["dev_mean"] is not None)
+    measured = next(n for n in nodes if n["status"] == "merged" and n["parent_id"] is not None)
     detail = client.get(f"{API}/studies/{sid}/nodes/{measured['id']}", headers=op).json()
     dev = [r for r in detail["receipts"] if r["kind"] == "dev"]
+    assert any(r["kind"] != "dev" for r in detail["receipts"])  # the gate's runs, never charted
     assert dev and all(set(r["metrics"]) == {"score", "size"} for r in dev)  # the metrics line, not a step
     got = client.get(f"{API}/studies/{sid}/nodes/{measured['id']}/curves", headers=op).json()
     assert got["keys"] == ["loss", "lr"]

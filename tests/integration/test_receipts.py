@@ -71,24 +71,38 @@ def test_fingerprint_tracks_evaluator_files(tmp_path: Path) -> None:
     assert evaluation.fingerprint(tmp_path, ["eval.py"]) != fp
 
 
-def test_step_records_are_kept_apart_from_the_metrics(tmp_path: Path) -> None:
+def test_step_records_before_the_metrics_line_are_the_curves(tmp_path: Path) -> None:
     script = (
         "import json\n"
+        "print(json.dumps({'lr': 0.001}))\n"  # a config line: neither a step nor the metrics
         "for step in range(0, 50, 10):\n"
         "    print(json.dumps({'step': step, 'loss': 1 / (step + 1), 'phase': 'train'}))\n"
         "print(json.dumps({'score': 0.75}))\n"
-        "print(json.dumps({'step': 50, 'loss': 0.01}))\n"  # a step printed after the metrics
     )
     r = receipt(tmp_path, script)
     assert r.ok and r.metrics == {"score": 0.75}
     records = evaluation.step_records(Path(r.stdout_path).read_text())
-    assert [x["step"] for x in records] == [0, 10, 20, 30, 40, 50]
+    assert [x["step"] for x in records] == [0, 10, 20, 30, 40]
     assert records[1] == {"step": 10.0, "loss": 1 / 11}  # numbers only
     long = "\n".join(f'{{"step": {i}, "loss": {i}}}' for i in range(5000))
     thinned = evaluation.step_records(long, limit=100)
     assert len(thinned) == 100 and thinned[0]["step"] == 0 and thinned[-1]["step"] == 4950
-    only_steps = receipt(tmp_path, 'print(\'{"step": 3, "score": 0.5}\')')
-    assert only_steps.metrics == {
-        "step": 3,
-        "score": 0.5,
-    }  # no other line: the last step record is the metrics
+    # As before step records existed, the last JSON line is the metrics, a step record or not.
+    only_steps = receipt(tmp_path, 'print(\'{"lr": 0.1}\')\nprint(\'{"step": 3, "score": 0.5}\')')
+    assert only_steps.metrics == {"step": 3, "score": 0.5}
+
+
+def test_hostile_step_lines_are_left_out_not_a_crash() -> None:
+    huge = "9" * 400
+    text = "\n".join([
+        f'{{"step": 1, "loss": {huge}}}',  # past a float: that value is left out
+        f'{{"step": {huge}, "loss": 1}}',  # a step past a float: not a step record
+        '{"step": 2, "loss": ' + "1" * 5000 + "}",  # past Python's int-string limit: not JSON here
+        '{"step": 3, "loss": NaN, "acc": 0.5, "name": "x"}',
+        '{"step": true, "loss": 1}',
+        '{"step": 4, ' + ", ".join(f'"k{i}": {i}' for i in range(100)) + "}",
+    ])  # fmt: skip
+    records = evaluation.step_records(text)
+    assert [r["step"] for r in records] == [1, 3, 4]
+    assert records[0] == {"step": 1.0} and records[1] == {"step": 3.0, "acc": 0.5}
+    assert len(records[2]) == evaluation.STEP_KEYS and records[2]["k30"] == 30  # the first keys, step among them

@@ -116,3 +116,21 @@ def test_events_read_as_sentences() -> None:
     assert timeline.sentence(gated, number) == (
         "10:11:14 · n5 more dev runs asked (reason gain unclear at 2 seeds; seeds 4)"
     )
+
+
+def test_importance_takes_odd_values_in_its_stride() -> None:
+    space = Space(
+        {"wd": {"low": 1e-5, "high": 1e-1, "log": True}, "b": {"low": 0.0, "high": 1.0}},
+        {"wd": 0.0, "b": 0.5},
+    )
+    measured: list[tuple[dict[str, Any], float]] = [
+        ({"wd": 10 ** -(1 + i % 4), "b": i / 10}, float(i)) for i in range(10)
+    ]
+    measured += [
+        ({"wd": 0.0, "b": 0.5}, 1.0),
+        ({"wd": "high", "b": 0.2}, 2.0),
+        ({"wd": 10**400, "b": 0.1}, 3.0),
+    ]
+    measured += [({"wd": 1e-3, "b": 0.3}, float("nan"))]
+    found = importances(space, measured)
+    assert set(found) == {"wd", "b"} and abs(sum(found.values()) - 1) < 1e-9
