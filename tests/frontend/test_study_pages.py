@@ -293,7 +293,9 @@ def test_a_report_renders_no_image_or_link_that_would_fetch_from_elsewhere() -> 
 def test_live_output_shows_stderr_while_a_run_says_nothing_on_stdout(
     api: Api, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    files = tiny_files(name="quiet", experiments=1, sleep=60)  # stopped once seen: the page is drawn meanwhile
+    files = tiny_files(
+        name="quiet", experiments=1, sleep=60
+    )  # stopped once seen: the page is drawn meanwhile
     files["eval.py"] = files["eval.py"].replace(
         "time.sleep(", "print(f'loading shard {seed}', file=sys.stderr, flush=True)\ntime.sleep("
     )

@@ -105,4 +105,6 @@ def test_hostile_step_lines_are_left_out_not_a_crash() -> None:
     records = evaluation.step_records(text)
     assert [r["step"] for r in records] == [1, 3, 4]
     assert records[0] == {"step": 1.0} and records[1] == {"step": 3.0, "acc": 0.5}
-    assert len(records[2]) == evaluation.STEP_KEYS and records[2]["k30"] == 30  # the first keys, step among them
+    assert (
+        len(records[2]) == evaluation.STEP_KEYS and records[2]["k30"] == 30
+    )  # the first keys, step among them
