@@ -40,6 +40,7 @@ WORDS = {
     "job.crashed": "a job's worker died; the job runs again",
     "gate.refused": "the gate refused what a worker published",
     "notify.failed": "the approval webhook could not be called",
+    "llm.refused": "a model's answer was refused",
 }
 SHOWN = (
     "by",

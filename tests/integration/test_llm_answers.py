@@ -110,9 +110,9 @@ def test_answers_in_the_forms_open_models_write_complete_a_node(settings: Settin
     try:
         at = app_test(f"http://127.0.0.1:{port}/api/v1", token, page="views/node.py", study=study.id, node=2)
         assert not at.exception, at.exception
-        history = at.dataframe[-1].value.to_dict("records")
-        shown = [h for h in history if h["event"] == "llm.refused"]
-        assert len(shown) == 1 and "no verdict for readable" in shown[0]["details"]
+        history = next(t.value for t in at.text if " · n2 proposed" in t.value).splitlines()
+        shown = [h for h in history if "a model's answer was refused" in h]
+        assert len(shown) == 1 and "no verdict for readable" in shown[0], history
     finally:
         server.should_exit = True
         thread.join(timeout=30)
