@@ -7,12 +7,15 @@ document.addEventListener("click", (e) => {
   e.preventDefault();
   try {
     const top = window.parent.document;
+    const to = new URL(link.getAttribute("href"), window.parent.location.href);
+    if (to.origin !== window.parent.location.origin || !/^https?:$/.test(to.protocol)) return;  // pages of this dashboard only
     const a = top.createElement("a");
-    a.href = new URL(link.getAttribute("href"), window.parent.location.href).href;
+    a.href = to.href;
     top.body.appendChild(a);
     a.click();
     a.remove();
-  } catch (err) {
-    window.open(link.getAttribute("href"), "_blank");
+  } catch (err) {  // the page cannot be reached from here: a dashboard page's own link opens in a tab
+    const href = link.getAttribute("href");
+    if (/^[\w-]+\?[\w=&%.-]*$/.test(href)) window.open(href, "_blank");
   }
 });
