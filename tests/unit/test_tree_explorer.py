@@ -109,8 +109,13 @@ def test_events_read_as_sentences() -> None:
     number = {41: 5}
     merged = {"time": "2026-12-06T10:11:12.5", "type": "node.merged", "node_id": 41, "payload": {"by": "ada"}}
     assert timeline.sentence(merged, number) == "10:11:12 · n5 merged into trunk (by ada)"
-    odd = {"time": "2026-12-06T10:11:13", "type": "llm.refused", "node_id": None, "payload": {"x": {"y": 1}}}
-    assert timeline.sentence(odd, number) == "10:11:13 · llm refused"
+    odd = {
+        "time": "2026-12-06T10:11:13",
+        "type": "odd.thing_seen",
+        "node_id": None,
+        "payload": {"x": {"y": 1}},
+    }
+    assert timeline.sentence(odd, number) == "10:11:13 · odd thing seen"  # a type it has no words for
     gated = {"time": "2026-12-06T10:11:14", "type": "node.repeated", "node_id": 41,
              "payload": {"seeds": 4, "reason": "gain unclear at 2 seeds"}}  # fmt: skip
     assert timeline.sentence(gated, number) == (
