@@ -6,9 +6,10 @@ import math
 from html import escape
 from typing import Any
 
+from frontend.palette import GAIN_BETTER as POS
+from frontend.palette import GAIN_WORSE as NEG
+from frontend.palette import GAIN_ZERO as MID
 from frontend.tree_explorer import FOLLOW_LINKS
-
-NEG, MID, POS = "#d7191c", "#f7f7f7", "#2c7bb6"  # the tree's diverging gain scale
 
 
 def _mix(a: str, b: str, t: float) -> str:

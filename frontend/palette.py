@@ -18,6 +18,10 @@ STATUS = {
 }
 
 
+# A gain's colour, worse to better, in the tree and the parallel coordinates alike.
+GAIN_WORSE, GAIN_ZERO, GAIN_BETTER = "#d7191c", "#f7f7f7", "#2c7bb6"
+
+
 def colour(status: str) -> str:
     """Return a status's colour (grey for one the palette does not know)."""
     return STATUS.get(status, "#cccccc")

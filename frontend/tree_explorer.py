@@ -80,6 +80,7 @@ def data(
         "url": url,
         "key": key,
         "status": palette.STATUS,
+        "gain": [palette.GAIN_WORSE, palette.GAIN_ZERO, palette.GAIN_BETTER],
         "marks": MARKS,
     }
 

@@ -276,14 +276,15 @@ def importances(s: Session, st: Study) -> schemas.Importances:
     from agents.policies import optuna_bridge  # optuna loads only when asked
     from agents.policies.space import Space
 
-    space = search_space(s, st)
-    dims = {k: d.model_dump() for k, d in spec_of(st).search.items()}
+    space, spec = search_space(s, st), spec_of(st)
+    dims = {k: d.model_dump() for k, d in spec.search.items()}
     measured = [(p.values, p.dev) for p in space.points]
     if len(measured) > IMPORTANCE_POINTS:  # an even sample of a long history
         step = len(measured) / IMPORTANCE_POINTS
         measured = [measured[int(i * step)] for i in range(IMPORTANCE_POINTS)]
-    space_ = Space(dims, dict(st.base_values))
-    found = optuna_bridge.importances(space_, measured, spec_of(st).maximize) if dims else {}
+    found = (
+        optuna_bridge.importances(Space(dims, dict(st.base_values)), measured, spec.maximize) if dims else {}
+    )
     keys = [schemas.Importance(key=k, importance=v) for k, v in sorted(found.items(), key=lambda kv: -kv[1])]
     return schemas.Importances(
         metric=space.metric, method="PED-ANOVA (Optuna), top 10%", measured=len(measured), keys=keys

@@ -51,6 +51,7 @@
 
   const gains = nodes.map((n) => n.g).filter((g) => g !== null).map(Math.abs).sort((a, b) => a - b);
   const spread = gains.length ? gains[Math.floor(0.9 * (gains.length - 1))] || gains[gains.length - 1] || 1 : 1;
+  const [WORSE, ZERO, BETTER] = DATA.gain;
   function mix(a, b, t) {
     const pa = [1, 3, 5].map((i) => parseInt(a.slice(i, i + 2), 16));
     const pb = [1, 3, 5].map((i) => parseInt(b.slice(i, i + 2), 16));
@@ -59,7 +60,7 @@
   function fill(n) {  // diverging: red below 0, white at 0, blue above
     if (n.g === null) return "#ffffff";
     const t = Math.max(-1, Math.min(1, n.g / (spread || 1)));
-    return t >= 0 ? mix("#f7f7f7", "#2c7bb6", t) : mix("#f7f7f7", "#d7191c", -t);
+    return t >= 0 ? mix(ZERO, BETTER, t) : mix(ZERO, WORSE, -t);
   }
   const BADGE = { human: ["H", "#7b2d26"], constraint: ["C", "#b5179e"], gate: ["G", "#6a4c93"],
                   dev: ["D", "#8d6e63"], failed: ["\u00d7", "#e63946"], pruned: ["P", "#757575"], waiting: ["?", "#e76f51"] };
@@ -76,9 +77,9 @@
     s.appendChild(document.createTextNode(text));
     legend.appendChild(s);
   }
-  chip("#d7191c", "dev gain \u2212" + spread.toPrecision(2));
-  chip("#f7f7f7", "0", "#ccc");
-  chip("#2c7bb6", "+" + spread.toPrecision(2));
+  chip(WORSE, "dev gain \u2212" + spread.toPrecision(2));
+  chip(ZERO, "0", "#ccc");
+  chip(BETTER, "+" + spread.toPrecision(2));
   for (const [m, [letter, colour]] of Object.entries(BADGE)) {
     if (nodes.some((n) => n.m === m)) chip(colour, letter + " " + DATA.marks[m]);
   }

@@ -235,9 +235,14 @@ def plots(sid: int, progress: dict[str, Any]) -> None:
         st.vega_lite_chart(rows, spec, width="stretch", key="dev-scatter")
 
 
+def node_pages(sid: int) -> str:
+    """Return the address of the study's node pages, less the node id (relative: it works behind any host)."""
+    return f"node?study={sid}&node="
+
+
 def node_url(sid: int, node_id: int) -> str:
-    """Return the dashboard address of a node's page (relative, so it works behind any host)."""
-    return f"node?study={sid}&node={node_id}"
+    """Return the dashboard address of a node's page."""
+    return f"{node_pages(sid)}{node_id}"
 
 
 def search_space(api: Grove, s: dict[str, Any]) -> None:
@@ -255,7 +260,7 @@ def search_space(api: Grove, s: dict[str, Any]) -> None:
         space["metric"],
         s["baseline_dev"],
         s["direction"] == "maximize",
-        node_url(sid, 0)[:-1],
+        node_pages(sid),
     )
     components.html(chart, height=340, scrolling=True)
     st.markdown("**Which knobs matter**")
@@ -326,13 +331,10 @@ def improvement_state(state: dict[str, Any], number: dict[int, int]) -> None:
         ("Next plan", list(state.get("next_plan", []))),
     ]
     # Findings are sentences: they get the page's width; the shorter lists share a row.
-    (title, items), rest = sections[0], sections[1:]
-    st.markdown(f"**{title}**")
-    st.markdown("\n".join(f"- {i}" for i in items[-8:]) if items else "_none_")
-    for pair in (rest[:2], rest[2:]):
-        for col, (title, items) in zip(st.columns(2), pair, strict=True):
-            col.markdown(f"**{title}**")
-            col.markdown("\n".join(f"- {i}" for i in items[-8:]) if items else "_none_")
+    places = [st.container(), *st.columns(2), *st.columns(2)]
+    for place, (title, items) in zip(places, sections, strict=True):
+        place.markdown(f"**{title}**")
+        place.markdown("\n".join(f"- {i}" for i in items[-8:]) if items else "_none_")
 
 
 def events(api: Grove, sid: int, number: dict[int, int]) -> None:
@@ -353,7 +355,7 @@ def tree(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
     )
     height = 380 if len(nodes) <= 8 else 640
     page = tree_explorer.html(
-        nodes, t["trunk_node_id"], node_url(s["id"], 0)[:-1], height=height, key=f"grove-tree-{s['id']}"
+        nodes, t["trunk_node_id"], node_pages(s["id"]), height=height, key=f"grove-tree-{s['id']}"
     )
     components.html(page, height=height)
 

@@ -17,7 +17,8 @@ from backend.api import schemas, serializers
 from backend.api.deps import MAX_ID, CeleryDep, NodeId, Operator, Reader, SessionDep, SettingsDep, StudyId
 from backend.api.routes.studies import get_study
 from backend.core import gitops
-from backend.core.models import Event, InsightVersion, Node, ReceiptRow, Study
+from backend.core.config import Settings
+from backend.core.models import Event, InsightVersion, Node, ReceiptRow
 from backend.engine import evaluation
 from backend.services import fates, treebody
 from backend.services.records import add_event, spec_of
@@ -252,6 +253,13 @@ def live_output(
     )
 
 
+def stored_output(settings: Settings, study_name: str, recorded: str) -> Path | None:
+    """Return a run's stored output file if it still lies in the study's outputs folder, else None."""
+    path = Path(recorded).resolve()
+    outputs = (settings.data_dir / "outputs" / study_name).resolve()
+    return path if recorded and path.is_relative_to(outputs) and path.is_file() else None
+
+
 @router.get("/nodes/{node_id}/curves", response_model=schemas.Curves)
 def node_curves(
     study_id: StudyId, node_id: NodeId, s: SessionDep, settings: SettingsDep, who: Reader
@@ -264,11 +272,10 @@ def node_curves(
         .where(ReceiptRow.node_id == node_id, ReceiptRow.kind == "dev")
         .order_by(col(ReceiptRow.id))
     ).all()
-    outputs = (settings.data_dir / "outputs" / study.name).resolve()
     curves = []
     for r in rows:
-        path = Path(r.stdout_path).resolve()
-        if not r.stdout_path or not path.is_relative_to(outputs) or not path.is_file():
+        path = stored_output(settings, study.name, r.stdout_path)
+        if path is None:
             continue
         records = evaluation.step_records(path.read_text("utf-8", "replace"))
         if records:
@@ -290,9 +297,8 @@ def receipt_output(
     r = s.get(ReceiptRow, receipt_id)
     if r is None or r.study_id != study_id:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"study {study_id} has no receipt {receipt_id}")
-    path = Path(r.stdout_path if stream == "stdout" else r.stderr_path).resolve()
-    study = s.get(Study, study_id)
-    outputs = (settings.data_dir / "outputs" / (study.name if study else "")).resolve()
-    if not path.is_relative_to(outputs) or not path.is_file():
+    study = get_study(s, study_id)
+    path = stored_output(settings, study.name, r.stdout_path if stream == "stdout" else r.stderr_path)
+    if path is None:
         raise HTTPException(status.HTTP_410_GONE, f"the stored {stream} of receipt {receipt_id} is gone")
     return path.read_text("utf-8", "replace")
