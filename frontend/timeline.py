@@ -12,6 +12,7 @@ WORDS = {
     "node.verified": "verified",
     "node.integrated": "integrated into the tree",
     "node.repeated": "more dev runs asked",
+    "node.not_repeated": "no more dev runs: the gain is too small to confirm",
     "node.awaiting_approval": "passed the held-out gate; waits for a human decision",
     "node.gate_passed": "passed the held-out gate",
     "node.gate_failed": "did not pass the held-out gate",

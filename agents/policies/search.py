@@ -148,6 +148,18 @@ def _drivers(
     return {k for k, e in effect.items() if e >= 0.1 * top} if top > 0 else set(space.keys)
 
 
+def _mostly_numeric(space: Space) -> bool:
+    """Return whether at least half the keys are numbers (ranges or ordered lists), where a local search has steps.
+
+    A space of mostly unordered choices has no neighbourhood to refine: a trust region around the
+    best node would swap one category at a time on a model that has seen few of them (on the
+    research suite's categorical study that phase cost 0.04 of held-out gain), so the sampler
+    goes on to the end.
+    """
+    numeric = sum(1 for k in space.keys if space.is_range(k) or space.is_ordered(k))
+    return 2 * numeric >= len(space.keys)
+
+
 def _violation(rule: dict[str, Any], value: float) -> float:
     return max(optuna_bridge.constraint_values([rule], {rule["metric"]: value}).values())
 
@@ -213,7 +225,7 @@ class SearchPolicy:
                     (root, a, why, "restart" if failed >= 0 else "policy", failed if failed >= 0 else None)
                 )
         batch = ctx.free or ctx.k
-        if len(out) < batch and ctx.finishing():
+        if len(out) < batch and ctx.finishing() and _mostly_numeric(space):
             for parent, a in self._finish(ctx, space, rules, assignment, seen, rng, batch - len(out)):
                 seen.add(space.key_of(a))
                 out.append((parent, a, f"finishing: local search around n{parent.number}", "policy", None))

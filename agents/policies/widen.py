@@ -57,6 +57,10 @@ def on_bound(dim: dict[str, Any], value: float) -> str | None:
     return None
 
 
+def _whole(dim: dict[str, Any]) -> bool:
+    return float(dim["low"]).is_integer() and float(dim["high"]).is_integer()
+
+
 FLOORS = {"min_samples_split": 2.0}  # scikit-learn refuses less
 
 
@@ -99,6 +103,10 @@ def widen(
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue
+            if dim.get("integer") is None and _whole(dim) and isinstance(value, int):
+                # An integer key (whole bounds, an int value) stays one: a half-width step of an odd
+                # width would otherwise leave a fractional bound and let floats in.
+                dim["integer"] = True
             side = on_bound(dim, float(value))
             new = widened_bound(dim, side, key) if side else None
             if side is None or new is None:

@@ -80,6 +80,26 @@ class Plan:
         return Step.MORE
 
 
+def resolution(sd: float, plan: Plan) -> float:
+    """Return the mean paired gain that clears `plan`'s last look when the differences spread by `sd`.
+
+    A gain below it is more likely than not to fail even at the last look: racing it with more
+    seeds, here or at the sealed gate, buys a decision it would most likely lose.
+    """
+    n = plan.max_repeats
+    if n < 2 or not math.isfinite(sd):
+        return 0.0
+    return t_quantile(plan.alpha_at(n), n - 1) * sd / math.sqrt(n)
+
+
+def worth_racing(diffs: Sequence[float], *plans: Plan) -> bool:
+    """Return whether an unclear gain could clear the last look of every plan it must pass."""
+    if len(diffs) < 2:
+        return True
+    s = summarize(diffs)
+    return s.mean > max((resolution(s.std, p) for p in plans), default=0.0)
+
+
 _N = NormalDist()
 _GRID = 241  # points per look of the continuation density (odd, for Simpson's rule)
 _PATHS = 100_000  # simulated null studies that calibrate the t approximation

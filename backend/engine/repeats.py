@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from agents.spec import Spec
-from agents.tree.sequential import Plan, Step
+from agents.tree.sequential import Plan, Step, worth_racing
 from agents.tree.stats import same_every_seed
 from agents.verify.constraints import ConstraintRule, Verdict, verify_all
 from backend.core.config import Settings
@@ -61,6 +61,7 @@ def dev_runs(
     else:
         run = DevRuns(evaluate(None))
     plan = Plan(spec.evaluate.repeats, spec.evaluate.most_repeats)
+    gate = Plan(spec.gate.test_repeats, 3 * spec.gate.test_repeats)
     while all(r.ok for r in run.receipts):
         values = [r.objective(metric) or 0.0 for r in run.receipts]
         n = len(values)
@@ -77,6 +78,10 @@ def dev_runs(
         # Improving means beating trunk by plateau.min_gain, as integration judges it.
         diffs = [sign * (v - t) - spec.plateau.min_gain for v, t in zip(values, trunk, strict=False)]
         if plan.step(diffs) != Step.MORE:
+            break
+        if not worth_racing(diffs, plan, gate):
+            # Racing: more seeds go to gains that could pass, here and at the sealed gate.
+            store.event("node.not_repeated", node.id, {"seeds": n, "reason": "gain too small to confirm"})
             break
         target = plan.next_n(n)
         if store.not_worth_it(sum(values) / n, run.extra_runs, target - n):

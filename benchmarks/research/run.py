@@ -347,6 +347,7 @@ def main() -> None:
     ap.add_argument(
         "--sampler", default="auto", choices=["auto", "gp", "tpe", "random"], help="Grove's policy.sampler"
     )
+    ap.add_argument("--finish", type=float, help="Grove's policy.finish (default: the spec's default)")
     ap.add_argument("--baselines", nargs="+", choices=list(BASELINES), default=list(BASELINES))
     ap.add_argument(
         "--heldout-select",
@@ -382,6 +383,7 @@ def main() -> None:
                     args.parallel,
                     args.max_repeats,
                     args.sampler,
+                    args.finish,
                 )
                 ev = Evaluator(study, repo)
                 fut = pool.submit(grove, ev, repo, Path(tmp) / f"data-{name}-{seed}")

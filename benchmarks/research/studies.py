@@ -72,6 +72,7 @@ class Study:
         parallel: int,
         max_repeats: int | None = None,
         sampler: str = "auto",
+        finish: float | None = None,
     ) -> str:
         """Return the study's grove.toml."""
         cons = "".join(
@@ -130,6 +131,7 @@ class Study:
             kind = "search"
             sampler = "{sampler}"
             seed = {seed}
+            {"" if finish is None else f"finish = {finish}"}
 
             [plateau]
             warn = 1000
@@ -146,6 +148,7 @@ class Study:
         parallel: int,
         max_repeats: int | None = None,
         sampler: str = "auto",
+        finish: float | None = None,
     ) -> Path:
         """Write the study as a one-commit git repository on branch main."""
         path.mkdir(parents=True, exist_ok=True)
@@ -156,7 +159,7 @@ class Study:
             "bench.py": BENCH.replace("SALT = 0", f"SALT = {seed}"),
             "eval_dev.py": 'from bench import main\n\nmain("dev")\n',
             "eval_test.py": 'from bench import main\n\nmain("test")\n',
-            "grove.toml": self.spec(seed, experiments, parallel, max_repeats, sampler),
+            "grove.toml": self.spec(seed, experiments, parallel, max_repeats, sampler, finish),
         }
         for name, text in files.items():
             (path / name).write_text(text)

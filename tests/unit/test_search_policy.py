@@ -703,6 +703,35 @@ def test_the_last_share_of_the_budget_searches_locally_around_the_best_node() ->
     assert 0.005 < first["c.toml:t.lr"] <= 0.02 and first["c.toml:m.hidden"] == 32
 
 
+def test_a_space_of_mostly_unordered_choices_keeps_its_sampler_to_the_end() -> None:
+    choices = {
+        f"c.toml:m.{k}": {"values": vs, "low": None, "high": None, "log": False, "integer": None}
+        for k, vs in (
+            ("act", ["relu", "tanh", "gelu"]),
+            ("norm", ["none", "layer"]),
+            ("opt", ["sgd", "adam"]),
+        )
+    }
+    space = {**choices, "c.toml:t.lr": SPACE["c.toml:t.lr"]}
+    base = {"c.toml:m.act": "relu", "c.toml:m.norm": "none", "c.toml:m.opt": "sgd", "c.toml:t.lr": 0.001}
+    nodes = [ev(1, None, base, 0.5, "merged")]
+    for i, (act, norm, opt) in enumerate([("tanh", "layer", "adam"), ("gelu", "none", "adam")], start=2):
+        nodes.append(
+            ev(i, 1, {"c.toml:m.act": act, "c.toml:m.norm": norm, "c.toml:m.opt": opt}, 0.5 + i / 100)
+        )
+    late = replace(
+        ctx(nodes, round_no=9, k=2),
+        search_space=space,
+        base_values=base,
+        budget=20,
+        budget_left=3,
+        finish=0.25,
+    )
+    assert late.finishing()
+    props = SearchPolicy("tpe").ideate(late)
+    assert len(props) == 2 and not any("finishing" in p.hypothesis["mechanism"] for p in props)
+
+
 def test_the_finishing_phase_never_proposes_a_move_predicted_to_break_a_constraint() -> None:
     wide = widths_ctx([])
     # The best feasible node (width 32, 3,200 parameters) is the centre; width 128 broke the size bound.

@@ -40,3 +40,15 @@ def test_a_widened_range_stays_valid_for_its_kind() -> None:
         widened_bound({"low": 2, "high": 9, "integer": True}, "low", "p.yaml:tree.min_samples_split") is None
     )
     assert widened_bound({"low": 1e-4, "high": 1e-1, "log": True}, "low") == pytest.approx(1e-5)
+
+
+def test_an_integer_range_stays_integer_however_often_it_widens() -> None:
+    from agents.policies.space import Space
+
+    dims = {"c.toml:warmup": {"low": 0, "high": 10}}  # an int in the file, whole bounds: integers
+    space, found = widen(dims, [(4, 4, {"c.toml:warmup": 10}), (7, 7, {"c.toml:warmup": 15})])
+    assert [w.new for w in found] == [15.0, 23.0]  # 15 + 7.5 rounds out, not to a bound of 22.5
+    assert space["c.toml:warmup"]["integer"] is True
+    wide = Space(space, {"c.toml:warmup": 0})
+    assert wide.is_int("c.toml:warmup") and wide.snap("c.toml:warmup", 0.5) == 12
+    assert not wide.contains("c.toml:warmup", 19.5)
