@@ -17,6 +17,7 @@ frontier empty) does `approve` wait for the human.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -829,12 +830,28 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
 
 def search_space(study: StudyView, records: list[NodeRecord]) -> dict[str, dict[str, Any]]:
     """Return the `[search]` dimensions, widened where merged values sat on a bound (`policy.widen`)."""
-    return widen.widen(_dims(study), _merged(records))[0] if study.spec.policy.widen else _dims(study)
+    return _widened(study, records)[0] if study.spec.policy.widen else _dims(study)
 
 
 def widenings(study: StudyView, records: list[NodeRecord]) -> list[widen.Widening]:
     """Return every bound the merged nodes moved out, in merge order (none unless `policy.widen`)."""
-    return widen.widen(_dims(study), _merged(records))[1] if study.spec.policy.widen else []
+    return _widened(study, records)[1] if study.spec.policy.widen else []
+
+
+def _widened(
+    study: StudyView, records: list[NodeRecord]
+) -> tuple[dict[str, dict[str, Any]], list[widen.Widening]]:
+    history = [
+        widen.Measured(
+            r.evidence.id, r.completed_order, dict(r.evidence.edits), float(r.evidence.dev_mean),
+            float(r.evidence.dev_std or 0.0) / math.sqrt(max(r.evidence.dev_n, 1)),
+        )
+        for r in records
+        if r.completed_order and r.evidence.dev_mean is not None and r.evidence.status != NodeStatus.FAILED
+    ]  # fmt: skip
+    return widen.widen(
+        _dims(study), _merged(records), history, base=dict(study.base_values), maximize=study.spec.maximize
+    )
 
 
 def _dims(study: StudyView) -> dict[str, dict[str, Any]]:

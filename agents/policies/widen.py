@@ -1,8 +1,12 @@
 """Widen a `[search]` range on the side where a merged change landed on its bound.
 
-A merge at a range's bound says the optimum may lie beyond it. Replaying the merged nodes in
-order, each value within 2% of a bound (in the range's own coordinates: log or linear) moves that
-bound out — a log range by a factor of up to 10, a linear one by half its width — never past a
+A merge at a range's bound says the optimum may lie beyond it, if the bound is what made it
+better. Replaying the merged nodes in order, each value within 2% of a bound (in the range's own
+coordinates: log or linear) moves that bound out where the dev evidence known when the node
+completed shows the objective still rising toward the bound (`pays`): a local model of the
+measured nodes around the merged one predicts it better at the bound than a quarter of the range
+inward, by more than twice the typical standard error of a node's dev mean. A knob that barely
+matters, which a sampler often leaves at a bound, does not widen its range. The bound moves — a log range by a factor of up to 10, a linear one by half its width — never past a
 natural limit: 0 for a range that starts at or above 0, 1 for an integer range starting at 1,
 0 or 1 for a range inside [0, 1] (a probability or fraction), nor below what a parameter
 accepts (`min_samples_split` 2); a log range stays above 0.
@@ -12,8 +16,12 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from agents.policies.space import Space
 
 EDGE = 0.02
 
@@ -90,12 +98,63 @@ def widened_bound(dim: dict[str, Any], side: str, key: str = "") -> float | None
     return new if new != bound else None
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A node's dev evidence, as the widening of a range reads it."""
+
+    id: int
+    order: int  # when it completed (the coordinator's completion order)
+    edits: dict[str, Any]
+    dev_mean: float
+    se: float  # the standard error of its dev mean (0 for one run or a deterministic evaluator)
+
+
+INWARD = 0.25  # how far inside the bound (in the range's coordinates) the model compares against
+
+
+def pays(
+    dims: dict[str, dict[str, Any]],
+    base: dict[str, Any],
+    key: str,
+    side: str,
+    edits: dict[str, Any],
+    known: Sequence[Measured],
+    maximize: bool,
+) -> bool:
+    """Return whether the evidence shows the objective rising toward `key`'s bound at a merged node's values."""
+    from agents.policies.search import LocalModel  # numpy: loaded only where evidence is weighed
+
+    if len(known) < 3:
+        return False
+    space = Space(dims, base)
+    sign = 1.0 if maximize else -1.0
+    here = space.full({**base, **edits})
+    x = space.coord(key, space.value(here, key))
+    inside = {**here, key: space.snap(key, x - INWARD if side == "high" else x + INWARD)}
+    points = [
+        (space.full({**base, **m.edits}), sign * m.dev_mean) for m in known if math.isfinite(m.dev_mean)
+    ]
+    model = LocalModel(space, points, here, log=False)
+    lift = model.predict(here) - model.predict(inside)
+    return lift > 2 * statistics.median(m.se for m in known)
+
+
 def widen(
-    search: dict[str, dict[str, Any]], merged: list[tuple[int, int, dict[str, Any]]]
+    search: dict[str, dict[str, Any]],
+    merged: list[tuple[int, int, dict[str, Any]]],
+    history: Sequence[Measured] | None = None,
+    *,
+    base: dict[str, Any] | None = None,
+    maximize: bool = True,
 ) -> tuple[dict[str, dict[str, Any]], list[Widening]]:
-    """Return the search space widened by the merged nodes `(id, number, edits)`, in merge order."""
+    """Return the search space widened by the merged nodes `(id, number, edits)`, in merge order.
+
+    With `history` (every measured node), a bound moves only where `pays` finds the evidence known
+    when the merged node completed pointing past it; without it, every merge on a bound moves it.
+    """
     dims = copy.deepcopy(search)
     out = []
+    order = {m.id: m.order for m in history or ()}
     for node_id, number, edits in merged:
         for key, value in edits.items():
             dim = dims.get(key)
@@ -103,14 +162,20 @@ def widen(
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue
-            if dim.get("integer") is None and _whole(dim) and isinstance(value, int):
-                # An integer key (whole bounds, an int value) stays one: a half-width step of an odd
-                # width would otherwise leave a fractional bound and let floats in.
-                dim["integer"] = True
+            # An integer key (whole bounds, an int value) stays one: a half-width step of an odd
+            # width would otherwise leave a fractional bound and let floats in.
+            whole = dim.get("integer") is None and _whole(dim) and isinstance(value, int)
             side = on_bound(dim, float(value))
-            new = widened_bound(dim, side, key) if side else None
+            new = widened_bound({**dim, "integer": True} if whole else dim, side, key) if side else None
             if side is None or new is None:
                 continue
+            if history is not None:
+                cut = order.get(node_id, 0)
+                known = [m for m in history if 0 < m.order <= cut]
+                if not pays(dims, base or {}, key, side, edits, known, maximize):
+                    continue
             out.append(Widening(key, side, float(value), float(dim[side]), new, node_id, number))
             dim[side] = new
+            if whole:
+                dim["integer"] = True
     return dims, out

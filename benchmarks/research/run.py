@@ -348,6 +348,9 @@ def main() -> None:
         "--sampler", default="auto", choices=["auto", "gp", "tpe", "random"], help="Grove's policy.sampler"
     )
     ap.add_argument("--finish", type=float, help="Grove's policy.finish (default: the spec's default)")
+    ap.add_argument(
+        "--no-widen", action="store_true", help="Grove keeps every range as declared (policy.widen = false)"
+    )
     ap.add_argument("--baselines", nargs="+", choices=list(BASELINES), default=list(BASELINES))
     ap.add_argument(
         "--heldout-select",
@@ -384,6 +387,7 @@ def main() -> None:
                     args.max_repeats,
                     args.sampler,
                     args.finish,
+                    not args.no_widen,
                 )
                 ev = Evaluator(study, repo)
                 fut = pool.submit(grove, ev, repo, Path(tmp) / f"data-{name}-{seed}")

@@ -73,6 +73,7 @@ class Study:
         max_repeats: int | None = None,
         sampler: str = "auto",
         finish: float | None = None,
+        widen: bool = True,
     ) -> str:
         """Return the study's grove.toml."""
         cons = "".join(
@@ -132,6 +133,7 @@ class Study:
             sampler = "{sampler}"
             seed = {seed}
             {"" if finish is None else f"finish = {finish}"}
+            {"" if widen else "widen = false"}
 
             [plateau]
             warn = 1000
@@ -149,6 +151,7 @@ class Study:
         max_repeats: int | None = None,
         sampler: str = "auto",
         finish: float | None = None,
+        widen: bool = True,
     ) -> Path:
         """Write the study as a one-commit git repository on branch main."""
         path.mkdir(parents=True, exist_ok=True)
@@ -159,7 +162,7 @@ class Study:
             "bench.py": BENCH.replace("SALT = 0", f"SALT = {seed}"),
             "eval_dev.py": 'from bench import main\n\nmain("dev")\n',
             "eval_test.py": 'from bench import main\n\nmain("test")\n',
-            "grove.toml": self.spec(seed, experiments, parallel, max_repeats, sampler, finish),
+            "grove.toml": self.spec(seed, experiments, parallel, max_repeats, sampler, finish, widen),
         }
         for name, text in files.items():
             (path / name).write_text(text)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from agents.policies.widen import on_bound, widen, widened_bound
@@ -52,3 +54,33 @@ def test_an_integer_range_stays_integer_however_often_it_widens() -> None:
     wide = Space(space, {"c.toml:warmup": 0})
     assert wide.is_int("c.toml:warmup") and wide.snap("c.toml:warmup", 0.5) == 12
     assert not wide.contains("c.toml:warmup", 19.5)
+
+
+def test_a_bound_widens_only_where_the_evidence_rises_toward_it() -> None:
+    from agents.policies.widen import Measured
+
+    dims = {"c.toml:depth": {"low": 1, "high": 8}, "c.toml:lr": {"low": 1e-4, "high": 1e-1, "log": True}}
+    base = {"c.toml:depth": 2, "c.toml:lr": 0.01}
+    tried = [(1, 0.01), (2, 0.003), (4, 0.02), (5, 0.01), (6, 0.005), (3, 0.001), (8, 0.01)]
+
+    def history(score: object) -> list[Measured]:
+        return [
+            Measured(i, i, {"c.toml:depth": d, "c.toml:lr": lr}, score(d), 0.004)  # type: ignore[operator]
+            for i, (d, lr) in enumerate(tried, start=2)
+        ]
+
+    merged = [(8, 8, {"c.toml:depth": 8, "c.toml:lr": 0.01})]  # the last node tried, on depth's bound
+    rising = history(lambda d: 0.5 + 0.05 * math.log2(1 + d))  # deeper is still better at 8
+    space, found = widen(dims, merged, rising, base=base)
+    assert [(w.key, w.side, w.new) for w in found] == [("c.toml:depth", "high", 12.0)]
+    assert space["c.toml:depth"]["high"] == 12.0
+    # A knob that barely matters (its best is at 5, and 8 costs 0.012) stays in its range, as does
+    # one the history has not yet shown rising (too few nodes known when the merged one completed).
+    flat = history(lambda d: 0.6 - 0.004 * abs(d - 5))
+    assert widen(dims, merged, flat, base=base) == (dims, [])
+    early = [m for m in rising if m.order <= 2] + [Measured(8, 3, merged[0][2], 0.66, 0.004)]
+    assert widen(dims, merged, early, base=base)[1] == []
+    # Minimizing turns the evidence round: a loss that falls with depth widens it too.
+    falling = [Measured(m.id, m.order, m.edits, -m.dev_mean, m.se) for m in rising]
+    assert widen(dims, merged, falling, base=base, maximize=False)[1] != []
+    assert widen(dims, merged, falling, base=base, maximize=True)[1] == []
