@@ -949,7 +949,12 @@ class Recording(SearchPolicy):
 def test_a_merge_on_a_range_bound_is_a_finding_and_widens_the_range_for_later_proposals() -> None:
     mem = Memory(mode="auto", experiments=4)
     toml = tiny_files(mode="auto", experiments=4)["grove.toml"]
+    toml = toml.replace("parallel = 2\n", "parallel = 1\n")  # it runs alone, on the trunk it was built on
     mem.spec = parse_spec(toml.replace("values = [0, 1, 2, 3, 4, 5]", "low = 0.5, high = 3.0"))
+    # Measured before it: the score rises toward x = 3 (10 - (x - 3)^2), evidence the bound may hold it back.
+    for order, x in enumerate((1.0, 1.5, 2.0), start=1):
+        row = mem.add(1, f"x to {x}", {"config.toml:knob.x": x}, status="evaluated", dev=[10 - (x - 3) ** 2])
+        mem.rows[row]["order"] = order
     at_bound = mem.add(1, "x to its upper bound", {"config.toml:knob.x": 3.0})  # the best score: 10
     policy = Recording()
     drive(mem, {}, policy)
@@ -957,8 +962,11 @@ def test_a_merge_on_a_range_bound_is_a_finding_and_widens_the_range_for_later_pr
     assert "search.widened" in mem.events
     finding = next(f for f in mem.state["verified_findings"] if "high bound" in f["text"])
     assert finding["node_ids"] == [at_bound] and "later proposals may go to 4.25" in finding["text"]
-    assert policy.spaces[0]["config.toml:knob.x"]["high"] == 3.0
+    assert mem.spec.search["config.toml:knob.x"].high == 3.0  # the spec itself is not rewritten
     assert policy.spaces[-1]["config.toml:knob.x"]["high"] == 4.25  # half the width beyond the old bound
+    assert any(
+        r["edits"]["config.toml:knob.x"] > 3.0 for r in mem.rows.values()
+    )  # a later proposal went there
 
 
 def test_widening_is_off_with_policy_widen_false() -> None:
