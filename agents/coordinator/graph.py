@@ -846,8 +846,9 @@ def _widened(
             r.evidence.id, r.completed_order, dict(r.evidence.edits), float(r.evidence.dev_mean),
             float(r.evidence.dev_std or 0.0) / math.sqrt(max(r.evidence.dev_n, 1)),
         )
-        for r in records
-        if r.completed_order and r.evidence.dev_mean is not None and r.evidence.status != NodeStatus.FAILED
+        for r in records  # the root (the unchanged repository) is known from the start: order 0
+        if (r.completed_order or r.evidence.parent_id is None)
+        and r.evidence.dev_mean is not None and r.evidence.status != NodeStatus.FAILED
     ]  # fmt: skip
     return widen.widen(
         _dims(study), _merged(records), history, base=dict(study.base_values), maximize=study.spec.maximize

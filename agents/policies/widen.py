@@ -124,7 +124,7 @@ def pays(
     """Return whether the evidence shows the objective rising toward `key`'s bound at a merged node's values."""
     from agents.policies.search import LocalModel  # numpy: loaded only where evidence is weighed
 
-    if len(known) < 3:
+    if len(known) < 2:  # at least the unchanged repository and the merged node
         return False
     space = Space(dims, base)
     sign = 1.0 if maximize else -1.0
@@ -171,7 +171,7 @@ def widen(
                 continue
             if history is not None:
                 cut = order.get(node_id, 0)
-                known = [m for m in history if 0 < m.order <= cut]
+                known = [m for m in history if m.order <= cut]  # the root's 0 is always known
                 if not pays(dims, base or {}, key, side, edits, known, maximize):
                     continue
             out.append(Widening(key, side, float(value), float(dim[side]), new, node_id, number))
