@@ -330,6 +330,30 @@ def report(results: dict[str, dict[str, list[dict[str, Any]]]], rows: list[str])
             print(f"| {name} | " + " | ".join(cells) + " |")
         print()
     print("= : the study has no constraints, so the method is the same as the one without +c")
+    print()
+    print("## Grove minus the best baseline (by mean held-out gain, as chosen on dev), paired by seed")
+    print("| study | best baseline | difference mean ± sd | ahead by more than one sd |")
+    print("|---|---|---|---|")
+    for name, by in results.items():
+        best, diffs = paired(STUDIES[name], by)
+        if best:
+            ahead = len(diffs) > 1 and statistics.fmean(diffs) > statistics.stdev(diffs)
+            print(f"| {name} | {best} | {mean_sd(diffs)} | {'yes' if ahead else 'no'} |")
+
+
+def paired(study: BenchStudy, by: dict[str, list[dict[str, Any]]]) -> tuple[str, list[float]]:
+    """Return the baseline with the best mean held-out gain and Grove's gain minus its gain, seed by seed."""
+    means = {
+        m: statistics.fmean(gain(study, r) for r in rs)
+        for m, rs in by.items()
+        if m != "grove" and not m.endswith("+check") and rs
+    }
+    if not means or not by.get("grove"):
+        return "", []
+    best = max(means, key=lambda m: (means[m], m))
+    theirs = {r.get("seed", i): gain(study, r) for i, r in enumerate(by[best])}
+    ours = {r.get("seed", i): gain(study, r) for i, r in enumerate(by["grove"])}
+    return best, [ours[s] - theirs[s] for s in sorted(ours) if s in theirs]
 
 
 def main() -> None:
@@ -396,6 +420,8 @@ def main() -> None:
         for name, seed, ev, _ in runs:
             for method in methods_for(ev.study, args.baselines):
                 r = baseline(ev, method, seed, args.experiments, args.heldout_select)
+                for kept in r.values():
+                    kept["seed"] = seed
                 results[name].setdefault(method, []).append(r["dev"])
                 if "check" in r:
                     results[name].setdefault(f"{method} +check", []).append(r["check"])
@@ -406,7 +432,7 @@ def main() -> None:
             except Exception as exc:  # one broken run is reported, the suite goes on
                 print(f"{name} seed {seed}: grove run failed: {exc}", flush=True)
                 continue
-            results[name]["grove"].append(r)
+            results[name]["grove"].append({**r, "seed": seed})
             print(
                 f"{name} seed {seed}: grove held-out gain {gain(ev.study, r):+.4f} "
                 f"(merges {r['merges']}, jobs {r['jobs']}, {r['seconds']:.0f} s)",
