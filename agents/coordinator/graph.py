@@ -37,7 +37,7 @@ from agents.tree.gate import eligible
 from agents.tree.insights import backpropagate
 from agents.tree.model import Tree, TreeNode
 from agents.tree.sequential import Plan
-from agents.tree.stats import gain_over
+from agents.tree.stats import gain_over, summarize
 from agents.tree.status import NodeStatus
 from agents.verify.arex import Assessment, Decision, assess, blameless
 from agents.verify.constraints import ConstraintResult, ConstraintRule, Verdict, all_satisfied, verify_all
@@ -841,18 +841,24 @@ def widenings(study: StudyView, records: list[NodeRecord]) -> list[widen.Widenin
 def _widened(
     study: StudyView, records: list[NodeRecord]
 ) -> tuple[dict[str, dict[str, Any]], list[widen.Widening]]:
+    # Each node's first look (`repeats` seeds): trunk's later seeds would change what an earlier
+    # widening was decided on, and every ideation decides them all again.
+    first = max(study.spec.evaluate.repeats, 1)
     history = [
-        widen.Measured(
-            r.evidence.id, r.completed_order, dict(r.evidence.edits), float(r.evidence.dev_mean),
-            float(r.evidence.dev_std or 0.0) / math.sqrt(max(r.evidence.dev_n, 1)),
-        )
+        widen.Measured(r.evidence.id, r.completed_order, dict(r.evidence.edits), *_first_look(r.dev_values[:first]))
         for r in records  # the root (the unchanged repository) is known from the start: order 0
         if (r.completed_order or r.evidence.parent_id is None)
-        and r.evidence.dev_mean is not None and r.evidence.status != NodeStatus.FAILED
+        and r.dev_values and r.evidence.status != NodeStatus.FAILED
     ]  # fmt: skip
     return widen.widen(
         _dims(study), _merged(records), history, base=dict(study.base_values), maximize=study.spec.maximize
     )
+
+
+def _first_look(values: list[float]) -> tuple[float, float]:
+    """Return the mean of some dev values and its standard error (0 for one value)."""
+    s = summarize(values)
+    return s.mean, s.std / math.sqrt(s.n)
 
 
 def _dims(study: StudyView) -> dict[str, dict[str, Any]]:
