@@ -139,6 +139,44 @@ def pays(
     return lift > 2 * statistics.median(m.se for m in known)
 
 
+# `pays` answers, by what they depend on: the coordinator replays every widening at each ideation,
+# and at thousands of nodes one answer costs half a second. What a node completed before stays as
+# it was (the first look's values), so an answer holds.
+_PAID: dict[tuple[Any, ...], bool] = {}
+
+
+def _pays_once(
+    dims: dict[str, dict[str, Any]],
+    base: dict[str, Any],
+    key: str,
+    side: str,
+    node: tuple[int, dict[str, Any]],
+    known: Sequence[Measured],
+    maximize: bool,
+) -> bool:
+    seen = (
+        len(known),
+        math.fsum(m.dev_mean for m in known),
+        math.fsum(m.se for m in known),
+        max((m.id for m in known), default=0),
+    )
+    memo = (
+        repr(sorted(dims.items())),
+        repr(sorted(base.items())),
+        key,
+        side,
+        node[0],
+        repr(node[1]),
+        seen,
+        maximize,
+    )
+    if memo not in _PAID:
+        if len(_PAID) > 10_000:
+            _PAID.clear()
+        _PAID[memo] = pays(dims, base, key, side, node[1], known, maximize)
+    return _PAID[memo]
+
+
 def widen(
     search: dict[str, dict[str, Any]],
     merged: list[tuple[int, int, dict[str, Any]]],
@@ -172,7 +210,7 @@ def widen(
             if history is not None:
                 cut = order.get(node_id, 0)
                 known = [m for m in history if m.order <= cut]  # the root's 0 is always known
-                if not pays(dims, base or {}, key, side, edits, known, maximize):
+                if not _pays_once(dims, base or {}, key, side, (node_id, edits), known, maximize):
                     continue
             out.append(Widening(key, side, float(value), float(dim[side]), new, node_id, number))
             dim[side] = new
