@@ -153,8 +153,8 @@ def _mostly_numeric(space: Space) -> bool:
 
     A space of mostly unordered choices has no neighbourhood to refine: a trust region around the
     best node would swap one category at a time on a model that has seen few of them (on the
-    research suite's categorical study that phase cost 0.04 of held-out gain), so the sampler
-    goes on to the end.
+    research suite's categorical study, +0.649 ± 0.077 with the phase against +0.698 ± 0.053
+    without it, 5 seeds), so the sampler goes on to the end.
     """
     numeric = sum(1 for k in space.keys if space.is_range(k) or space.is_ordered(k))
     return 2 * numeric >= len(space.keys)

@@ -5,7 +5,8 @@ better. Replaying the merged nodes in order, each value within 2% of a bound (in
 coordinates: log or linear) moves that bound out where the dev evidence known when the node
 completed shows the objective still rising toward the bound (`pays`): a local model of the
 measured nodes around the merged one predicts it better at the bound than a quarter of the range
-inward, by more than twice the typical standard error of a node's dev mean. A knob that barely
+inward, by more than twice the typical standard error of a node's dev mean (and more than a
+hundredth of the spread of the measured means, where runs repeat exactly). A knob that barely
 matters, which a sampler often leaves at a bound, does not widen its range. The bound moves — a log range by a factor of up to 10, a linear one by half its width — never past a
 natural limit: 0 for a range that starts at or above 0, 1 for an integer range starting at 1,
 0 or 1 for a range inside [0, 1] (a probability or fraction), nor below what a parameter
@@ -122,21 +123,30 @@ def pays(
     maximize: bool,
 ) -> bool:
     """Return whether the evidence shows the objective rising toward `key`'s bound at a merged node's values."""
-    from agents.policies.search import LocalModel  # numpy: loaded only where evidence is weighed
+    import numpy as np  # loaded only where evidence is weighed
 
+    from agents.policies.search import LocalModel
+
+    known = [m for m in known if math.isfinite(m.dev_mean) and math.isfinite(m.se)]
     if len(known) < 2:  # at least the unchanged repository and the merged node
         return False
-    space = Space(dims, base)
     sign = 1.0 if maximize else -1.0
-    here = space.full({**base, **edits})
-    x = space.coord(key, space.value(here, key))
-    inside = {**here, key: space.snap(key, x - INWARD if side == "high" else x + INWARD)}
-    points = [
-        (space.full({**base, **m.edits}), sign * m.dev_mean) for m in known if math.isfinite(m.dev_mean)
-    ]
-    model = LocalModel(space, points, here, log=False)
-    lift = model.predict(here) - model.predict(inside)
-    return lift > 2 * statistics.median(m.se for m in known)
+    values = [m.dev_mean for m in known]
+    # Twice a node mean's typical error; where runs repeat exactly (se 0), a hundredth of the spread
+    # of what was measured, so a ridge fit's sign on a knob that does nothing is not a rise.
+    spread = max(values) - min(values)
+    bar = max(2 * statistics.median(m.se for m in known), 0.01 * spread, 1e-9 * max(map(abs, values)))
+    try:
+        space = Space(dims, base)
+        here = space.full({**base, **edits})
+        x = space.coord(key, space.value(here, key))
+        inside = {**here, key: space.snap(key, x - INWARD if side == "high" else x + INWARD)}
+        points = [(space.full({**base, **m.edits}), sign * m.dev_mean) for m in known]
+        model = LocalModel(space, points, here, log=False)
+        lift = model.predict(here) - model.predict(inside)
+    except (ArithmeticError, TypeError, ValueError, np.linalg.LinAlgError):  # odd values: no evidence
+        return False
+    return math.isfinite(lift) and lift > bar
 
 
 # `pays` answers, by what they depend on: the coordinator replays every widening at each ideation,
@@ -202,7 +212,13 @@ def widen(
                 continue
             # An integer key (whole bounds, an int value) stays one: a half-width step of an odd
             # width would otherwise leave a fractional bound and let floats in.
-            whole = dim.get("integer") is None and _whole(dim) and isinstance(value, int)
+            cur = (base or {}).get(key, value)  # the repository's value decides, as `Space.is_int` does
+            whole = (
+                dim.get("integer") is None
+                and _whole(dim)
+                and isinstance(cur, int)
+                and not isinstance(cur, bool)
+            )
             side = on_bound(dim, float(value))
             new = widened_bound({**dim, "integer": True} if whole else dim, side, key) if side else None
             if side is None or new is None:

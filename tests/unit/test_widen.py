@@ -84,3 +84,41 @@ def test_a_bound_widens_only_where_the_evidence_rises_toward_it() -> None:
     falling = [Measured(m.id, m.order, m.edits, -m.dev_mean, m.se) for m in rising]
     assert widen(dims, merged, falling, base=base, maximize=False)[1] != []
     assert widen(dims, merged, falling, base=base, maximize=True)[1] == []
+
+
+def test_a_rise_smaller_than_the_noise_or_than_a_hundredth_of_the_spread_widens_nothing() -> None:
+    from agents.policies.widen import Measured
+
+    dims = {"c.toml:depth": {"low": 1, "high": 8}, "c.toml:lr": {"low": 1e-4, "high": 1e-1, "log": True}}
+    base = {"c.toml:depth": 2, "c.toml:lr": 0.01}
+    tried = [(1, 0.01), (2, 0.003), (4, 0.02), (5, 0.01), (6, 0.005), (3, 0.001), (8, 0.01)]
+    merged = [(8, 8, {"c.toml:depth": 8, "c.toml:lr": 0.01})]
+
+    def history(score: object, se: float) -> list[Measured]:
+        return [
+            Measured(i, i, {"c.toml:depth": d, "c.toml:lr": lr}, score(d, lr), se)  # type: ignore[operator]
+            for i, (d, lr) in enumerate(tried, start=2)
+        ]
+
+    # Depth is worth 0.001 a step, under twice a node mean's error (0.004).
+    assert widen(dims, merged, history(lambda d, lr: 0.5 + 0.001 * d, 0.004), base=base)[1] == []
+    # A deterministic evaluator (se 0): the learning rate moves the score, depth does nothing.
+    idle = history(lambda d, lr: 0.5 + 0.05 * math.log10(lr), 0.0)
+    assert widen(dims, merged, idle, base=base)[1] == []
+    # The same evaluator where depth matters: the bound moves.
+    deep = history(lambda d, lr: 0.5 + 0.05 * math.log10(lr) + 0.02 * d, 0.0)
+    assert [w.key for w in widen(dims, merged, deep, base=base)[1]] == ["c.toml:depth"]
+    # A value the model cannot read is no evidence (and no crash).
+    odd = [*deep, Measured(99, 1, {"c.toml:depth": "deep", "c.toml:lr": 0.01}, 0.7, 0.0)]
+    assert widen(dims, merged, odd, base=base)[1] == []
+
+
+def test_the_repositorys_value_decides_whether_a_range_is_integer() -> None:
+    from agents.policies.widen import Measured
+
+    dims = {"c.toml:wd": {"low": 0, "high": 10}}  # whole bounds, but the file holds a float
+    rising = [Measured(i, i, {"c.toml:wd": float(x)}, x / 10, 0.001) for i, x in enumerate((0, 2, 5, 7), 2)]
+    merged = [(9, 9, {"c.toml:wd": 10})]  # a human wrote an int
+    history = [*rising, Measured(9, 9, {"c.toml:wd": 10}, 1.0, 0.001)]
+    space, found = widen(dims, merged, history, base={"c.toml:wd": 0.0})
+    assert found and "integer" not in space["c.toml:wd"]
