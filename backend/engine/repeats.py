@@ -79,7 +79,8 @@ def dev_runs(
         diffs = [sign * (v - t) - spec.plateau.min_gain for v, t in zip(values, trunk, strict=False)]
         if plan.step(diffs) != Step.MORE:
             break
-        if not worth_racing(diffs, plan, gate):
+        at_gate = [d + spec.plateau.min_gain - spec.gate.margin for d in diffs]  # the gate's own bar
+        if not (worth_racing(diffs, plan) and worth_racing(at_gate, gate)):
             # Racing: more seeds go to gains that could pass, here and at the sealed gate.
             store.event("node.not_repeated", node.id, {"seeds": n, "reason": "gain too small to confirm"})
             break
