@@ -7,10 +7,11 @@ completed shows the objective still rising toward the bound (`pays`): a local mo
 measured nodes around the merged one predicts it better at the bound than a quarter of the range
 inward, by more than twice the typical standard error of a node's dev mean (and more than a
 hundredth of the spread of the measured means, where runs repeat exactly). A knob that barely
-matters, which a sampler often leaves at a bound, does not widen its range. The bound moves — a log range by a factor of up to 10, a linear one by half its width — never past a
-natural limit: 0 for a range that starts at or above 0, 1 for an integer range starting at 1,
-0 or 1 for a range inside [0, 1] (a probability or fraction), nor below what a parameter
-accepts (`min_samples_split` 2); a log range stays above 0.
+matters, which a sampler often leaves at a bound, does not widen its range. The bound moves — a
+log range by a factor of up to 10, a linear one by half its width — never past a natural limit:
+0 for a range that starts at or above 0, 1 for an integer range starting at 1, 0 or 1 for a range
+inside [0, 1] (a probability or fraction), nor below what a parameter accepts
+(`min_samples_split` 2); a log range stays above 0.
 """
 
 from __future__ import annotations
@@ -66,10 +67,6 @@ def on_bound(dim: dict[str, Any], value: float) -> str | None:
     return None
 
 
-def _whole(dim: dict[str, Any]) -> bool:
-    return float(dim["low"]).is_integer() and float(dim["high"]).is_integer()
-
-
 FLOORS = {"min_samples_split": 2.0}  # scikit-learn refuses less
 
 
@@ -123,9 +120,7 @@ def pays(
     maximize: bool,
 ) -> bool:
     """Return whether the evidence shows the objective rising toward `key`'s bound at a merged node's values."""
-    import numpy as np  # loaded only where evidence is weighed
-
-    from agents.policies.search import LocalModel
+    from agents.policies.search import LocalModel  # numpy: loaded only where evidence is weighed
 
     known = [m for m in known if math.isfinite(m.dev_mean) and math.isfinite(m.se)]
     if len(known) < 2:  # at least the unchanged repository and the merged node
@@ -144,7 +139,7 @@ def pays(
         points = [(space.full({**base, **m.edits}), sign * m.dev_mean) for m in known]
         model = LocalModel(space, points, here, log=False)
         lift = model.predict(here) - model.predict(inside)
-    except (ArithmeticError, TypeError, ValueError, np.linalg.LinAlgError):  # odd values: no evidence
+    except (ArithmeticError, TypeError, ValueError):  # odd values (numpy's LinAlgError too): no evidence
         return False
     return math.isfinite(lift) and lift > bar
 
@@ -210,18 +205,14 @@ def widen(
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue
-            # An integer key (whole bounds, an int value) stays one: a half-width step of an odd
-            # width would otherwise leave a fractional bound and let floats in.
-            cur = (base or {}).get(key, value)  # the repository's value decides, as `Space.is_int` does
-            whole = (
-                dim.get("integer") is None
-                and _whole(dim)
-                and isinstance(cur, int)
-                and not isinstance(cur, bool)
-            )
             side = on_bound(dim, float(value))
-            new = widened_bound({**dim, "integer": True} if whole else dim, side, key) if side else None
-            if side is None or new is None:
+            if side is None:
+                continue
+            # An integer key stays one (a half-width step of an odd width would leave a fractional
+            # bound and let floats in); the repository's value decides where the spec does not say.
+            whole = Space({key: dim}, {key: (base or {}).get(key, value)}).is_int(key)
+            new = widened_bound({**dim, "integer": whole}, side, key)
+            if new is None:
                 continue
             if history is not None:
                 cut = order.get(node_id, 0)
@@ -231,5 +222,5 @@ def widen(
             out.append(Widening(key, side, float(value), float(dim[side]), new, node_id, number))
             dim[side] = new
             if whole:
-                dim["integer"] = True
+                dim["integer"] = True  # said once, so the next widening does not infer it again
     return dims, out

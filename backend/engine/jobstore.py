@@ -96,9 +96,8 @@ CALLS: dict[str, frozenset[str]] = {
     "heldout": _COMMON | {"finish_sealed", "baseline_heldout", "test_query"},
     "gate": _COMMON | {"finish_sealed", "gate_crashed", "test_query", "verdict", "keep_trunk_heldout"},
 }  # fmt: skip
-EVENTS = frozenset(
-    {"node.repeated", "node.not_repeated", "llm.refused"}
-)  # the only events a job writes by name
+# The only events a job writes by name.
+EVENTS = frozenset({"node.repeated", "node.not_repeated", "llm.refused"})
 REFLECTIONS = 5  # related reflections an executor is given
 HOLD_LIFETIME = timedelta(hours=1)  # a hold older than this belongs to a call that died
 LLM_FIELDS = frozenset({"node_id", "role", "model", "base_id", "base_len", "messages", "response",

@@ -98,14 +98,10 @@ def test_racing_spends_more_seeds_only_on_a_gain_the_last_look_could_confirm() -
     # Paired differences spread by about 0.0226 (two evaluations with 0.016 of their own noise each).
     undecided = [0.05, 0.02, 0.08]  # mean 0.05: unclear at three seeds, clear enough at nine
     hopeless = [-0.01, 0.02, 0.035]  # mean 0.015: below what nine seeds could confirm
-    assert plan_step(dev, undecided) == Step.MORE and plan_step(dev, hopeless) == Step.MORE
+    assert dev.step(undecided) == Step.MORE and dev.step(hopeless) == Step.MORE
     assert worth_racing(undecided, dev, gate)
     assert not worth_racing(hopeless, dev, gate)
     # The stricter plan decides: a gate of three seeds at most needs a larger gain than dev's nine.
     assert resolution(0.03, Plan(3, 3)) > resolution(0.03, Plan(3, 9)) > 0
     assert worth_racing([0.05, 0.02, 0.08], dev) and not worth_racing([0.05, 0.02, 0.08], dev, Plan(3, 3))
     assert worth_racing([0.1])  # one difference has no spread to judge by: looked at again
-
-
-def plan_step(plan: Plan, diffs: list[float]) -> Step:
-    return plan.step(diffs)
