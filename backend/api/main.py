@@ -12,7 +12,7 @@ from fastapi_offline import FastAPIOffline
 from agents.spec import SpecError
 from agents.tree.status import IllegalStudyTransition
 from backend.api.docs_policy import OfflineDocs
-from backend.api.limits import BodyLimit
+from backend.api.limits import BodyLimit, caps, token_roles
 from backend.api.routes import (
     approvals,
     events,
@@ -50,8 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.sse_open = {}
     app.add_middleware(
-        BodyLimit, max_bytes=settings.max_body_bytes,
-        larger={f"{API_PREFIX}/worker/": settings.max_upload_bytes},
+        BodyLimit, max_bytes=settings.max_body_bytes, larger=caps(settings, API_PREFIX), roles=token_roles(settings)
     )  # fmt: skip
     app.add_middleware(OfflineDocs)
     app.state.celery = make_app(settings)

@@ -123,10 +123,8 @@ def init_cmd(
         if commit:
             from backend.core import gitops
 
-            gitops.git("add", "--", *added, cwd=root)
-            gitops.git(
-                "commit", "-q", "-m", "Grove: evaluator adapter and data split", "--", *added, cwd=root
-            )
+            # The repository's own git config (filters, hooks, signing) runs nothing here.
+            gitops.commit_foreign(root, sorted(choices.writes), "Grove: evaluator adapter and data split")
             console.print("committed them (`git show --stat HEAD` lists them)")
         else:
             console.print(

@@ -64,8 +64,11 @@ class Settings(BaseSettings):
     disk_high_water: float = Field(default=0.9, ge=0.0, le=1.0)
     # Requests with a larger body get 413; each token may hold this many event streams open.
     max_body_bytes: int = 2_000_000
-    # A worker's uploads (a job's commits as a bundle, a run's full output) may be this large.
+    # A worker's bundle of a job's commits may be this large; a job's calls (its records) and its
+    # git fetch requests this large. Every other route takes `max_body_bytes`, a run's full output
+    # `output_cap_bytes`.
     max_upload_bytes: int = 512_000_000
+    max_call_bytes: int = 16_000_000
     sse_per_token: int = 8
     # Folders under which the API accepts local repository paths (comma separated; none by default).
     repo_roots: str = ""

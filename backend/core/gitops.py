@@ -47,6 +47,12 @@ SAFE_CONFIG = (
     ("core.sshCommand", "ssh -o BatchMode=yes"),
     ("core.askPass", "/bin/false"),
     ("submodule.recurse", "false"),
+    ("commit.gpgSign", "false"),
+    ("tag.gpgSign", "false"),
+    ("log.showSignature", "false"),
+    ("gpg.program", "/bin/false"),
+    ("gpg.ssh.program", "/bin/false"),
+    ("gpg.x509.program", "/bin/false"),
     ("safe.bareRepository", "explicit"),
     ("protocol.allow", "never"),
     ("protocol.https.allow", "always"),
@@ -176,6 +182,49 @@ def git(*args: str, cwd: Path | None = None, check: bool = True, timeout: float 
 def is_url(source: str) -> bool:
     """Return whether a repository source is a URL rather than a local path."""
     return "://" in source or (source.count(":") == 1 and "@" in source.split(":")[0])
+
+
+def real_git_dirs(path: Path) -> list[Path]:
+    """Return every folder a local repository's objects and refs are read from, resolved, without running git.
+
+    A `.git` that is a file (a worktree or submodule's gitfile) names its real git directory; a git
+    directory's `commondir` names the one its refs and objects live in; `objects/info/alternates`
+    names further object folders, which may have alternates of their own. A bare repository is its
+    own git directory.
+    """
+    seen: list[Path] = []
+
+    def add(p: Path) -> bool:
+        p = p.resolve()
+        if p in seen:
+            return False
+        seen.append(p)
+        return True
+
+    dot = path / ".git"
+    gitdir = path
+    if dot.is_file():
+        first = dot.read_text(errors="replace").partition("\n")[0].strip()
+        if first.startswith("gitdir:"):
+            gitdir = path / first.removeprefix("gitdir:").strip()
+    elif dot.is_dir():
+        gitdir = dot
+    queue = [gitdir]
+    while queue and len(seen) < 64:
+        here = queue.pop()
+        if not add(here):
+            continue
+        common = here / "commondir"
+        if common.is_file():
+            queue.append(here / common.read_text(errors="replace").strip())
+        objects = here / "objects"
+        alternates = objects / "info" / "alternates"
+        if alternates.is_file():
+            for line in alternates.read_text(errors="replace").splitlines():
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    queue.append(objects / line.strip('"'))
+    return seen
 
 
 def toplevel(path: Path) -> Path | None:
@@ -554,6 +603,47 @@ def _commit_staged(worktree: Path, message: str) -> str | None:
         return None
     git("-c", "maintenance.auto=false", "commit", "-q", "--no-verify", "-m", message, cwd=worktree)
     return git("rev-parse", "HEAD", cwd=worktree).strip()
+
+
+def commit_foreign(root: Path, files: list[str], message: str) -> str:
+    """Commit `files` of a repository Grove did not make, as they are on disk; return the commit.
+
+    Nothing the repository configures runs: blobs are written with `hash-object --no-filters` (no
+    clean or process filter of its `.gitattributes`), the tree is built in a scratch index from
+    HEAD, the commit by `commit-tree` (no hooks, no signing) and the branch moved by `update-ref`.
+    The repository's own index then records the same blobs, leaving the rest of it as it was, with
+    every filter driver it configures emptied (writing an index re-reads racily clean files).
+    """
+    names = run_git("config", "--name-only", "--get-regexp", r"^filter\.", cwd=root).stdout.split()
+    drivers = sorted({key.split(".", 1)[1].rsplit(".", 1)[0] for key in names if key.count(".") >= 2})
+    off = [a for d in drivers for v in ("clean=", "smudge=", "process=", "required=false")
+           for a in ("-c", f"filter.{d}.{v}")]  # fmt: skip
+    head = run_git("rev-parse", "--verify", "-q", "HEAD^{commit}", cwd=root).stdout.strip()
+    entries = []
+    for rel in files:
+        mode = "100755" if os.access(root / rel, os.X_OK) else "100644"
+        entries.append(
+            f"{mode},{git('hash-object', '-w', '--no-filters', '--', rel, cwd=root).strip()},{rel}"
+        )
+    with tempfile.TemporaryDirectory(prefix="grove-index-") as tmp:
+        env = {**git_env(), "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+
+        def scratch(*args: str) -> str:
+            done = run_captured(["git", *args], cwd=root, env=env, timeout=300)
+            if done.returncode:
+                raise GitError(list(args), done.returncode, done.stderr)
+            return done.stdout
+
+        if head:
+            scratch("read-tree", head)
+        for entry in entries:
+            scratch("update-index", "--add", "--cacheinfo", entry)
+        tree = scratch("write-tree").strip()
+    commit = git("commit-tree", tree, *(("-p", head) if head else ()), "-m", message, cwd=root).strip()
+    git("update-ref", "-m", f"grove: {message}", "HEAD", commit, head or "0" * len(commit), cwd=root)
+    for entry in entries:
+        git(*off, "update-index", "--add", "--cacheinfo", entry, cwd=root)
+    return commit
 
 
 def clone(source: str, dest: Path, timeout: float = 600) -> Repo:

@@ -203,24 +203,42 @@ def check_source(settings: Settings, source: str) -> None:
             raise SourceRefused(
                 f"repository: cannot expand {source.split('/', 1)[0]!r} on this server"
             ) from None
-        roots = [Path(r).expanduser().resolve() for r in settings.repo_roots.split(",") if r.strip()]
-        if not any(path.is_relative_to(r) for r in roots):
-            where = ", ".join(str(r) for r in roots) if roots else "no folder (GROVE_REPO_ROOTS is not set)"
-            raise SourceRefused(f"repository: local paths over the API must lie under {where}")
-        # Grove's own clones and worktrees hold other studies' histories, sealed files included; only
-        # the snapshots `grove submit` makes of plain folders (its imports) may be given from there.
-        data = settings.data_dir.expanduser().resolve()
-        imported = path.is_relative_to(data / "imports") and path != data / "imports"
-        for own in (data, settings.worktrees_dir.expanduser().resolve()):
-            if path.is_relative_to(own) and not imported:
+        _allowed_folder(settings, path)
+        # What git reads is judged too: a gitfile, `commondir` or alternates may lead from an allowed
+        # folder into another study's clone. Read only once the path itself passed, so that a refusal
+        # says nothing about what lies outside the roots.
+        try:
+            real = gitops.real_git_dirs(path)
+        except OSError:
+            real = []
+        for gitdir in real:
+            try:
+                _allowed_folder(settings, gitdir)
+            except SourceRefused as exc:
                 raise SourceRefused(
-                    f"repository: {path} is inside Grove's own folder {own}; give the original"
-                )
+                    f"repository: its git data is read from {gitdir} (through a gitfile, commondir or "
+                    f"alternates), which is not allowed: {str(exc).removeprefix('repository: ')}"
+                ) from None
         return
     try:
         cloning.check(settings, source)
     except cloning.HostRefused as exc:
         raise SourceRefused(str(exc)) from None
+
+
+def _allowed_folder(settings: Settings, path: Path) -> None:
+    """Refuse a resolved local folder outside `GROVE_REPO_ROOTS` or inside Grove's own folders."""
+    roots = [Path(r).expanduser().resolve() for r in settings.repo_roots.split(",") if r.strip()]
+    if not any(path.is_relative_to(r) for r in roots):
+        where = ", ".join(str(r) for r in roots) if roots else "no folder (GROVE_REPO_ROOTS is not set)"
+        raise SourceRefused(f"repository: local paths over the API must lie under {where}")
+    # Grove's own clones and worktrees hold other studies' histories, sealed files included; only
+    # the snapshots `grove submit` makes of plain folders (its imports) may be given from there.
+    data = settings.data_dir.expanduser().resolve()
+    imported = path.is_relative_to(data / "imports") and path != data / "imports"
+    for own in (data, settings.worktrees_dir.expanduser().resolve()):
+        if path.is_relative_to(own) and not imported:
+            raise SourceRefused(f"repository: {path} is inside Grove's own folder {own}; give the original")
 
 
 def check_study(

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import http.client
+import subprocess
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +101,50 @@ def test_traversal_encoded_slashes_and_absolute_parts_are_refused(route: Route, 
     code, body = get(route, raw)
     assert 400 <= code < 500, (raw, code, body[:200])
     assert route.theirs.name.encode() not in body and b"root:" not in body
+
+
+def _sealed_objects(r: Route) -> tuple[str, list[str]]:
+    """Return the sealed blob's loose-object path and the clone's pack files, both present on disk."""
+    repo = Path(r.mine.repo_path)
+    base = f"refs/grove/sealed/{r.mine.name}"
+    blob = subprocess.run(["git", "rev-parse", f"{base}:data/test/offset.txt"], cwd=repo, check=True,
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    # The same object written loose as well (a clone keeps its objects packed): both forms must be refused.
+    loose = f"objects/{blob[:2]}/{blob[2:]}"
+    content = b"777.125\n"
+    (repo / ".git" / loose).parent.mkdir(exist_ok=True)
+    (repo / ".git" / loose).write_bytes(zlib.compress(b"blob %d\0" % len(content) + content))
+    packs = sorted(p.relative_to(p.parents[2]).as_posix() for p in repo.glob("**/objects/pack/pack-*.*"))
+    assert packs, "the clone has no pack to ask for"
+    return loose, packs
+
+
+def test_the_dumb_protocol_serves_nothing(route: Route) -> None:
+    loose, packs = _sealed_objects(route)
+    sealed_ref = f"refs/grove/sealed/{route.mine.name}".encode()
+    for raw in ["info/refs", "info/refs?service=git-receive-pack", "objects/info/packs", "HEAD",
+                "objects/info/alternates", "objects/info/http-alternates", "info/refs?service=git-upload-pack&x=1",
+                loose, *packs]:  # fmt: skip
+        code, body = get(route, raw)
+        assert code == 403, (raw, code, body[:200])
+        assert sealed_ref not in body and b"777.125" not in body and not body.startswith(b"PACK"), raw
+
+
+def test_the_smart_fetch_does_not_reach_the_sealed_base(route: Route, tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{route.port}/api/v1/worker/git/{route.mine.id}"
+    extra = [f"http.extraHeader={k}: {v}" for k, v in route.headers.items()]
+    args = [a for e in extra for a in ("-c", e)]
+    run = subprocess.run(["git", *args, "ls-remote", url], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert f"refs/heads/grove/{route.mine.name}/trunk" in run.stdout
+    assert "refs/grove/sealed" not in run.stdout and "refs/heads/main" not in run.stdout
+    # Wanting the sealed base by its id is refused: protocol v0 takes advertised tips only.
+    sealed = subprocess.run(["git", "rev-parse", f"refs/grove/sealed/{route.mine.name}"], cwd=route.mine.repo_path,
+                            check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    local = tmp_path / "local"
+    subprocess.run(["git", "init", "-q", str(local)], check=True)
+    got = subprocess.run(["git", *args, "-c", "protocol.version=2", "fetch", "-q", url, sealed], cwd=local,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert got.returncode != 0
+    shown = subprocess.run(["git", "cat-file", "-e", sealed], cwd=local, capture_output=True)
+    assert shown.returncode != 0

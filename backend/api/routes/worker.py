@@ -354,9 +354,8 @@ async def git_http(
     """Serve a study's repository read-only with git's smart HTTP backend (fetch only, never push)."""
     if study_id < 1 or study_id > MAX_ID:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "no such study")
-    if "receive-pack" in path or "receive-pack" in request.url.query:
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "the study repository is read-only over HTTP")
     _plain_path(path, request.scope.get("raw_path", b""))
+    _smart_fetch_only(path, request)
     held = await run_in_threadpool(_fetching_job, settings, study_id, request.headers.get(JOB_HEADER, ""))
     _trusted(who, held.kind)
     study = await run_in_threadpool(_study, settings, study_id)
@@ -374,7 +373,8 @@ async def git_http(
         ("uploadpack.hideRefs", "HEAD"),
         *(("uploadpack.hideRefs", r) for r in shown),
     )
-    env = gitops.git_env((("http.receivepack", "false"), ("uploadpack.allowFilter", "true"), *hide))
+    served = (("http.receivepack", "false"), ("http.getanyfile", "false"), ("uploadpack.allowFilter", "true"))
+    env = gitops.git_env((*served, *hide))
     env.update(
         GIT_PROJECT_ROOT=str(repo.parent),
         GIT_HTTP_EXPORT_ALL="1",
@@ -420,6 +420,25 @@ async def git_http(
 
     media = headers.pop("Content-Type", None)
     return StreamingResponse(rest(), status_code=code, headers=headers, media_type=media)
+
+
+def _smart_fetch_only(path: str, request: Request) -> None:
+    """Refuse (403) anything but git's smart fetch: the ref advertisement and the upload-pack exchange.
+
+    Git's older "dumb" protocol (`info/refs` without a service, `objects/info/packs`, packs and
+    loose objects by name) would hand out every object of the clone, the sealed base's included:
+    the ref hiding below applies to the smart protocol only.
+    """
+    query = request.url.query
+    if request.method == "GET" and path == "info/refs" and query == "service=git-upload-pack":
+        return
+    if request.method == "POST" and path == "git-upload-pack" and not query:
+        return
+    raise HTTPException(
+        status.HTTP_403_FORBIDDEN,
+        "the study repository is served to workers only by git's smart fetch "
+        "(GET info/refs?service=git-upload-pack, POST git-upload-pack)",
+    )
 
 
 GIT_SEGMENT = re.compile(r"[A-Za-z0-9_.-]+")  # what git's smart and dumb HTTP paths are made of

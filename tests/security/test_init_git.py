@@ -1,0 +1,60 @@
+"""`grove init --commit` on a repository handed over with its `.git`: its git config runs nothing."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from backend.core.config import Settings
+from tests.conftest import make_repo
+from tests.integration.test_init_adapter import SCRIPT
+from tests.integration.test_study import grove
+
+
+def test_init_commit_runs_no_filter_signing_program_or_hook_of_the_repository(
+    settings: Settings, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "hostile", {**SCRIPT, ".gitattributes": "* filter=evil\n"})
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    program = tmp_path / "evil.sh"
+    program.write_text(
+        f'#!/bin/sh\necho "$0 $* $(ps -o args= -p $(ps -o ppid= -p $PPID))" >> {marks}/ran\ncat\n'
+    )
+    program.chmod(0o755)
+    with open(repo / ".git" / "config", "a") as cfg:
+        cfg.write(
+            f'[filter "evil"]\n\tclean = {program} clean\n\tsmudge = {program} smudge\n\trequired = true\n'
+            f"[commit]\n\tgpgSign = true\n[gpg]\n\tprogram = {program}\n[user]\n\tsigningKey = ABC\n"
+            f"[core]\n\tfsmonitor = {program}\n"
+        )
+    # Something the user staged themselves stays staged and out of Grove's commit.
+    (repo / "notes.txt").write_text("mine\n")
+    subprocess.run(["git", "-c", "core.fsmonitor=false", "-c", "filter.evil.clean=cat", "add", "notes.txt"],
+                   cwd=repo, check=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})  # fmt: skip
+    before = subprocess.run(["git", "-c", "core.fsmonitor=false", "rev-parse", "HEAD"], cwd=repo,
+                            capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+
+    hooks = repo / ".git" / "hooks"
+    for hook in ("pre-commit", "commit-msg", "post-commit", "reference-transaction", "post-index-change"):
+        (hooks / hook).write_text(f"#!/bin/sh\necho {hook} >> {marks}/ran\n")
+        (hooks / hook).chmod(0o755)
+
+    made = grove(settings, "init", str(repo), "--commit", "--no-check")
+    assert made.returncode == 0, made.stderr + made.stdout
+    assert not (marks / "ran").exists(), (marks / "ran").read_text()
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "filter.evil.clean=cat",
+                               "-c", "filter.evil.smudge=cat", *args], cwd=repo, capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert git("rev-parse", "HEAD^").strip() == before
+    committed = git("show", "--name-only", "--format=", "HEAD").split()
+    assert "grove_eval.py" in committed and "notes.txt" not in committed
+    # As on disk, byte for byte (no clean filter touched it), and unsigned.
+    assert git("show", "HEAD:grove_eval.py") == (repo / "grove_eval.py").read_text()
+    assert "gpgsig" not in git("cat-file", "commit", "HEAD")
+    assert "A  notes.txt" in git("status", "--porcelain")
+    assert not (marks / "ran").exists(), (marks / "ran").read_text()
