@@ -134,11 +134,50 @@ PACKAGE_VARS = (
 )  # fmt: skip
 PIP_FILES = ("/etc/pip.conf", "/etc/xdg/pip/pip.conf")
 USER_PIP_FILES = ("~/.config/pip/pip.conf", "~/.pip/pip.conf")
-# Credentials in a URL: a user and password, or a query parameter named like a secret.
-CREDENTIALS = re.compile(
-    r"://[^/\s@]+@|[?&][^=\s&]*(token|key|secret|passw|auth|sig|credential)[^=\s&]*=|PRIVATE KEY", re.I
-)
+# Credentials in a text: a query parameter named like a secret, or a private key.
+CREDENTIALS = re.compile(r"[?&][^=\s&]*(token|key|secret|passw|auth|sig|credential)[^=\s&]*=|PRIVATE KEY", re.I)
 SENSITIVE = frozenset({".ssh", ".gnupg", ".aws", ".kube", ".docker", ".netrc", ".pypirc", ".git-credentials"})
+KEY_FILE = re.compile(r"^id_(rsa|dsa|ecdsa|ed25519)(_sk)?$|\.(key|p12|pfx|kdbx)$", re.I)
+MAX_WALK = 20_000  # entries of a named folder looked at; a larger one is not bound
+
+
+def has_credentials(value: str) -> bool:
+    """Return whether a setting's value holds credentials: a user in any URL form, a secret query, a key."""
+    if CREDENTIALS.search(value):
+        return True
+    for word in re.split(r"[\s,;]+", value):
+        rest = re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*:(//)?", "", word)  # with or without a scheme
+        if "@" in rest.split("/", 1)[0]:
+            return True
+    return False
+
+
+def _holds_keys(path: Path) -> bool:
+    """Return whether a resolved path is, lies in, or holds (at any depth) a key folder or key file."""
+    if any(part in SENSITIVE for part in path.parts) or KEY_FILE.search(path.name):
+        return True
+    if len(path.parts) < 3 or not path.is_dir():  # `/` and top-level folders are never bound
+        return False
+    seen = 0
+    for top, dirs, files in os.walk(path, followlinks=False):
+        seen += len(dirs) + len(files)
+        for name in (*dirs, *files):
+            where = Path(top) / name
+            if name in SENSITIVE or KEY_FILE.search(name):
+                return True
+            if where.is_symlink() and _holds_keys_target(where):
+                return True
+        if seen > MAX_WALK:
+            return True
+    return False
+
+
+def _holds_keys_target(link: Path) -> bool:
+    try:
+        target = link.resolve()
+    except (OSError, RuntimeError):
+        return True
+    return any(part in SENSITIVE for part in target.parts) or bool(KEY_FILE.search(target.name))
 
 
 def package_settings(
@@ -159,11 +198,13 @@ def package_settings(
 
     def clean(path: str) -> bool:
         try:
-            p = Path(path)
+            p = Path(path).resolve()
+            if _holds_keys(p):
+                return False
             if p.is_dir():
-                return not any((p / name).exists() for name in SENSITIVE)
-            return p.is_file() and not CREDENTIALS.search(p.read_text("utf-8", "replace"))
-        except OSError:
+                return True
+            return p.is_file() and not has_credentials(p.read_text("utf-8", "replace"))
+        except (OSError, RuntimeError):
             return False
 
     def named(value: str) -> list[str]:
@@ -183,7 +224,7 @@ def package_settings(
     for k, v in sorted(environ.items()):
         if k not in PACKAGE_VARS and k not in CA_VARS:
             continue
-        if CREDENTIALS.search(v) or (v.startswith("/") and len(v.split()) == 1 and not clean(v)):
+        if has_credentials(v) or (v.startswith("/") and len(v.split()) == 1 and not clean(v)):
             continue
         env[k] = v
         paths += named(v)
