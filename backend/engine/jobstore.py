@@ -404,11 +404,17 @@ class DbStore:
             add_event(s, node.study_id, "node.relabeled", node.id, old=old, new=new)
 
     def add_receipts(self, node_id: int | None, receipts: list[dict[str, Any]]) -> None:
-        """Store evaluation receipts of one of the study's nodes (this job's)."""
+        """Store evaluation receipts of one of the study's nodes (this job's).
+
+        An experiment job writes dev receipts only: of its own node, or of the trunk node it was built
+        on (trunk's extra seeds, on that node's commit). Held-out receipts come from sealed jobs alone.
+        """
         with db.session(self.settings.db_url) as s:
-            self._current(s)
+            job = self._job(s) if self.job_id is not None else None
             if node_id is not None:
-                self._node(s, node_id)
+                target = self._node(s, node_id)
+                if job is not None and job.kind not in SEALED:
+                    self._own_dev_receipts(s, target, receipts)
             # Trunk's extra runs belong to trunk's node, not to the job that ran them.
             job_id = self.job_id if node_id == self.node_id else None
             for r in receipts:
@@ -418,6 +424,22 @@ class DbStore:
                         {**row, "study_id": self.study_id, "node_id": node_id, "job_id": job_id}
                     )
                 )
+
+    def _own_dev_receipts(self, s: Session, target: Node, receipts: list[dict[str, Any]]) -> None:
+        """Refuse receipts an experiment job cannot have made: another kind, or another node's."""
+        odd = sorted({str(r.get("kind")) for r in receipts} - {"dev"})
+        if odd:
+            raise Refused(f"an experiment job writes dev receipts only, not {', '.join(odd)}")
+        if target.id == self.node_id:
+            return
+        own = self._node(s, self.node_id)
+        trunk_at = {target.commit, target.gate_commit} - {""}
+        if not own.base_commit or own.base_commit not in trunk_at or target.status != NodeStatus.MERGED:
+            raise Refused(f"job {self.job_id} does not write receipts for node {target.id}")
+        if any(r.get("commit") != own.base_commit for r in receipts):
+            raise Refused(
+                f"trunk's receipts from job {self.job_id} are of its base commit {own.base_commit[:10]}"
+            )
 
     def keep_trunk_dev(self, base_commit: str, have: int, values: list[float]) -> None:
         """Keep trunk's extra dev values (seeds `have..`) unless trunk moved; another job may have added some."""

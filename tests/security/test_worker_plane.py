@@ -451,3 +451,38 @@ def test_a_remote_learning_store_sends_non_finite_numbers_as_null(plane: Plane, 
         events = list(s.exec(select(LearningEvent).where(LearningEvent.job_id == job_id)))
     assert row is not None and row.status == "done" and row.result == {"first_loss": 1.0, "last_loss": None}
     assert events[1].payload == {"loss": None, "progress": 0.5}
+
+
+def test_an_experiment_job_writes_only_its_own_dev_receipts(plane: Plane) -> None:
+    trunk, base = plane.study.trunk_node_id, plane.study.trunk_commit
+    with db.session(plane.settings.db_url) as s:
+        sibling = Node(study_id=plane.study.id or 0, parent_id=trunk, depth=1, title="y", status="evaluated",
+                       base_commit=base, commit="b" * 40, branch=f"grove/{plane.study.name}/n98")  # fmt: skip
+        s.add(sibling)
+        s.flush()
+        other = sibling.id
+
+    def receipt(kind: str, commit: str = base, score: float = 0.0) -> dict[str, object]:
+        return {"kind": kind, "seed": 0, "ok": True, "commit": commit, "metrics": {"score": score}}
+
+    # Made-up held-out numbers, on trunk, on a sibling or on itself; dev numbers on a sibling.
+    for node_id, r in ((trunk, receipt("test", score=1e6)), (other, receipt("test")),
+                       (plane.job.node_id, receipt("test")), (plane.job.node_id, receipt("test-predict")),
+                       (other, receipt("dev")), (trunk, receipt("dev", commit="c" * 40))):  # fmt: skip
+        code, body = call(plane, "add_receipts", node_id=node_id, receipts=[r])
+        assert code == 422, (node_id, r, body)
+    # Its own dev runs, and trunk's extra dev seeds on the trunk it was built on, are kept.
+    assert (
+        call(plane, "add_receipts", node_id=plane.job.node_id, receipts=[receipt("dev", "a" * 40)])[0] == 200
+    )
+    assert call(plane, "add_receipts", node_id=trunk, receipts=[receipt("dev")])[0] == 200
+    with db.session(plane.settings.db_url) as s:
+        from sqlmodel import select
+
+        from backend.core.models import ReceiptRow
+
+        kinds = {
+            (r.node_id, r.kind)
+            for r in s.exec(select(ReceiptRow).where(ReceiptRow.study_id == plane.study.id))
+        }
+    assert (trunk, "test") not in kinds and (other, "dev") not in kinds and (other, "test") not in kinds
