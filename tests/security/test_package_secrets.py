@@ -54,5 +54,5 @@ def test_a_find_links_folder_with_a_key_folder_nested_deeper_or_linked_is_not_bo
     fine = tmp_path / "opt" / "fine"
     fine.mkdir()
     (fine / "pkg-1.0-py3-none-any.whl").write_text("wheel")
-    env, paths = package_settings({"PIP_FIND_LINKS": f"{nested} {linked} {via_link} {fine}"})
+    _, paths = package_settings({"PIP_FIND_LINKS": f"{nested} {linked} {via_link} {fine}"})
     assert [p for p in paths if p.startswith(str(tmp_path))] == [str(fine)]
