@@ -135,7 +135,9 @@ PACKAGE_VARS = (
 PIP_FILES = ("/etc/pip.conf", "/etc/xdg/pip/pip.conf")
 USER_PIP_FILES = ("~/.config/pip/pip.conf", "~/.pip/pip.conf")
 # Credentials in a text: a query parameter named like a secret, or a private key.
-CREDENTIALS = re.compile(r"[?&][^=\s&]*(token|key|secret|passw|auth|sig|credential)[^=\s&]*=|PRIVATE KEY", re.I)
+CREDENTIALS = re.compile(
+    r"[?&][^=\s&]*(token|key|secret|passw|auth|sig|credential)[^=\s&]*=|PRIVATE KEY", re.I
+)
 SENSITIVE = frozenset({".ssh", ".gnupg", ".aws", ".kube", ".docker", ".netrc", ".pypirc", ".git-credentials"})
 KEY_FILE = re.compile(r"^id_(rsa|dsa|ecdsa|ed25519)(_sk)?$|\.(key|p12|pfx|kdbx)$", re.I)
 MAX_WALK = 20_000  # entries of a named folder looked at; a larger one is not bound

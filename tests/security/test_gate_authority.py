@@ -289,3 +289,23 @@ def test_trunk_held_out_values_must_be_bounded_recorded_runs_of_trunk(gate: Gate
     assert call(gate, "keep_trunk_heldout", trunk_commit=trunk, values=longer)[0] == 200
     st, *_ = state(gate)
     assert st.trunk_heldout == longer
+
+
+def test_a_gate_bundle_built_on_the_sealed_base_is_refused_wherever_it_is_checked_out(gate: Gate) -> None:
+    sealed = gate.study.sealed_commit
+    assert sealed and sealed != gate.study.trunk_commit
+    # A sealed worker has the repository's base: it merges it in, and trunk would then hold the labels.
+    git("checkout", "-q", "-B", "gate", gate.study.trunk_commit, cwd=gate.work)
+    git("merge", "-q", "--no-ff", "--allow-unrelated-histories", "-s", "ours", "-m", "bring the base", sealed,
+        cwd=gate.work)  # fmt: skip
+    commit = git("rev-parse", "HEAD", cwd=gate.work).strip()
+    ref = f"grove/{gate.study.name}/gate/n{gate.node.id}"
+    git("branch", "-f", ref, commit, cwd=gate.work)
+    bundle = gate.work.parent / "sealed.bundle"
+    git("bundle", "create", "-q", str(bundle), f"refs/heads/{ref}", cwd=gate.work)
+    r = gate.client.post(
+        f"{W}/jobs/{gate.job.id}/publish", params={"token": "gate-t", "ref": ref, "commit": commit},
+        content=bundle.read_bytes(), headers=gate.headers,
+    )  # fmt: skip
+    assert r.status_code == 422 and "sealed files" in r.text, r.text
+    assert git("branch", "--list", ref, cwd=Path(gate.study.repo_path)).strip() == ""

@@ -280,17 +280,20 @@ async def publish(
     if ref not in allowed:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"job {job_id} may not publish {ref!r}")
     data = await request.body()
-    await run_in_threadpool(_take_bundle, gitops.Repo(Path(study.repo_path)), data, study.name, ref, commit)
+    await run_in_threadpool(
+        _take_bundle, gitops.Repo(Path(study.repo_path)), data, study.name, ref, commit, study.sealed_commit
+    )
     return {"ref": ref, "commit": commit}
 
 
-def _take_bundle(repo: gitops.Repo, data: bytes, name: str, ref: str, commit: str) -> None:
+def _take_bundle(repo: gitops.Repo, data: bytes, name: str, ref: str, commit: str, sealed: str = "") -> None:
     """Store a bundle's `ref` in the clone if it needs nothing but the study's own branches and itself.
 
     It is unpacked first into a scratch repository that holds only what the study's branches reach
     (what the job could fetch): a bundle that names, or deltas against, any other object of the
     clone (the repository's own base holding the sealed files, say) fails there, before the clone
-    sees it, and no branch of the study can come to lead to a sealed byte.
+    sees it. A bundle that carries the sealed base itself (a sealed job has it) is refused by
+    ancestry: no branch of the study can come to lead to a sealed byte.
     """
     with tempfile.TemporaryDirectory(prefix="grove-bundle-") as tmp:
         bundle, scratch = Path(tmp) / "in.bundle", Path(tmp) / "scratch"
@@ -308,6 +311,11 @@ def _take_bundle(repo: gitops.Repo, data: bytes, name: str, ref: str, commit: st
             gitops.git(
                 "fetch", "--quiet", "--no-tags", str(bundle), f"+refs/heads/{ref}:refs/incoming", cwd=scratch
             )
+            if sealed and _reaches(scratch, sealed):
+                raise HTTPException(
+                    status.HTTP_422_UNPROCESSABLE_CONTENT,
+                    f"the bundle's {ref} is built on the repository's base that holds the sealed files",
+                )
             with repo.lock():
                 repo.git("fetch", "--quiet", "--no-tags", str(scratch), f"+refs/incoming:refs/heads/{ref}")
         except gitops.GitError as exc:
@@ -315,6 +323,13 @@ def _take_bundle(repo: gitops.Repo, data: bytes, name: str, ref: str, commit: st
                 status.HTTP_422_UNPROCESSABLE_CONTENT,
                 f"bundle (it may need only commits of study {name}'s branches): {exc.stderr[:500]}",
             ) from None
+
+
+def _reaches(scratch: Path, sealed: str) -> bool:
+    """Return whether `refs/incoming` in the scratch repository has the sealed base among its ancestors."""
+    if gitops.run_git("cat-file", "-e", f"{sealed}^{{commit}}", cwd=scratch).returncode:
+        return False  # not in the scratch repository at all, so no ancestor of what came in
+    return gitops.run_git("merge-base", "--is-ancestor", sealed, "refs/incoming", cwd=scratch).returncode == 0
 
 
 JOB_HEADER = "X-Grove-Job"
