@@ -281,6 +281,12 @@ def check_operator_limits(settings: Settings, spec: Spec, source: str = "grove.t
             "GROVE_SANDBOX_NETWORK=true); or install from files in the repository (pip install --no-index ...)"
         )
         issues.append(SpecIssue(key="environment.network", message=message))
+    if spec.policy_kind == "llm" and not registry.model_of(spec):
+        message = (
+            "policy.kind = 'llm' needs a model, and none is configured: set policy.model in the spec (for "
+            "a local server, e.g. 'openai/gemma' with policy.api_base) or GROVE_MODEL on the service"
+        )
+        issues.append(SpecIssue(key="policy.model", message=message))
     issues += budget_issues(spec)
     shared = {n.strip() for n in settings.memory_names.split(",") if n.strip()}
     if spec.memory.name and spec.memory.name not in shared:

@@ -22,6 +22,7 @@ from celery.worker.control import control_command
 from sqlmodel import col, select
 
 from agents.policies import optuna_bridge
+from agents.policies.registry import PolicyUnavailable
 from agents.spec import SpecError
 from agents.tree.status import StudyStatus
 from backend.core import cloning, db, fanout, gitops
@@ -203,9 +204,15 @@ def advance(self: Task, study_id: int) -> str:
         nonlocal finished
         dispatcher = CeleryDispatcher(settings, app)
         # The coordinator only decides: the sealed evaluations run as jobs on the study's queue.
-        driver = Driver(
-            settings, study_id, dispatcher, gatekeeper=sealed.SealedJobs(settings, dispatcher.submit)
-        )
+        try:
+            driver = Driver(
+                settings, study_id, dispatcher, gatekeeper=sealed.SealedJobs(settings, dispatcher.submit)
+            )
+        except PolicyUnavailable as exc:  # e.g. the service's GROVE_MODEL was unset after the study was made
+            with db.session(settings.db_url) as s:
+                lifecycle.fail(s, study_id, f"policy: {exc}")
+            finished = True
+            return True
         finished = driver.advance().finished
         return finished
 

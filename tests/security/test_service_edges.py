@@ -297,3 +297,29 @@ def test_network_for_a_study_needs_the_operators_leave(api: tuple[str, Settings]
     allowed = settings.model_copy(update={"sandbox_network": True})
     with db.session(allowed.db_url) as s:
         assert create_study(s, allowed, files["grove.toml"], str(repo)).status == "created"
+
+
+def test_an_llm_study_with_no_model_is_refused_when_it_is_made(
+    api: tuple[str, Settings], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GROVE_MODEL", raising=False)
+    url, settings = api
+    files = tiny_files(name="no-model")
+    files["grove.toml"] = files["grove.toml"].replace('kind = "search"', 'kind = "llm"')
+    assert 'kind = "llm"' in files["grove.toml"]
+    repo = make_repo(tmp_path / "allowed" / "nomodel", files)
+    body = {"spec": files["grove.toml"], "repository": str(repo)}
+    for path in ("/studies/validate", "/studies"):
+        resp = httpx.post(f"{url}{path}", json=body, headers=bearer(settings, "operator"))
+        assert resp.status_code == 422, resp.text
+        assert resp.json()["detail"]["errors"][0]["key"] == "spec.policy.model" and "GROVE_MODEL" in resp.text
+    assert "no-model" not in httpx.get(f"{url}/studies", headers=bearer(settings, "viewer")).text
+    # Named in the spec, it is accepted.
+    named = files["grove.toml"].replace(
+        'kind = "llm"',
+        'kind = "llm"\nmodel = "openai/local"\ninput_usd_per_mtok = 0.1\noutput_usd_per_mtok = 0.1',
+    )
+    resp = httpx.post(
+        f"{url}/studies/validate", json={**body, "spec": named}, headers=bearer(settings, "operator")
+    )
+    assert resp.status_code == 200, resp.text
