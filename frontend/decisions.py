@@ -49,9 +49,7 @@ def card(api: Grove, a: dict[str, Any], study_name: str) -> None:
     """Show what the approver needs to decide on one node, and the two buttons."""
     n = evidence(api, a)
     with st.container(border=True):
-        st.subheader(
-            f"{ui.inert_markdown(study_name)} · n{a['node_number']} · {ui.inert_markdown(a['title'])}"
-        )
+        st.subheader(f"{ui.words(study_name)} · n{a['node_number']} · {ui.words(a['title'])}")
         ui.page_link(
             "node",
             f"{study_name} / n{a['node_number']} — open the node",
@@ -61,7 +59,7 @@ def card(api: Grove, a: dict[str, Any], study_name: str) -> None:
         h = n["hypothesis"]
         if h.get("hypothesis") or h.get("mechanism"):
             st.markdown(
-                f"**Hypothesis.** {h.get('hypothesis') or ''}  \n**Mechanism.** {h.get('mechanism') or ''}"
+                f"**Hypothesis.** {ui.words(h.get('hypothesis') or '')}  \n**Mechanism.** {ui.words(h.get('mechanism') or '')}"
             )
         cost = n["cost"] or {}
         seconds = sum(r["duration"] for r in n["receipts"])

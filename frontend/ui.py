@@ -133,9 +133,9 @@ def show_error(exc: Exception) -> None:
             f"The API refused the token ({exc.message}). Sign in with a valid token on the Connection page."
         )
     elif isinstance(exc, Forbidden):
-        st.error(f"Not allowed: {exc.message}.")
+        st.error(f"Not allowed: {words(exc.message)}.")
     elif isinstance(exc, ApiError):
-        st.error(str(exc))
+        st.error(words(str(exc)))
     else:
         raise exc
 
@@ -202,8 +202,32 @@ def recall(key: str, keep: bool = True) -> None:
         st.error(text)
 
 
-def inert_markdown(text: str) -> str:
-    """Return Markdown whose images and links are shown as text (a report holds words a model wrote)."""
-    text = re.sub(r"!\[([^\]]*)\]\(([^)]*)\)", r"[image: \1]", text)
-    text = re.sub(r"\[([^\]]*)\]\(([^)]*)\)", r"\1 (\2)", text)
-    return re.sub(r"<(https?://[^>]+)>", r"\1", text).replace("<", "&lt;")
+# Any ASCII punctuation character may be backslash-escaped in CommonMark; these, escaped, cannot
+# start a link, an image, an autolink (`www.`, `https:`, `a@b.c`), HTML, a formula (`$`), a
+# Streamlit directive (`:red[...]`), emphasis or a list.
+_PUNCTUATION = re.compile(r"([!#$&()*+\-./:<=>@\[\\\]^_`{|}~])")
+
+# Streamlit links bare URLs, `www.` names and e-mail addresses in the text an escape leaves (after
+# parsing, so escapes cannot stop it): an invisible word joiner after `://`'s colon, `www` and `@`
+# breaks each pattern.
+_AUTOLINK = re.compile(r"(?i)([a-z][a-z0-9+.-]*:(?=//)|\bwww(?=\.)|@)")
+
+
+def words(text: str) -> str:
+    """Return text for a Markdown element that shows it as written: no image, link, HTML or formula comes of it.
+
+    Every page passes model-written and repository-written text (titles, hypotheses, reflections,
+    summaries, failures, commands, paths) through this before Streamlit renders it as Markdown.
+    """
+    lines = str(text).replace("\r\n", "\n").split("\n")
+    return "  \n".join(_PUNCTUATION.sub(r"\\\1", _AUTOLINK.sub("\\1\u2060", line)) for line in lines)
+
+
+def report_html(text: str) -> str:
+    """Return a Markdown report as HTML with its images, links, autolinks and raw HTML left as text."""
+    from markdown_it import MarkdownIt
+
+    md = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table")
+    md.disable(["image", "link", "autolink", "html_inline", "html_block"])
+    style = "<style>.grove-report table{border-collapse:collapse}.grove-report td,.grove-report th{border:1px solid #ccc;padding:2px 8px}</style>"
+    return f'{style}<div class="grove-report">{md.render(text)}</div>'

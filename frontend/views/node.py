@@ -13,9 +13,9 @@ from frontend import decisions, timeline, ui, verdicts
 
 def header(n: dict[str, Any], sid: int) -> None:
     title = n["title"] if len(n["title"]) <= 60 else n["title"][:59] + "…"
-    st.title(f"n{n['number']} · {ui.inert_markdown(title)}")
+    st.title(f"n{n['number']} · {ui.words(title)}")
     if title != n["title"]:
-        st.markdown(f"**{ui.inert_markdown(n['title'])}**")
+        st.markdown(f"**{ui.words(n['title'])}**")
     st.text(f"Fate: {n['fate']}")  # plain text: its words come from failures and reviewers
     st.caption(
         f"status **{n['status']}** · origin {n['origin']} · depth {n['depth']} · attempts {n['attempts']}"
@@ -49,23 +49,23 @@ def evidence(n: dict[str, Any]) -> None:
             f"{ui.fmt(now['gain'], signed=True)}."
         )
     if n["gate_reason"]:
-        st.info(f"gate: {n['gate_reason']}")
+        st.info(ui.words(f"gate: {n['gate_reason']}"))
     if n["failure"]:
-        st.error(f"failure: {n['failure']}")
+        st.error(ui.words(f"failure: {n['failure']}"))
     if n["summary"]:
-        st.write(n["summary"])
+        st.markdown(ui.words(n["summary"]))
 
 
 def hypothesis(n: dict[str, Any]) -> None:
     h = n["hypothesis"]
     for key in ("mechanism", "hypothesis", "observable", "risks"):
         if h.get(key):
-            st.markdown(f"**{key.capitalize()}.** {h[key]}")
+            st.markdown(f"**{key.capitalize()}.** {ui.words(h[key])}")
     if n["edits"]:
         st.markdown("**Edits**")
         st.json(n["edits"], expanded=False)
     if n["reflection"]:
-        st.markdown(f"**Reflection after a failed attempt.** {n['reflection']}")
+        st.markdown(f"**Reflection after a failed attempt.** {ui.words(n['reflection'])}")
 
 
 def verdict_rows(constraints: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -121,7 +121,7 @@ def receipts(api: Grove, n: dict[str, Any], sid: int) -> None:
         width="stretch",
     )
     for r in n["receipts"]:
-        with st.expander(f"receipt {r['id']}: {r['kind']} seed {r['seed']} — `{r['command']}`"):
+        with st.expander(f"receipt {r['id']}: {r['kind']} seed {r['seed']} — {ui.words(r['command'])}"):
             st.caption(f"evaluator fingerprint {r['fingerprint'][:16]}")
             st.code(r["stdout_tail"] or "(no output)", language="text")
             if r["stderr_tail"]:
@@ -216,7 +216,7 @@ def page() -> None:
         verification(n)
     with tabs[2]:
         if n["diff"]:
-            st.caption(f"{n['base_commit'][:10]} → {n['commit'][:10]} on {n['branch']}")
+            st.caption(ui.words(f"{n['base_commit'][:10]} → {n['commit'][:10]} on {n['branch']}"))
             st.code(n["diff"], language="diff")
         else:
             st.caption("No diff (the node has no commit yet, or changed nothing).")

@@ -109,15 +109,13 @@ def best_change(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
         else:
             n = api.node(s["id"], trunk["id"])
             lcb = verdicts.heldout_lcb(n)
-            ui.page_link(
-                "node", f"n{n['number']} · {ui.inert_markdown(n['title'][:70])}", study=s["id"], node=n["id"]
-            )
+            ui.page_link("node", f"n{n['number']} · {ui.words(n['title'][:70])}", study=s["id"], node=n["id"])
             st.markdown(
                 f"held-out gain **{ui.fmt(n['heldout_gain'], True)}**"
                 + (f" ({lcb[0]} lower bound {ui.fmt(lcb[1], True)})" if lcb is not None else "")
                 + f" · dev gain {ui.fmt(n['gain'], True)}"
             )
-            st.caption(ui.inert_markdown(f"change: {verdicts.diff_summary(n)}"))
+            st.caption(ui.words(f"change: {verdicts.diff_summary(n)}"))
             for words in (verdicts.gate(n), verdicts.arex(n), n["fate"]):
                 if words:
                     st.text(words)  # plain text: a reason may quote a model or a repository
@@ -127,9 +125,7 @@ def best_change(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
         if c is None:
             st.write("None: no measured change is waiting for the gate or a decision.")
         else:
-            ui.page_link(
-                "node", f"n{c['number']} · {ui.inert_markdown(c['title'][:70])}", study=s["id"], node=c["id"]
-            )
+            ui.page_link("node", f"n{c['number']} · {ui.words(c['title'][:70])}", study=s["id"], node=c["id"])
             st.markdown(
                 f"dev gain **{ui.fmt(c['gain'], True)}** (LCB {ui.fmt(c['gain_lcb'], True)})"
                 + (
@@ -482,7 +478,7 @@ def compare(api: Grove, s: dict[str, Any], measured: list[dict[str, Any]]) -> No
     for col_, nid in zip(st.columns(len(picks)), picks, strict=True):
         n = api.node(s["id"], nid)
         with col_:
-            st.markdown(f"**n{n['number']}** · {ui.inert_markdown(n['title'])}")
+            st.markdown(f"**n{n['number']}** · {ui.words(n['title'])}")
             st.text(f"fate: {n['fate']}")
             st.markdown(
                 f"dev {ui.mean_std(n['dev_values'])}  \n"
@@ -509,7 +505,7 @@ def failed(s: dict[str, Any]) -> None:
     fix = next(
         (f for words, f in FIXES if words in reason), "Fix what the reason names and submit the study again."
     )
-    st.error(f"**This study failed.** {reason}\n\n**What to do:** {fix}")
+    st.error(f"**This study failed.** {ui.words(reason)}\n\n**What to do:** {fix}")
 
 
 def report(api: Grove, sid: int) -> None:
@@ -519,7 +515,7 @@ def report(api: Grove, sid: int) -> None:
     except (ApiError, Unreachable) as exc:
         ui.show_error(exc)
         return
-    st.markdown(ui.inert_markdown(text))
+    st.html(ui.report_html(text))
 
 
 def node_labels(nodes: Iterable[dict[str, Any]]) -> dict[int, str]:
@@ -544,7 +540,7 @@ def already_knew(api: Grove, s: dict[str, Any]) -> None:
     for e in entries:
         effect = f" · dev effect {e['dev_effect']:+.4g}" if e["dev_effect"] is not None else ""
         st.text(f"M{e['id']}  {e['text']}")  # plain text: an entry's words came from a model
-        st.caption(f"{e['kind']} from {e['provenance']}{effect}")
+        st.caption(ui.words(f"{e['kind']} from {e['provenance']}{effect}"))
 
 
 def page() -> None:

@@ -620,3 +620,55 @@ def test_a_failed_study_opens_with_a_banner_giving_the_reason_and_the_fix(
     expect(banner).to_contain_text("What to do: Run grove validate on the repository")
     shot(page, "10-study-failed")
     page.close()
+
+
+def test_an_image_and_links_in_model_written_text_render_inert(
+    stack: dict[str, str], browser: Browser, tmp_path: Path
+) -> None:
+    import http.server
+    import threading
+
+    from sqlmodel import select
+
+    from backend.core import db
+    from backend.core.models import Node
+
+    asked: list[str] = []
+
+    class Watch(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    watch = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Watch)
+    threading.Thread(target=watch.serve_forever, daemon=True).start()
+    here = f"127.0.0.1:{watch.server_address[1]}"
+    hostile = (f"![pixel](http://{here}/pixel.png) see [the docs](http://{here}/click) or http://{here}/bare "
+               f"www.evil.example <img src='http://{here}/raw.png'> :red[loud]")  # fmt: skip
+    sid = grown(stack, tmp_path, "inert", 4)
+    data = Path(stack["data"])
+    settings = Settings(data_dir=data, worktrees_dir=data.parent / "wt", redis_url=stack["redis"])
+    with db.session(settings.db_url) as s:
+        node = s.exec(select(Node).where(Node.study_id == sid, Node.depth == 1)).first()
+        assert node is not None
+        node.hypothesis = {"hypothesis": hostile, "mechanism": hostile, "observable": "x", "risks": hostile}
+        node.reflection, node.summary = hostile, hostile
+        s.add(node)
+        nid = node.id
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        page.goto(f"{stack['dashboard']}/node?study={sid}&node={nid}")
+        expect(page.get_by_text("Reflection after a failed attempt.")).to_be_visible()
+        expect(page.get_by_text(f"![pixel](http:\u2060//{here}/pixel.png)").first).to_be_visible()
+        shot(page, "12-inert-hypothesis")
+        assert page.locator(f"img[src*='{here}']").count() == 0
+        links = page.locator(f"a[href*='{here}'], a[href*='evil.example']")
+        assert links.count() == 0, links.first.evaluate("e => e.outerHTML")
+        assert asked == [], asked
+    finally:
+        page.close()
+        watch.shutdown()

@@ -277,17 +277,30 @@ def test_a_failed_study_says_why_and_what_fixes_it_and_its_report_is_rendered(
     assert "`grove validate`" in banner
     report = http.get(f"/studies/{sid}/report").text
     heading = next(line for line in report.splitlines() if line.startswith("# "))
-    assert any(heading in m.value for m in at.markdown), "REPORT.md is rendered on the page"
+    assert any(heading.removeprefix("# ") in h.proto.body for h in at.get("html")), "REPORT.md is rendered"
     http.close()
 
 
 def test_a_report_renders_no_image_or_link_that_would_fetch_from_elsewhere() -> None:
-    from frontend.ui import inert_markdown
+    from frontend.ui import report_html
 
     text = "# R\n![x](http://evil.example/p.png) see [docs](https://evil.example/) <https://evil.example/a> <b>hi</b>"
-    out = inert_markdown(text)
-    assert "](" not in out and "<b>" not in out and "<https" not in out
-    assert "[image: x]" in out and "docs (https://evil.example/)" in out
+    out = report_html(text)
+    assert "<img" not in out and "<a " not in out and "<b>" not in out and "href" not in out
+    assert "<h1>R</h1>" in out and "[docs](https://evil.example/)" in out
+
+
+def test_model_written_words_show_as_written_in_markdown() -> None:
+    from markdown_it import MarkdownIt
+
+    from frontend.ui import words
+
+    text = ("![x](http://evil.example/p.png) [docs](https://evil.example/) https://evil.example/a www.evil.example "
+            "me@evil.example <img src=x> $x^2$ :red[loud] *b* `c` Grove's 0.5\n# not a heading\n- not a list")  # fmt: skip
+    html = MarkdownIt("commonmark").enable("table").render(words(text))
+    assert "<img" not in html and "<a" not in html and "<h1" not in html and "<li" not in html
+    assert "<em>" not in html and "<code>" not in html
+    assert "![x](http:\u2060//evil.example/p.png)" in html and "Grove's 0.5" in html
 
 
 def test_live_output_shows_stderr_while_a_run_says_nothing_on_stdout(
