@@ -365,9 +365,13 @@ def _direction(name: str) -> str | None:
     return METRICS.get(name)
 
 
+SPLIT_FOLDERS = ("grove/dev/", "grove/heldout/")
+
+
 def _adapter(c: Choices, ep: entrypoints.EntryPoint, files: dict[str, str]) -> None:
     """Draft the adapter (grove_eval.py) that runs the entry point, its data split and its metric."""
-    data = entrypoints.data_files(files, ep)
+    # Grove's own split (an earlier init's) is not data to split again: sealing it would hide dev rows.
+    data = [p for p in entrypoints.data_files(files, ep) if not p.startswith(SPLIT_FOLDERS)]
     adapter: dict[str, Any] = {"entry": ep.kind, "command": ep.command, "data": data}
     if ep.params:
         adapter["params"] = "grove/params.json"
@@ -385,9 +389,19 @@ def _adapter(c: Choices, ep: entrypoints.EntryPoint, files: dict[str, str]) -> N
         f"Grove writes, runs `{' '.join(ep.command)}` ({ep.kind}) and turns the numbers it prints into JSON"
         + ("; its values live in grove/params.json" if ep.params else "")
     )
+    kept = []
     for path in data:
-        dev, held = entrypoints.split_rows(path, files[path])
-        c.writes[f"grove/dev/{path}"], c.writes[f"grove/heldout/{path}"] = dev, held
+        dev_path, held_path = f"grove/dev/{path}", f"grove/heldout/{path}"
+        if dev_path in files and held_path in files:  # the split an earlier init made stays as it is
+            dev, held = files[dev_path], files[held_path]
+            kept.append(path)
+        else:
+            dev, held = entrypoints.split_rows(path, files[path])
+        c.writes[dev_path], c.writes[held_path] = dev, held
+    if kept:
+        c.notes.append(
+            f"split: kept the split an earlier init made of {', '.join(kept)} (rows held out stay held out)"
+        )
     if data:
         c.sealed = [*data, "grove/heldout/**"]
         c.notes.append(

@@ -639,6 +639,8 @@ def commit_foreign(root: Path, files: list[str], message: str) -> str:
         for entry in entries:
             scratch("update-index", "--add", "--cacheinfo", entry)
         tree = scratch("write-tree").strip()
+    if head and tree == git("rev-parse", f"{head}^{{tree}}", cwd=root).strip():
+        return head  # the files are committed as they are already
     commit = git("commit-tree", tree, *(("-p", head) if head else ()), "-m", message, cwd=root).strip()
     git("update-ref", "-m", f"grove: {message}", "HEAD", commit, head or "0" * len(commit), cwd=root)
     for entry in entries:

@@ -1,8 +1,10 @@
-"""`grove init --commit` on a repository handed over with its `.git`: its git config runs nothing."""
+"""`grove init` on a repository handed over with its `.git`: its git config runs nothing, its split holds."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import tomllib
 from pathlib import Path
 
 from backend.core.config import Settings
@@ -58,3 +60,32 @@ def test_init_commit_runs_no_filter_signing_program_or_hook_of_the_repository(
     assert "gpgsig" not in git("cat-file", "commit", "HEAD")
     assert "A  notes.txt" in git("status", "--porcelain")
     assert not (marks / "ran").exists(), (marks / "ran").read_text()
+
+
+def test_a_second_init_keeps_the_split_and_never_seals_the_dev_rows(
+    settings: Settings, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "twice", SCRIPT)
+    first = grove(settings, "init", str(repo), "--commit", "--no-check")
+    assert first.returncode == 0, first.stderr + first.stdout
+    spec = tomllib.loads((repo / "grove.toml").read_text())
+    split = {
+        p: (repo / p).read_text() for p in ("grove/dev/data/points.csv", "grove/heldout/data/points.csv")
+    }
+    # The data grows meanwhile: a fresh split would move held-out rows into dev.
+    with open(repo / "data" / "points.csv", "a") as fh:
+        fh.write("9.9,7\n")
+    subprocess.run(["git", "commit", "-qam", "more rows"], cwd=repo, check=True,
+                   env={**os.environ, "GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@a", "GIT_COMMITTER_NAME": "a",
+                        "GIT_COMMITTER_EMAIL": "a@a"})  # fmt: skip
+    second = grove(settings, "init", str(repo), "--commit", "--no-check", "--force")
+    assert second.returncode == 0, second.stderr + second.stdout
+    again = tomllib.loads((repo / "grove.toml").read_text())
+    assert again["files"]["sealed"] == spec["files"]["sealed"] == ["data/points.csv", "grove/heldout/**"]
+    assert {p: (repo / p).read_text() for p in split} == split
+    assert "kept the split" in " ".join(second.stdout.split())
+    # The second init found its files committed as they are: no new commit.
+    log = subprocess.run(
+        ["git", "log", "--format=%s"], cwd=repo, capture_output=True, text=True
+    ).stdout.split("\n")
+    assert log[:2] == ["more rows", "Grove: evaluator adapter and data split"]
