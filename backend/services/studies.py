@@ -443,7 +443,16 @@ def promote(s: Session, study: Study, by: str) -> str:
         names = ", ".join(f"n{n}" for n in sorted(merged)) or "no node"
         message = f"Grove study {study.name}: trunk {commit[:12]} (merged {names})"
         commit = repo.with_files(commit, study.sealed_commit, sealed, study.sealed_commit, message)
-    repo.git("push", "--force", "origin", f"{commit}:refs/heads/{target}")
+    origin = repo.git("remote", "get-url", "origin").strip()
+    # A local origin's receive-pack runs in that repository, with its config: Grove's push runs none
+    # of its hooks (command-line config wins over the repository's own).
+    local = not gitops.is_url(origin) or origin.lower().startswith("file:")
+    wrapper = (
+        ["--receive-pack=git -c core.hooksPath=/dev/null -c core.fsmonitor=false receive-pack"]
+        if local
+        else []
+    )
+    repo.git("push", "--force", *wrapper, "origin", f"{commit}:refs/heads/{target}")
     add_event(s, study.id or 0, "study.promoted", None, branch=target, commit=commit, by=by)
     return target
 

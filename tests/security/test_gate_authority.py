@@ -13,6 +13,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -102,16 +103,21 @@ def call(g: Gate, name: str, **args: object) -> tuple[int, object]:
     return r.status_code, r.json()
 
 
-def publish(g: Gate, commit: str) -> None:
-    """Publish `commit` to the node's gate branch, as a gate job does with its merge."""
+def send_gate_bundle(g: Gate, commit: str) -> Any:
+    """Send `commit` as the node's gate branch in a bundle, as a gate job does with its merge; return the answer."""
     ref = f"grove/{g.study.name}/gate/n{g.node.id}"
     git("branch", "-f", ref, commit, cwd=g.work)
     bundle = g.work.parent / "gate.bundle"
     git("bundle", "create", "-q", str(bundle), f"refs/heads/{ref}", cwd=g.work)
-    r = g.client.post(
+    return g.client.post(
         f"{W}/jobs/{g.job.id}/publish", params={"token": "gate-t", "ref": ref, "commit": commit},
         content=bundle.read_bytes(), headers=g.headers,
     )  # fmt: skip
+
+
+def publish(g: Gate, commit: str) -> None:
+    """Publish `commit` to the node's gate branch."""
+    r = send_gate_bundle(g, commit)
     assert r.status_code == 200, r.text
 
 
@@ -298,14 +304,7 @@ def test_a_gate_bundle_built_on_the_sealed_base_is_refused_wherever_it_is_checke
     git("checkout", "-q", "-B", "gate", gate.study.trunk_commit, cwd=gate.work)
     git("merge", "-q", "--no-ff", "--allow-unrelated-histories", "-s", "ours", "-m", "bring the base", sealed,
         cwd=gate.work)  # fmt: skip
-    commit = git("rev-parse", "HEAD", cwd=gate.work).strip()
-    ref = f"grove/{gate.study.name}/gate/n{gate.node.id}"
-    git("branch", "-f", ref, commit, cwd=gate.work)
-    bundle = gate.work.parent / "sealed.bundle"
-    git("bundle", "create", "-q", str(bundle), f"refs/heads/{ref}", cwd=gate.work)
-    r = gate.client.post(
-        f"{W}/jobs/{gate.job.id}/publish", params={"token": "gate-t", "ref": ref, "commit": commit},
-        content=bundle.read_bytes(), headers=gate.headers,
-    )  # fmt: skip
+    r = send_gate_bundle(gate, git("rev-parse", "HEAD", cwd=gate.work).strip())
     assert r.status_code == 422 and "sealed files" in r.text, r.text
+    ref = f"grove/{gate.study.name}/gate/n{gate.node.id}"
     assert git("branch", "--list", ref, cwd=Path(gate.study.repo_path)).strip() == ""

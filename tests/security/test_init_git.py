@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 
 from backend.core.config import Settings
-from tests.conftest import make_repo
+from tests.conftest import make_repo, tiny_files
 from tests.integration.test_init_adapter import SCRIPT
 from tests.integration.test_study import grove
 
@@ -89,3 +89,34 @@ def test_a_second_init_keeps_the_split_and_never_seals_the_dev_rows(
         ["git", "log", "--format=%s"], cwd=repo, capture_output=True, text=True
     ).stdout.split("\n")
     assert log[:2] == ["more rows", "Grove: evaluator adapter and data split"]
+
+
+def test_promote_to_a_local_origin_runs_none_of_its_hooks(settings: Settings, tmp_path: Path) -> None:
+    from backend.core import db
+    from backend.services.studies import create_study, promote
+
+    origin = make_repo(tmp_path / "origin", tiny_files(name="hooked"))
+    marks = tmp_path / "ran"
+    for hook in ("pre-receive", "update", "post-receive", "post-update", "reference-transaction"):
+        path = origin / ".git" / "hooks" / hook
+        path.write_text(f"#!/bin/sh\necho {hook} >> {marks}\n")
+        path.chmod(0o755)
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, (origin / "grove.toml").read_text(), str(origin))
+        clone = Path(study.repo_path)
+        # Trunk with one merged change, as a finished study would have it.
+        git = ["git", "-c", "user.name=g", "-c", "user.email=g@g", "-c", "core.hooksPath=/dev/null"]
+        work = tmp_path / "work"
+        subprocess.run([*git, "worktree", "add", "-q", str(work), study.trunk_commit], cwd=clone, check=True)
+        (work / "config.toml").write_text("[knob]\nx = 3\nsleep = 0\n")
+        subprocess.run([*git, "commit", "-qam", "x = 3"], cwd=work, check=True)
+        trunk = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=work, capture_output=True, text=True
+        ).stdout.strip()
+        study.trunk_commit = trunk
+        s.add(study)
+        s.flush()
+        assert promote(s, study, "op") == "grove/hooked"
+    assert not marks.exists(), marks.read_text()
+    pushed = subprocess.run(["git", "rev-parse", "grove/hooked"], cwd=origin, capture_output=True, text=True)
+    assert pushed.returncode == 0 and len(pushed.stdout.strip()) == 40
