@@ -60,6 +60,23 @@ SAFE_CONFIG = (
     ("protocol.git.allow", "always"),
     ("protocol.file.allow", "always"),
 )
+# For git commands in a repository Grove did not make: no transport at all, so a partial clone's
+# lazy fetch cannot run the `remote.*.uploadpack` program its config names.
+FOREIGN_CONFIG = tuple(
+    (f"protocol.{p}allow", "never") for p in ("", "file.", "https.", "http.", "ssh.", "git.", "ext.")
+)
+
+
+def foreign_program(program: str) -> str:
+    """Return the command that runs `program` (upload-pack, receive-pack) in a repository Grove did not make.
+
+    Git runs it there with that repository's config, not Grove's: this passes Grove's overrides
+    (hooks and fsmonitor off, no transport) on its command line, where they win.
+    """
+    config = (("core.hooksPath", "/dev/null"), ("core.fsmonitor", "false"), *FOREIGN_CONFIG)
+    return "git " + " ".join(f"-c {k}={v}" for k, v in config) + f" {program}"
+
+
 T = TypeVar("T")
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _FILES: dict[tuple[str, str], tuple[str, ...]] = {}  # (repository, commit) -> its files, newest last
@@ -97,10 +114,16 @@ class MergeConflict(GitError):
     """A merge stopped on conflicts and was aborted."""
 
 
-def run_git(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run a git command in Grove's environment and return it, whatever its exit code."""
+def run_git(
+    *args: str, cwd: Path | None = None, timeout: float = 300, foreign: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Run a git command in Grove's environment and return it, whatever its exit code.
+
+    `foreign`: the repository is not one Grove made, and no transport is allowed (`FOREIGN_CONFIG`).
+    """
+    env = git_env(FOREIGN_CONFIG) if foreign else git_env()
     try:
-        return run_captured(["git", *args], cwd=cwd, env=git_env(), timeout=timeout)
+        return run_captured(["git", *args], cwd=cwd, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise GitError(list(args), -1, f"timed out after {timeout:g}s") from None
 
@@ -171,9 +194,11 @@ def _either(args: list[str], fast: Callable[[], T], slow: Callable[[], T]) -> T:
         raise GitError(args, -1, str(exc)) from exc
 
 
-def git(*args: str, cwd: Path | None = None, check: bool = True, timeout: float = 300) -> str:
-    """Run a git command and return its stdout."""
-    proc = run_git(*args, cwd=cwd, timeout=timeout)
+def git(
+    *args: str, cwd: Path | None = None, check: bool = True, timeout: float = 300, foreign: bool = False
+) -> str:
+    """Run a git command and return its stdout (`foreign`: as `run_git`)."""
+    proc = run_git(*args, cwd=cwd, timeout=timeout, foreign=foreign)
     if check and proc.returncode != 0:
         raise GitError(list(args), proc.returncode, proc.stderr or proc.stdout)
     return proc.stdout
@@ -184,53 +209,76 @@ def is_url(source: str) -> bool:
     return "://" in source or (source.count(":") == 1 and "@" in source.split(":")[0])
 
 
-def real_git_dirs(path: Path) -> list[Path]:
-    """Return every folder a local repository's objects and refs are read from, resolved, without running git.
+MAX_OBJECT_ENTRIES = 500_000  # entries of a local source's object folders looked at before it is refused
 
-    A `.git` that is a file (a worktree or submodule's gitfile) names its real git directory; a git
-    directory's `commondir` names the one its refs and objects live in; `objects/info/alternates`
-    names further object folders, which may have alternates of their own. A bare repository is its
-    own git directory.
+
+class TooManyObjects(ValueError):
+    """A local repository's object folders hold more entries than Grove looks through."""
+
+
+def _unquote(text: str) -> str:
+    """Return a path git printed C-quoted (`"a\\057b"`) as it is."""
+    if not (len(text) >= 2 and text[0] == text[-1] == '"'):
+        return text
+    escapes = {
+        "\\": b"\\",
+        '"': b'"',
+        "a": b"\a",
+        "b": b"\b",
+        "f": b"\f",
+        "n": b"\n",
+        "r": b"\r",
+        "t": b"\t",
+        "v": b"\v",
+    }
+    raw = re.sub(
+        r"\\([0-7]{3}|.)",
+        lambda m: chr(int(m[1], 8)) if len(m[1]) == 3 else escapes.get(m[1], m[1].encode()).decode("latin-1"),
+        text[1:-1],
+    )
+    return raw.encode("latin-1").decode("utf-8", "surrogateescape")
+
+
+def git_data_folders(path: Path, most: int = MAX_OBJECT_ENTRIES) -> list[Path]:
+    """Return, resolved, every folder and linked file git reads a local repository's refs and objects from.
+
+    Git itself says where they are (a gitfile's target, `commondir`, alternates of alternates, in
+    its own quoting): its git and common directories, each object folder, and the target of every
+    symbolic link inside an object folder (a pack may be one). A folder that is not the top of a
+    work tree or a bare repository is imported as files (links stay links): only it is read.
+    Raises TooManyObjects past `most` entries, rather than judge a part of them.
     """
-    seen: list[Path] = []
-
-    def add(p: Path) -> bool:
-        p = p.resolve()
-        if p in seen:
-            return False
-        seen.append(p)
-        return True
-
-    dot = path / ".git"
-    gitdir = path
-    if dot.is_file():
-        first = dot.read_text(errors="replace").partition("\n")[0].strip()
-        if first.startswith("gitdir:"):
-            gitdir = path / first.removeprefix("gitdir:").strip()
-    elif dot.is_dir():
-        gitdir = dot
-    queue = [gitdir]
-    while queue and len(seen) < 64:
-        here = queue.pop()
-        if not add(here):
-            continue
-        common = here / "commondir"
-        if common.is_file():
-            queue.append(here / common.read_text(errors="replace").strip())
-        objects = here / "objects"
-        alternates = objects / "info" / "alternates"
-        if alternates.is_file():
-            for line in alternates.read_text(errors="replace").splitlines():
-                line = line.strip()
-                if line and not line.startswith("#"):
-                    queue.append(objects / line.strip('"'))
-    return seen
+    root = path.resolve()
+    if not root.is_dir():
+        return [root]
+    where = run_git("rev-parse", "--path-format=absolute", "--show-toplevel", "--absolute-git-dir",
+                    "--git-common-dir", cwd=root, foreign=True)  # fmt: skip
+    lines = where.stdout.splitlines()
+    if where.returncode or len(lines) != 3 or Path(lines[0]).resolve() != root:
+        return [root]
+    found = [root, Path(lines[1]).resolve(), Path(lines[2]).resolve()]
+    counted = run_git("count-objects", "-v", cwd=root, foreign=True)
+    if counted.returncode:
+        raise GitError(["count-objects", "-v"], counted.returncode, counted.stderr)
+    objects = [Path(lines[2]) / "objects"] + [
+        Path(_unquote(line.removeprefix("alternate: "))) for line in counted.stdout.splitlines()
+        if line.startswith("alternate: ")
+    ]  # fmt: skip
+    seen = 0
+    for folder in objects:
+        found.append(folder.resolve())
+        for top, dirs, files in os.walk(folder, followlinks=False):
+            seen += len(dirs) + len(files)
+            if seen > most:
+                raise TooManyObjects(f"{path}: its object folders hold more than {most} entries")
+            found += [(Path(top) / n).resolve() for n in (*dirs, *files) if (Path(top) / n).is_symlink()]
+    return list(dict.fromkeys(found))
 
 
 def toplevel(path: Path) -> Path | None:
     """Return the top of the git work tree containing `path`, or None."""
     try:
-        out = git("rev-parse", "--show-toplevel", cwd=path)
+        out = git("rev-parse", "--show-toplevel", cwd=path, foreign=True)
     except (GitError, NotADirectoryError, FileNotFoundError):
         return None
     return Path(out.strip()).resolve()
@@ -246,9 +294,10 @@ class Change:
 
 @dataclass(frozen=True)
 class Repo:
-    """Grove's own clone of a target repository."""
+    """Grove's own clone of a target repository (`foreign`: a repository Grove did not make, read only)."""
 
     path: Path
+    foreign: bool = False
 
     def __post_init__(self) -> None:
         # An empty path (a study not yet cloned) would be "." : some other repository entirely.
@@ -257,7 +306,7 @@ class Repo:
 
     def git(self, *args: str, check: bool = True) -> str:
         """Run git in this repository."""
-        return git(*args, cwd=self.path, check=check)
+        return git(*args, cwd=self.path, check=check, foreign=self.foreign)
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
@@ -614,19 +663,21 @@ def commit_foreign(root: Path, files: list[str], message: str) -> str:
     The repository's own index then records the same blobs, leaving the rest of it as it was, with
     every filter driver it configures emptied (writing an index re-reads racily clean files).
     """
-    names = run_git("config", "--name-only", "--get-regexp", r"^filter\.", cwd=root).stdout.split()
+    names = run_git(
+        "config", "--name-only", "--get-regexp", r"^filter\.", cwd=root, foreign=True
+    ).stdout.split()
     drivers = sorted({key.split(".", 1)[1].rsplit(".", 1)[0] for key in names if key.count(".") >= 2})
     off = [a for d in drivers for v in ("clean=", "smudge=", "process=", "required=false")
            for a in ("-c", f"filter.{d}.{v}")]  # fmt: skip
-    head = run_git("rev-parse", "--verify", "-q", "HEAD^{commit}", cwd=root).stdout.strip()
+    head = run_git("rev-parse", "--verify", "-q", "HEAD^{commit}", cwd=root, foreign=True).stdout.strip()
+    prefix = git("rev-parse", "--show-prefix", cwd=root, foreign=True).strip()  # `root` may be a subfolder
     entries = []
     for rel in files:
         mode = "100755" if os.access(root / rel, os.X_OK) else "100644"
-        entries.append(
-            f"{mode},{git('hash-object', '-w', '--no-filters', '--', rel, cwd=root).strip()},{rel}"
-        )
+        blob = git("hash-object", "-w", "--no-filters", "--", rel, cwd=root, foreign=True).strip()
+        entries.append(f"{mode},{blob},{prefix}{rel}")
     with tempfile.TemporaryDirectory(prefix="grove-index-") as tmp:
-        env = {**git_env(), "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        env = {**git_env(FOREIGN_CONFIG), "GIT_INDEX_FILE": str(Path(tmp) / "index")}
 
         def scratch(*args: str) -> str:
             done = run_captured(["git", *args], cwd=root, env=env, timeout=300)
@@ -639,12 +690,23 @@ def commit_foreign(root: Path, files: list[str], message: str) -> str:
         for entry in entries:
             scratch("update-index", "--add", "--cacheinfo", entry)
         tree = scratch("write-tree").strip()
-    if head and tree == git("rev-parse", f"{head}^{{tree}}", cwd=root).strip():
+    if head and tree == git("rev-parse", f"{head}^{{tree}}", cwd=root, foreign=True).strip():
         return head  # the files are committed as they are already
-    commit = git("commit-tree", tree, *(("-p", head) if head else ()), "-m", message, cwd=root).strip()
-    git("update-ref", "-m", f"grove: {message}", "HEAD", commit, head or "0" * len(commit), cwd=root)
+    commit = git(
+        "commit-tree", tree, *(("-p", head) if head else ()), "-m", message, cwd=root, foreign=True
+    ).strip()
+    git(
+        "update-ref",
+        "-m",
+        f"grove: {message}",
+        "HEAD",
+        commit,
+        head or "0" * len(commit),
+        cwd=root,
+        foreign=True,
+    )
     for entry in entries:
-        git(*off, "update-index", "--add", "--cacheinfo", entry, cwd=root)
+        git(*off, "update-index", "--add", "--cacheinfo", entry, cwd=root, foreign=True)
     return commit
 
 
@@ -667,7 +729,9 @@ def clone(source: str, dest: Path, timeout: float = 600) -> Repo:
             raise FileNotFoundError(f"repository {source!r} does not exist or is not a directory")
         top = toplevel(src)
         if top == src:
-            git("clone", "--quiet", "--no-local", "--", str(src), str(tmp), timeout=timeout)
+            # The source's upload-pack runs in the source, with its config: no transport (no lazy fetch).
+            upload = f"--upload-pack={foreign_program('upload-pack')}"
+            git("clone", "--quiet", "--no-local", upload, "--", str(src), str(tmp), timeout=timeout)
             # Local branches of the source become local branches of the clone.
             for ref in git(
                 "for-each-ref", "--format=%(refname:short)", "refs/remotes/origin", cwd=tmp
@@ -676,7 +740,10 @@ def clone(source: str, dest: Path, timeout: float = 600) -> Repo:
                 if name != "HEAD" and "/" not in name:
                     git("branch", "-f", name, ref, cwd=tmp, check=False)
         else:
-            shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc"))
+            # Links stay links: a folder's link to another study's clone imports no byte of it.
+            shutil.copytree(
+                src, tmp, symlinks=True, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc")
+            )
             git("init", "--quiet", "-b", "main", cwd=tmp)
             git("add", "-A", cwd=tmp)
             git("commit", "--quiet", "-m", f"Import {src.name}", cwd=tmp)

@@ -134,20 +134,26 @@ PACKAGE_VARS = (
 )  # fmt: skip
 PIP_FILES = ("/etc/pip.conf", "/etc/xdg/pip/pip.conf")
 USER_PIP_FILES = ("~/.config/pip/pip.conf", "~/.pip/pip.conf")
-# Credentials in a text: a query parameter named like a secret, or a private key.
+# Credentials in a text: a user in a URL, a query parameter named like a secret, or a private key.
 CREDENTIALS = re.compile(
-    r"[?&][^=\s&]*(token|key|secret|passw|auth|sig|credential)[^=\s&]*=|PRIVATE KEY", re.I
+    r"://[^/\s@]+@|[?&][^=\s&]*(token|key|secret|passw|auth|sig|credential)[^=\s&]*=|PRIVATE KEY", re.I
 )
-SENSITIVE = frozenset({".ssh", ".gnupg", ".aws", ".kube", ".docker", ".netrc", ".pypirc", ".git-credentials"})
-KEY_FILE = re.compile(r"^id_(rsa|dsa|ecdsa|ed25519)(_sk)?$|\.(key|p12|pfx|kdbx)$", re.I)
+SENSITIVE = frozenset({
+    ".ssh", ".gnupg", ".aws", ".kube", ".docker", ".netrc", ".pypirc", ".git-credentials", ".pgpass",
+    ".npmrc", ".vault-token", ".azure", "gcloud",
+})  # fmt: skip
+KEY_FILE = re.compile(
+    r"^id_(rsa|dsa|ecdsa|ed25519)|\.(key|p12|pfx|kdbx|keystore|jks)$|^credentials(\.json)?$", re.I
+)
 MAX_WALK = 20_000  # entries of a named folder looked at; a larger one is not bound
+SMALL = 65_536  # files in a named folder up to this size are read for keys and credentials
 
 
 def has_credentials(value: str) -> bool:
     """Return whether a setting's value holds credentials: a user in any URL form, a secret query, a key."""
     if CREDENTIALS.search(value):
         return True
-    for word in re.split(r"[\s,;]+", value):
+    for word in re.split(r"[\s,;=\"'()<>\[\]{}]+", value):
         rest = re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*:(//)?", "", word)  # with or without a scheme
         if "@" in rest.split("/", 1)[0]:
             return True
@@ -168,6 +174,14 @@ def _holds_keys(path: Path) -> bool:
             if name in SENSITIVE or KEY_FILE.search(name):
                 return True
             if where.is_symlink() and _holds_keys_target(where):
+                return True
+        for name in files:  # small text files: a key or a URL with a password in them
+            where = Path(top) / name
+            try:
+                data = b"" if where.is_symlink() or where.stat().st_size > SMALL else where.read_bytes()
+            except OSError:
+                return True
+            if b"\0" not in data and CREDENTIALS.search(data.decode("utf-8", "replace")):
                 return True
         if seen > MAX_WALK:
             return True

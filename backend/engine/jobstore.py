@@ -411,10 +411,12 @@ class DbStore:
         """
         with db.session(self.settings.db_url) as s:
             job = self._job(s) if self.job_id is not None else None
-            if node_id is not None:
-                target = self._node(s, node_id)
-                if job is not None and job.kind not in SEALED:
-                    self._own_dev_receipts(s, target, receipts)
+            if job is not None and job.kind not in SEALED:
+                if node_id is None:
+                    raise Refused(f"job {self.job_id} writes receipts of a node only")
+                self._own_dev_receipts(s, self._node(s, node_id), receipts)
+            elif node_id is not None:
+                self._node(s, node_id)
             # Trunk's extra runs belong to trunk's node, not to the job that ran them.
             job_id = self.job_id if node_id == self.node_id else None
             for r in receipts:

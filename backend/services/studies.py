@@ -127,7 +127,7 @@ def uncommitted(source_repo: str) -> list[SpecIssue]:
     if gitops.is_url(source_repo) or not path.is_dir() or gitops.toplevel(path.resolve()) != path.resolve():
         return []
     root = path.resolve()
-    listing = gitops.git("ls-tree", "-r", "-z", "HEAD", cwd=root, check=False)
+    listing = gitops.git("ls-tree", "-r", "-z", "HEAD", cwd=root, check=False, foreign=True)
     changed = []
     for entry in listing.split("\0")[:5000]:
         meta, _, name = entry.partition("\t")
@@ -204,20 +204,22 @@ def check_source(settings: Settings, source: str) -> None:
                 f"repository: cannot expand {source.split('/', 1)[0]!r} on this server"
             ) from None
         _allowed_folder(settings, path)
-        # What git reads is judged too: a gitfile, `commondir` or alternates may lead from an allowed
-        # folder into another study's clone. Read only once the path itself passed, so that a refusal
-        # says nothing about what lies outside the roots.
+        # What git reads is judged too: a gitfile, `commondir`, alternates or a linked pack may lead
+        # from an allowed folder into another study's clone. Looked at only once the path itself
+        # passed, so that a refusal says nothing about what lies outside the roots.
         try:
-            real = gitops.real_git_dirs(path)
-        except OSError:
-            real = []
-        for gitdir in real:
+            folders = gitops.git_data_folders(path)
+        except gitops.TooManyObjects as exc:
+            raise SourceRefused(f"repository: {exc}; pack it first (git gc)") from None
+        except (OSError, gitops.GitError) as exc:
+            raise SourceRefused(f"repository: git cannot read {path}: {str(exc)[:300]}") from None
+        for folder in folders:
             try:
-                _allowed_folder(settings, gitdir)
+                _allowed_folder(settings, folder)
             except SourceRefused as exc:
                 raise SourceRefused(
-                    f"repository: its git data is read from {gitdir} (through a gitfile, commondir or "
-                    f"alternates), which is not allowed: {str(exc).removeprefix('repository: ')}"
+                    f"repository: its git data is read from {folder} (through a gitfile, commondir, "
+                    f"alternates or a link), which is not allowed: {str(exc).removeprefix('repository: ')}"
                 ) from None
         return
     try:
@@ -366,6 +368,8 @@ def clone_study(
             first_byte_timeout=settings.clone_first_byte_timeout, checked=checked,
         )  # fmt: skip
     else:
+        if policy:  # checked again as it is cloned: the folder may have changed since the request
+            check_source(settings, study.source)
         repo = gitops.clone(study.source, dest, timeout=settings.clone_timeout)
     try:
         base = check_spec(spec, repo, spec_source)
@@ -447,11 +451,7 @@ def promote(s: Session, study: Study, by: str) -> str:
     # A local origin's receive-pack runs in that repository, with its config: Grove's push runs none
     # of its hooks (command-line config wins over the repository's own).
     local = not gitops.is_url(origin) or origin.lower().startswith("file:")
-    wrapper = (
-        ["--receive-pack=git -c core.hooksPath=/dev/null -c core.fsmonitor=false receive-pack"]
-        if local
-        else []
-    )
+    wrapper = [f"--receive-pack={gitops.foreign_program('receive-pack')}"] if local else []
     repo.git("push", "--force", *wrapper, "origin", f"{commit}:refs/heads/{target}")
     add_event(s, study.id or 0, "study.promoted", None, branch=target, commit=commit, by=by)
     return target
@@ -473,7 +473,7 @@ def repository_files(path: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     root = path.resolve()
     if gitops.toplevel(root) == root:
-        repo = gitops.Repo(root)
+        repo = gitops.Repo(root, foreign=True)
         names = repo.files_at("HEAD")
         blobs = {n: (root / n) for n in names}
     else:

@@ -308,3 +308,12 @@ def test_a_gate_bundle_built_on_the_sealed_base_is_refused_wherever_it_is_checke
     assert r.status_code == 422 and "sealed files" in r.text, r.text
     ref = f"grove/{gate.study.name}/gate/n{gate.node.id}"
     assert git("branch", "--list", ref, cwd=Path(gate.study.repo_path)).strip() == ""
+
+
+def test_a_gate_bundle_carrying_a_sealed_blob_under_another_name_is_refused(gate: Gate) -> None:
+    git("checkout", "-q", "-B", "gate", gate.study.trunk_commit, cwd=gate.work)
+    (gate.work / "notes.txt").write_text("777.125\n")  # the sealed file's bytes, as a sealed worker read them
+    git("add", "notes.txt", cwd=gate.work)
+    git("commit", "-q", "-m", "notes", cwd=gate.work)
+    r = send_gate_bundle(gate, git("rev-parse", "HEAD", cwd=gate.work).strip())
+    assert r.status_code == 422 and "sealed files" in r.text, r.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -72,3 +73,93 @@ def test_a_gitfile_commondir_or_alternates_into_groves_folders_is_refused(tmp_pa
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def test_git_is_asked_where_it_reads_and_links_in_object_folders_are_followed(tmp_path: Path) -> None:
+    settings = Settings(
+        data_dir=tmp_path / ".grove", worktrees_dir=tmp_path / "worktrees", repo_roots=str(tmp_path)
+    )
+    settings.ensure_dirs()
+    victim = make_repo(tmp_path / "victim", tiny_files(name="victim"))
+    with db.session(settings.db_url) as s:
+        study = create_study(s, settings, (victim / "grove.toml").read_text(), str(victim))
+    objects = Path(study.repo_path) / ".git" / "objects"
+    allowed = tmp_path / "allowed"
+    cases = []
+    # Alternates of alternates: git reads `<alternate>/info/alternates`.
+    mid = allowed / "mid-objects"
+    (mid / "info").mkdir(parents=True)
+    (mid / "info" / "alternates").write_text(f"{objects}\n")
+    chained = make_repo(allowed / "chained", tiny_files(name="chained"))
+    (chained / ".git" / "objects" / "info" / "alternates").write_text(f"{mid}\n")
+    cases.append(chained)
+    # A C-quoted alternates line, which git unquotes: `\057` is a slash.
+    quoted = make_repo(allowed / "quoted", tiny_files(name="quoted"))
+    rel = os.path.relpath(objects, quoted / ".git" / "objects")
+    (quoted / ".git" / "objects" / "info" / "alternates").write_text('"' + rel.replace("/", "\\057") + '"\n')
+    cases.append(quoted)
+    # The bad alternate first, then more lines than anyone would read by hand.
+    padded = make_repo(allowed / "padded", tiny_files(name="padded"))
+    pad = "".join(f"{allowed / 'none'}{i}\n" for i in range(70))
+    (padded / ".git" / "objects" / "info" / "alternates").write_text(f"{objects}\n{pad}")
+    cases.append(padded)
+    # A linked object folder, and a linked pack.
+    linked = make_repo(allowed / "linked-objects", tiny_files(name="lo"))
+    shutil.rmtree(linked / ".git" / "objects")
+    os.symlink(objects, linked / ".git" / "objects")
+    cases.append(linked)
+    packed = make_repo(allowed / "linked-pack", tiny_files(name="lp"))
+    subprocess.run(["git", "-C", str(Path(study.repo_path)), "repack", "-adq"], check=True)
+    for pack in (objects / "pack").glob("pack-*"):
+        os.symlink(pack, packed / ".git" / "objects" / "pack" / pack.name)
+    cases.append(packed)
+    port = free_port()
+    server, thread = serve(create_app(settings), port)
+    try:
+        url = f"http://127.0.0.1:{port}/api/v1"
+        headers = {"Authorization": f"Bearer {create_token(settings, ['operator'], 'op')}"}
+        spec = tiny_files(name="thief")["grove.toml"]
+        for source in cases:
+            resp = httpx.post(
+                f"{url}/studies/validate", json={"spec": spec, "repository": str(source)}, headers=headers
+            )
+            assert resp.status_code == 422, (source, resp.text)
+            detail = resp.json()["detail"]
+            assert (
+                detail["errors"][0]["key"] == "repository"
+                and "inside Grove's own folder" in detail["message"]
+            )
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_a_partial_clone_cannot_make_groves_git_run_its_fetch_program(tmp_path: Path) -> None:
+    settings = Settings(
+        data_dir=tmp_path / ".grove", worktrees_dir=tmp_path / "worktrees", repo_roots=str(tmp_path)
+    )
+    settings.ensure_dirs()
+    lazy = make_repo(tmp_path / "allowed" / "lazy", tiny_files(name="lazy"))
+    tree = subprocess.run(
+        ["git", "rev-parse", "HEAD:data"], cwd=lazy, capture_output=True, text=True, check=True
+    )
+    sha = tree.stdout.strip()
+    (lazy / ".git" / "objects" / sha[:2] / sha[2:]).unlink()  # a tree the promisor would have to send
+    mark = tmp_path / "PWNED"
+    for key, value in (("core.repositoryFormatVersion", "1"), ("extensions.partialClone", "origin"),
+                       ("remote.origin.url", str(tmp_path / "allowed" / "lazy")), ("remote.origin.promisor", "true"),
+                       ("remote.origin.uploadpack", f"touch {mark}; git-upload-pack")):  # fmt: skip
+        subprocess.run(["git", "config", key, value], cwd=lazy, check=True)
+    port = free_port()
+    server, thread = serve(create_app(settings), port)
+    try:
+        url = f"http://127.0.0.1:{port}/api/v1"
+        headers = {"Authorization": f"Bearer {create_token(settings, ['operator'], 'op')}"}
+        body = {"spec": (lazy / "grove.toml").read_text(), "repository": str(lazy)}
+        resp = httpx.post(f"{url}/studies/validate", json=body, headers=headers)
+        assert 400 <= resp.status_code < 500, resp.text
+        assert "repository" in resp.text
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert not mark.exists()

@@ -120,3 +120,32 @@ def test_promote_to_a_local_origin_runs_none_of_its_hooks(settings: Settings, tm
     assert not marks.exists(), marks.read_text()
     pushed = subprocess.run(["git", "rev-parse", "grove/hooked"], cwd=origin, capture_output=True, text=True)
     assert pushed.returncode == 0 and len(pushed.stdout.strip()) == 40
+
+
+def test_init_commit_in_a_subfolder_commits_the_files_where_they_are(
+    settings: Settings, tmp_path: Path
+) -> None:
+    mono = make_repo(tmp_path / "mono", {f"sub/{k}": v for k, v in SCRIPT.items()} | {"README": "mono\n"})
+    made = grove(settings, "init", str(mono / "sub"), "--commit", "--no-check")
+    assert made.returncode == 0, made.stderr + made.stdout
+    shown = subprocess.run(["git", "show", "--name-only", "--format=", "HEAD"], cwd=mono, capture_output=True,
+                           text=True, check=True).stdout.split()  # fmt: skip
+    assert "sub/grove_eval.py" in shown and all(p.startswith("sub/") for p in shown), shown
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=mono, capture_output=True, text=True).stdout
+    assert "grove_eval.py" not in status and "adapter.json" not in status, status
+
+
+def test_a_plain_folder_imports_a_link_as_a_link(tmp_path: Path) -> None:
+    from backend.core import gitops
+
+    secret = tmp_path / "elsewhere" / "labels.csv"
+    secret.parent.mkdir()
+    secret.write_text("the held-out labels\n")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "train.py").write_text("print(1)\n")
+    os.symlink(secret.parent, plain / "loot")
+    repo = gitops.clone(str(plain), tmp_path / "clone")
+    listing = repo.git("ls-tree", "-r", "HEAD")
+    assert "120000" in listing and "loot" in listing
+    assert "held-out" not in repo.git("log", "-p", "--all")

@@ -56,3 +56,31 @@ def test_a_find_links_folder_with_a_key_folder_nested_deeper_or_linked_is_not_bo
     (fine / "pkg-1.0-py3-none-any.whl").write_text("wheel")
     _, paths = package_settings({"PIP_FIND_LINKS": f"{nested} {linked} {via_link} {fine}"})
     assert [p for p in paths if p.startswith(str(tmp_path))] == [str(fine)]
+
+
+def test_credentials_in_a_config_file_a_named_index_or_a_wrapped_url_do_not_pass(tmp_path: Path) -> None:
+    conf = tmp_path / "pip" / "pip.conf"
+    conf.parent.mkdir()
+    conf.write_text("[global]\nindex-url=https://u:secret@pypi.example/simple\n")
+    env, paths = package_settings(
+        {
+            "PIP_CONFIG_FILE": str(conf),
+            "UV_INDEX": "corp=https://u:s@pypi.example/simple",
+            "PIP_EXTRA_INDEX_URL": '"https://u:s@mirror.example/simple"',
+            "UV_EXTRA_INDEX_URL": "(https://u:s@mirror.example/simple)",
+            "UV_DEFAULT_INDEX": "<https://u:s@mirror.example/simple>",
+        }
+    )
+    assert env == {} and str(conf) not in paths
+
+
+def test_a_folder_holding_key_files_by_other_names_or_a_password_url_is_not_bound(tmp_path: Path) -> None:
+    bound = []
+    for name, text in ((".pgpass", "h:5432:db:u:pw\n"), (".npmrc", "//r/:_authToken=x\n"), ("id_rsa.bak", "k\n"),
+                       ("notes.txt", "mirror: https://u:pw@mirror.example/\n"), ("README", "wheels\n")):  # fmt: skip
+        folder = tmp_path / "opt" / name.strip(".").replace(".", "-")
+        folder.mkdir(parents=True)
+        (folder / name).write_text(text)
+        bound.append(folder)
+    _, paths = package_settings({"PIP_FIND_LINKS": " ".join(str(f) for f in bound)})
+    assert [p for p in paths if p.startswith(str(tmp_path))] == [str(bound[-1])]

@@ -468,7 +468,8 @@ def test_an_experiment_job_writes_only_its_own_dev_receipts(plane: Plane) -> Non
     # Made-up held-out numbers, on trunk, on a sibling or on itself; dev numbers on a sibling.
     for node_id, r in ((trunk, receipt("test", score=1e6)), (other, receipt("test")),
                        (plane.job.node_id, receipt("test")), (plane.job.node_id, receipt("test-predict")),
-                       (other, receipt("dev")), (trunk, receipt("dev", commit="c" * 40))):  # fmt: skip
+                       (other, receipt("dev")), (trunk, receipt("dev", commit="c" * 40)),
+                       (None, receipt("test")), (None, receipt("dev"))):  # fmt: skip
         code, body = call(plane, "add_receipts", node_id=node_id, receipts=[r])
         assert code == 422, (node_id, r, body)
     # Its own dev runs, and trunk's extra dev seeds on the trunk it was built on, are kept.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import re
 import tempfile
@@ -280,21 +281,21 @@ async def publish(
     if ref not in allowed:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"job {job_id} may not publish {ref!r}")
     data = await request.body()
-    await run_in_threadpool(
-        _take_bundle, gitops.Repo(Path(study.repo_path)), data, study.name, ref, commit, study.sealed_commit
-    )
+    await run_in_threadpool(_take_bundle, gitops.Repo(Path(study.repo_path)), data, study, ref, commit)
     return {"ref": ref, "commit": commit}
 
 
-def _take_bundle(repo: gitops.Repo, data: bytes, name: str, ref: str, commit: str, sealed: str = "") -> None:
+def _take_bundle(repo: gitops.Repo, data: bytes, study: Study, ref: str, commit: str) -> None:
     """Store a bundle's `ref` in the clone if it needs nothing but the study's own branches and itself.
 
     It is unpacked first into a scratch repository that holds only what the study's branches reach
     (what the job could fetch): a bundle that names, or deltas against, any other object of the
     clone (the repository's own base holding the sealed files, say) fails there, before the clone
-    sees it. A bundle that carries the sealed base itself (a sealed job has it) is refused by
-    ancestry: no branch of the study can come to lead to a sealed byte.
+    sees it. A bundle that carries the sealed base itself (a sealed job has it), or any blob of its
+    sealed files, is refused: no branch of the study can come to lead to a sealed byte.
     """
+    name, sealed = study.name, study.sealed_commit
+    secret = _sealed_blobs(repo, study) if sealed else set()
     with tempfile.TemporaryDirectory(prefix="grove-bundle-") as tmp:
         bundle, scratch = Path(tmp) / "in.bundle", Path(tmp) / "scratch"
         bundle.write_bytes(data)
@@ -311,10 +312,10 @@ def _take_bundle(repo: gitops.Repo, data: bytes, name: str, ref: str, commit: st
             gitops.git(
                 "fetch", "--quiet", "--no-tags", str(bundle), f"+refs/heads/{ref}:refs/incoming", cwd=scratch
             )
-            if sealed and _reaches(scratch, sealed):
+            if sealed and (_reaches(scratch, sealed) or secret & _new_objects(scratch)):
                 raise HTTPException(
                     status.HTTP_422_UNPROCESSABLE_CONTENT,
-                    f"the bundle's {ref} is built on the repository's base that holds the sealed files",
+                    f"the bundle's {ref} holds the repository's base or a blob of its sealed files",
                 )
             with repo.lock():
                 repo.git("fetch", "--quiet", "--no-tags", str(scratch), f"+refs/incoming:refs/heads/{ref}")
@@ -323,6 +324,25 @@ def _take_bundle(repo: gitops.Repo, data: bytes, name: str, ref: str, commit: st
                 status.HTTP_422_UNPROCESSABLE_CONTENT,
                 f"bundle (it may need only commits of study {name}'s branches): {exc.stderr[:500]}",
             ) from None
+
+
+def _sealed_blobs(repo: gitops.Repo, study: Study) -> set[str]:
+    """Return the ids of the sealed files' blobs at the study's sealed base."""
+    paths = globs.select(spec_of(study).files.sealed, repo.files_at(study.sealed_commit))
+    if not paths:
+        return set()
+    listing = repo.git("ls-tree", "-r", "-z", study.sealed_commit, "--", *paths)
+    empty = {
+        hashlib.sha1(b"blob 0\0").hexdigest(),
+        hashlib.sha256(b"blob 0\0").hexdigest(),
+    }  # an empty file tells nothing
+    return {entry.split()[2] for entry in listing.split("\0") if entry.count(" ") >= 2} - empty
+
+
+def _new_objects(scratch: Path) -> set[str]:
+    """Return the ids of the objects `refs/incoming` brings beyond the study's branches."""
+    out = gitops.git("rev-list", "--objects", "refs/incoming", "--not", "--branches", cwd=scratch)
+    return {line.split(" ", 1)[0] for line in out.splitlines() if line}
 
 
 def _reaches(scratch: Path, sealed: str) -> bool:
