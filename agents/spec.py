@@ -213,6 +213,9 @@ class PolicySection(_Section):
     # How the executor acts: native tool calls, the text action format, or "auto" (litellm's word
     # on the model; native for a model it does not know, falling back to text if the server refuses).
     tool_mode: Literal["auto", "native", "text"] = "auto"
+    # How an answer's JSON schema is sent so the server constrains decoding to it ("auto": by provider,
+    # the first form the server takes; "none": tolerant reading only).
+    decoding: Literal["auto", "none", "json_schema", "llamacpp", "ollama", "vllm"] = "auto"
     system_role: bool = True  # false for models whose template has no system role
     extra: dict[str, Any] = {}  # provider options passed through, e.g. {num_ctx = 16384} for Ollama
     max_input_tokens: int | None = Field(default=None, ge=1000, le=100_000_000)  # None: the model's own

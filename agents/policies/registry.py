@@ -39,10 +39,12 @@ def make_policy(spec: Spec, ledger: object | None = None) -> Policy:
         backoff=float(os.environ.get("GROVE_LLM_BACKOFF", "1.0")),
         max_backoff=float(os.environ.get("GROVE_LLM_MAX_BACKOFF", "60")),
         tool_mode=spec.policy.tool_mode,
+        decoding=spec.policy.decoding,
         system_role=spec.policy.system_role,
         extra=dict(spec.policy.extra),
-        max_input_tokens=spec.policy.max_input_tokens,
-        max_output_tokens=spec.policy.max_output_tokens,
+        # The operator's server knows its own context (`grove up --local-model` sets these).
+        max_input_tokens=_int_env("GROVE_LLM_MAX_INPUT_TOKENS") or spec.policy.max_input_tokens,
+        max_output_tokens=_int_env("GROVE_LLM_MAX_OUTPUT_TOKENS") or spec.policy.max_output_tokens,
         temperature=spec.policy.temperature,
     )
     limits = Limits(
@@ -54,6 +56,15 @@ def make_policy(spec: Spec, ledger: object | None = None) -> Policy:
     # A ledger that keeps a study's events is told of every answer the policy refuses.
     refused = getattr(ledger, "refused", None)
     return LlmPolicy(LitellmModel(config, ledger), limits, refused)  # type: ignore[arg-type]
+
+
+def _int_env(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    if not value.isdecimal() or not 16 <= int(value) <= 100_000_000:
+        raise PolicyUnavailable(f"{name}: must be a whole number of tokens between 16 and 100,000,000")
+    return int(value)
 
 
 def endpoint(spec: Spec, model: str) -> tuple[str | None, str | None]:

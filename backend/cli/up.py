@@ -13,6 +13,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backend.core import localmodel
 from backend.core.config import PROJECT_ROOT, Settings
 
 
@@ -117,6 +118,7 @@ class Stack:
     host: str = "127.0.0.1"
     port: int = 8000
     cpu_slots: int = 2
+    local_model: Path | None = None  # a GGUF file: llama.cpp's server on loopback answers every role
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
     restarts: dict[str, list[float]] = field(default_factory=dict)
@@ -175,6 +177,8 @@ class Stack:
             self._wait("redis", lambda: _listening("127.0.0.1", rport))
             redis_url = f"redis://127.0.0.1:{rport}/0"
         env["GROVE_REDIS_URL"] = redis_url
+        if self.local_model is not None:
+            env.update(self._start_local_model(env))
         self._spawn(
             "api",
             [
@@ -203,6 +207,19 @@ class Stack:
             log = self.settings.data_dir / "logs" / f"{name}.log"
             self._wait(name, lambda log=log: log.exists() and b"ready." in log.read_bytes())
         return env
+
+    def _start_local_model(self, env: dict[str, str]) -> dict[str, str]:
+        """Start llama.cpp's server on the stack's GGUF file; return the settings that point the roles at it."""
+        assert self.local_model is not None
+        try:
+            cmd = localmodel.command(localmodel.check_gguf(self.local_model), free_port())
+        except localmodel.LocalModelError as exc:
+            raise UpError(str(exc)) from None
+        self._spawn("local-model", cmd, env)
+        server = localmodel.LocalServer(self.procs[-1][1], f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}/v1",
+                                        self.settings.data_dir / "logs" / "local-model.log")  # fmt: skip
+        self._wait("the local model", lambda: localmodel.models_answer(server.url), timeout=180)
+        return server.env()
 
     def start_dashboard(self, env: dict[str, str], port: int, token: str) -> str:
         """Start the Streamlit dashboard against this stack's API; return its URL."""

@@ -49,7 +49,9 @@ class Scripted:
     def count(self, messages: list[dict[str, Any]], tools: object = None) -> int:
         return len(json.dumps(messages)) // 4
 
-    def complete(self, role: str, messages: list[dict[str, Any]], tools: Any = None) -> Turn:
+    def complete(
+        self, role: str, messages: list[dict[str, Any]], tools: Any = None, schema: object = None
+    ) -> Turn:
         self.prompts.append(json.loads(json.dumps(messages)))
         self.tools.append(tools)
         answer = self.answers.pop(0)

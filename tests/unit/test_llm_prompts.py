@@ -58,7 +58,9 @@ class Counting:
     def count(self, messages: list[dict[str, Any]], tools: object = None) -> int:
         return len(json.dumps(messages)) // 4
 
-    def complete(self, role: str, messages: list[dict[str, Any]], tools: object = None) -> Turn:
+    def complete(
+        self, role: str, messages: list[dict[str, Any]], tools: object = None, schema: object = None
+    ) -> Turn:
         self.prompts.append(messages)
         self.roles.append(role)
         return Turn(self.answers.pop(0) if self.answers else "{}", [], 10, 10, 0.0)

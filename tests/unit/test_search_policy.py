@@ -325,7 +325,9 @@ class ScriptedIdeator:
         self.children = children
         self.seen: list[str] = []
 
-    def complete(self, role: str, messages: list[dict[str, object]], tools: object = None) -> Turn:
+    def complete(
+        self, role: str, messages: list[dict[str, object]], tools: object = None, schema: object = None
+    ) -> Turn:
         self.seen.append(str(messages[-1]["content"]))
         return Turn(json.dumps({"children": self.children}), [], 10, 10, 0.0)
 
@@ -381,7 +383,9 @@ class ScriptedState:
         self.answer = answer
         self.seen: list[str] = []
 
-    def complete(self, role: str, messages: list[dict[str, object]], tools: object = None) -> Turn:
+    def complete(
+        self, role: str, messages: list[dict[str, object]], tools: object = None, schema: object = None
+    ) -> Turn:
         self.seen.append(str(messages[-1]["content"]))
         return Turn(json.dumps(self.answer), [], 10, 10, 0.0)
 
@@ -468,7 +472,9 @@ class Answers:
         self.texts = list(texts)
         self.prompts: list[list[dict[str, object]]] = []
 
-    def complete(self, role: str, messages: list[dict[str, object]], tools: object = None) -> Turn:
+    def complete(
+        self, role: str, messages: list[dict[str, object]], tools: object = None, schema: object = None
+    ) -> Turn:
         self.prompts.append(list(messages))
         return Turn(self.texts.pop(0), [], 10, 10, 0.0)
 

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
+from agents.policies.llm import decoding
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 # Statuses worth another try: timeouts, conflicts, rate limits and server-side failures.
@@ -104,8 +106,14 @@ class Model(Protocol):
     name: str
 
     def complete(
-        self, role: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-    ) -> Turn: ...
+        self,
+        role: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        schema: dict[str, Any] | None = None,
+    ) -> Turn:
+        """Answer; `schema`, a JSON schema the answer's text should follow, is a hint a model may ignore."""
+        ...
 
 
 ToolMode = Literal["auto", "native", "text"]
@@ -129,6 +137,7 @@ class ModelConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # provider options passed through (num_ctx, ...)
     max_input_tokens: int | None = None  # None: litellm's figure for the model, else 32,000
     max_output_tokens: int = 4096
+    decoding: str = "auto"  # how an answer's schema is sent (`decoding.SETTINGS`)
 
 
 class LitellmModel:
@@ -152,6 +161,8 @@ class LitellmModel:
             if info and info.get("supports_function_calling") is False
             else "native"
         )
+        # The forms this server may take a schema in; one it refuses is dropped for the next call.
+        self.forms = list(decoding.candidates(config.decoding, config.model, config.api_base))
         known = (info or {}).get("max_input_tokens")
         self.input_limit = config.max_input_tokens or (int(known) if known else DEFAULT_INPUT_LIMIT)
 
@@ -177,16 +188,23 @@ class LitellmModel:
             return 0.0
 
     def complete(
-        self, role: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        role: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        schema: dict[str, Any] | None = None,
     ) -> Turn:
-        """Make one call (retried on transient errors), holding its worst-case cost until it is charged."""
+        """Make one call (retried on transient errors), holding its worst-case cost until it is charged.
+
+        With `schema`, the answer is asked for in the first form of `self.forms` (`decoding`).
+        """
         sent = messages if self.config.system_role else fold_system(messages)
         tokens_in = self.count(sent, tools)
         hold = self.ledger.reserve(
             self.price(tokens_in, self.config.max_output_tokens), tokens_in + self.config.max_output_tokens
         )
         try:
-            resp = self._call(sent, tools, role)
+            resp = self._call(sent, tools, role, schema)
             try:
                 turn = _turn(resp, 0.0)
             except (AttributeError, IndexError, TypeError, ValueError) as exc:
@@ -203,7 +221,11 @@ class LitellmModel:
         return turn
 
     def _call(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, role: str = ""
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        role: str = "",
+        schema: dict[str, Any] | None = None,
     ) -> Any:
         kwargs: dict[str, Any] = {
             **self.config.extra,
@@ -224,22 +246,29 @@ class LitellmModel:
             temperature = temperature.get(role)
         if temperature is not None:
             kwargs["temperature"] = temperature
-        for attempt in range(self.config.retries + 1):
+        attempt = 0
+        while True:
+            form = self.forms[0] if schema is not None and self.forms else decoding.Decoding.NONE
             try:
-                return self._litellm.completion(**kwargs)
+                return self._litellm.completion(
+                    **kwargs, **decoding.fields(form, role or "answer", schema or {})
+                )
             except Exception as exc:
                 if fatal(exc):
                     raise
                 text = f"{type(exc).__name__}: {str(exc)[:500]}"
+                if form is not decoding.Decoding.NONE and decoding.refuses(status_of(exc), str(exc)):
+                    self.forms.remove(form)  # this server does not take that form: the next one, or none
+                    continue
                 if type(exc).__name__ == "ContextWindowExceededError":
                     raise ContextTooLong(text) from exc
                 if tools and status_of(exc) == 400 and refuses_tools(str(exc)):
                     raise ToolsUnsupported(text) from exc
                 if attempt < self.config.retries and transient(exc):
                     time.sleep(wait_before_retry(exc, attempt, self.config.backoff, self.config.max_backoff))
+                    attempt += 1
                     continue
                 raise ModelError(text) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _cost(self, resp: Any) -> float:
         try:

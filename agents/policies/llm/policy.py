@@ -24,6 +24,7 @@ from agents.policies.base import (
     NodeEvidence,
     Proposal,
 )
+from agents.policies.llm import schemas
 from agents.policies.llm.answers import (
     choice,
     confidence,
@@ -370,7 +371,15 @@ class LlmPolicy:
 
         messages = fitted(self.model, "ideator", build, len(IDEATOR_LEVELS))
         try:
-            children = self._ask("ideator", messages, lambda text: _children(text, ctx.trunk_dev_mean))
+            parents = [
+                n.number
+                for n in ctx.nodes
+                if n.status not in ("pruned", "cancelled") and ctx.takes_children(n)
+            ]
+            schema = schemas.ideator(ctx.k, parents)
+            children = self._ask(
+                "ideator", messages, lambda text: _children(text, ctx.trunk_dev_mean), schema=schema
+            )
         except Unusable as exc:
             raise ModelError(f"the ideator's answer is not the requested JSON: {exc}") from exc
         valid = {n.id: n for n in ctx.nodes if n.status not in ("pruned", "cancelled")}
@@ -413,12 +422,18 @@ class LlmPolicy:
         return out
 
     def _ask(
-        self, role: str, messages: list[dict[str, Any]], parse: Callable[[str], T], node_id: int | None = None
+        self,
+        role: str,
+        messages: list[dict[str, Any]],
+        parse: Callable[[str], T],
+        node_id: int | None = None,
+        schema: dict[str, Any] | None = None,
     ) -> T:
-        """Ask for a structured answer; while it cannot be used, ask again (`REASKS` times at most),
-        quoting what was wrong. Every refused answer is reported (on `node_id`, if given)."""
+        """Ask for a structured answer (in `schema`'s form, where the server constrains decoding); while
+        it cannot be used, ask again (`REASKS` times at most), quoting what was wrong. Every refused
+        answer is reported (on `node_id`, if given)."""
         for tried in range(1, REASKS + 2):
-            turn = self.model.complete(role, messages)
+            turn = self.model.complete(role, messages, schema=schema)
             try:
                 return parse(turn.content)
             except Unusable as exc:
@@ -574,7 +589,9 @@ class LlmPolicy:
             return answer
 
         try:
-            answer = self._ask("verifier", messages, parse, node.id)
+            answer = self._ask(
+                "verifier", messages, parse, node.id, schemas.verifier([c["name"] for c in soft])
+            )
         except (ModelError, BudgetExhausted, Unusable):
             return Judgement()
         verdicts = {v.name: (v.confidence, v.reason) for v in answer.verdicts}
@@ -630,7 +647,7 @@ class LlmPolicy:
             return fresh
 
         try:
-            return self._ask("state", messages, parse)
+            return self._ask("state", messages, parse, schema=schemas.state(sorted(node_of)))
         except (ModelError, BudgetExhausted, Unusable):
             return state
 

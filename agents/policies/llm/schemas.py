@@ -1,0 +1,85 @@
+"""The JSON schema of each role's answer: what a server that constrains decoding holds the model to.
+
+Each is built from what the answer is read into, with the values the study allows where they are
+known (the nodes that may take children, the soft constraints' names, the nodes that exist) and a
+length cap on every text, so a small model can neither wander off the form nor write forever.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TITLE = 120
+TEXT = 300
+ITEM = 240
+
+
+def _text(cap: int = TEXT) -> dict[str, Any]:
+    return {"type": "string", "maxLength": cap}
+
+
+def _nodes(numbers: list[int]) -> dict[str, Any]:
+    return {"type": "integer", "enum": sorted(set(numbers))} if numbers else {"type": "integer"}
+
+
+def _object(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
+def ideator(k: int, parents: list[int]) -> dict[str, Any]:
+    """Return the ideator's schema: 1 to `k` children, each under one of `parents` (node numbers)."""
+    child = _object(
+        {
+            "parent_id": _nodes(parents),
+            "title": {"type": "string", "minLength": 3, "maxLength": TITLE},
+            "mechanism": _text(),
+            "hypothesis": _text(),
+            "observable": _text(),
+            "risks": _text(),
+            "expected_gain": {"type": "number"},
+        },
+        ["parent_id", "title", "mechanism", "hypothesis", "observable", "risks", "expected_gain"],
+    )
+    children = {"type": "array", "items": child, "minItems": 1, "maxItems": max(1, k)}
+    return _object({"children": children}, ["children"])
+
+
+def verifier(names: list[str]) -> dict[str, Any]:
+    """Return the verifier's schema: one verdict per soft constraint of `names`, and a call."""
+    verdict = _object(
+        {
+            "name": {"type": "string", "enum": names} if names else _text(80),
+            "confidence": {"type": "integer", "minimum": 0, "maximum": 100},
+            "reason": _text(),
+        },
+        ["name", "confidence", "reason"],
+    )
+    verdicts = {"type": "array", "items": verdict, "minItems": len(names), "maxItems": max(1, len(names))}
+    call = {"type": "string", "enum": ["accept", "refine", "restart"]}
+    return _object({"verdicts": verdicts, "call": call, "why": _text()}, ["verdicts", "call", "why"])
+
+
+def state(numbers: list[int], items: int = 8) -> dict[str, Any]:
+    """Return the improvement state's schema, its node references among `numbers`."""
+    ids = {"type": "array", "items": _nodes(numbers), "maxItems": 8}
+
+    def listed(item: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "array", "items": item, "maxItems": items}
+
+    finding = _object({"text": _text(ITEM), "node_ids": ids}, ["text", "node_ids"])
+    status = _text(40)
+    constraint = _object(
+        {"name": _text(80), "status": status, "detail": _text(ITEM), "node_ids": ids},
+        ["name", "status", "detail", "node_ids"],
+    )
+    rejected = _object({"node_id": _nodes(numbers), "reason": _text(ITEM)}, ["node_id", "reason"])
+    return _object(
+        {
+            "verified_findings": listed(finding),
+            "open_constraints": listed(constraint),
+            "rejected_candidates": listed(rejected),
+            "concerns": listed(_text(ITEM)),
+            "next_plan": listed(_text(ITEM)),
+        },
+        ["verified_findings", "open_constraints", "rejected_candidates", "concerns", "next_plan"],
+    )
