@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -58,11 +59,16 @@ def app_test(api_url: str, token: str, page: str | None = None, **params: object
     return at
 
 
+def shown(markdown: str) -> str:
+    """Return Markdown as a reader sees it: no backslash before punctuation, no invisible word joiner."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown).replace("\u2060", "")
+
+
 def texts(at: AppTest) -> str:
     """Return every piece of text the page shows, joined (for assertions)."""
     parts: list[str] = []
     for kind in ("title", "subheader", "markdown", "caption", "error", "success", "info", "warning", "code"):
-        parts += [str(e.value) for e in getattr(at, kind)]
+        parts += [str(e.value) if kind == "code" else shown(str(e.value)) for e in getattr(at, kind)]
     parts += [f"{m.label}={m.value}" for m in at.metric]
     return "\n".join(parts)
 
