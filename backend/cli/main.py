@@ -731,6 +731,7 @@ def _serve_local_model(settings: Settings, gguf: Path) -> None:
     """Start llama.cpp's server on `gguf` for this process's roles; it stops when the process ends."""
     import atexit
     import os
+    import signal
 
     from backend.cli.up import free_port
     from backend.core import localmodel
@@ -742,6 +743,8 @@ def _serve_local_model(settings: Settings, gguf: Path) -> None:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     atexit.register(server.stop)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # exit through atexit, so the server stops too
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     os.environ.update(server.env())
     console.print(f"local model at {server.url} (log: {server.log})")
 
