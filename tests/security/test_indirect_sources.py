@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -12,13 +14,14 @@ import httpx
 from backend.api.main import create_app
 from backend.core import db
 from backend.core.config import Settings
+from backend.core.models import Study
 from backend.core.security import create_token
 from backend.services.studies import create_study
 from tests.conftest import free_port, make_repo, serve, tiny_files
 
 
-def test_a_gitfile_commondir_or_alternates_into_groves_folders_is_refused(tmp_path: Path) -> None:
-    # As `grove up` sets it: the repository root is the folder Grove runs in, its data folder inside.
+def grove_with_a_victim(tmp_path: Path) -> tuple[Settings, Study]:
+    """Return settings as `grove up` makes them (the roots hold Grove's data folder) and a study in them."""
     settings = Settings(
         data_dir=tmp_path / ".grove", worktrees_dir=tmp_path / "worktrees", repo_roots=str(tmp_path)
     )
@@ -26,6 +29,38 @@ def test_a_gitfile_commondir_or_alternates_into_groves_folders_is_refused(tmp_pa
     victim = make_repo(tmp_path / "victim", tiny_files(name="victim"))
     with db.session(settings.db_url) as s:
         study = create_study(s, settings, (victim / "grove.toml").read_text(), str(victim))
+    return settings, study
+
+
+@contextmanager
+def api(settings: Settings) -> Iterator[Callable[[str, Path], httpx.Response]]:
+    """Serve the API and yield a function that posts a thief's spec with a repository to a study route."""
+    port = free_port()
+    server, thread = serve(create_app(settings), port)
+    headers = {"Authorization": f"Bearer {create_token(settings, ['operator'], 'op')}"}
+    spec = tiny_files(name="thief")["grove.toml"]
+
+    def post(route: str, source: Path, text: str = spec) -> httpx.Response:
+        body = {"spec": text, "repository": str(source)}
+        return httpx.post(f"http://127.0.0.1:{port}/api/v1{route}", json=body, headers=headers, timeout=60)
+
+    try:
+        yield post
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def refused_as_groves_own(resp: httpx.Response) -> None:
+    assert resp.status_code == 422, resp.text
+    detail = resp.json()["detail"]
+    assert detail["errors"][0]["key"] == "repository" and "inside Grove's own folder" in detail["message"], (
+        detail
+    )
+
+
+def test_a_gitfile_commondir_or_alternates_into_groves_folders_is_refused(tmp_path: Path) -> None:
+    settings, study = grove_with_a_victim(tmp_path)
     clone_git = Path(study.repo_path) / ".git"
     assert clone_git.is_dir()
     allowed = tmp_path / "allowed"
@@ -49,40 +84,20 @@ def test_a_gitfile_commondir_or_alternates_into_groves_folders_is_refused(tmp_pa
         subprocess.run(["git", "-C", str(borrower), "cat-file", "-e", study.base_commit or ""]).returncode
         == 0
     )
-    port = free_port()
-    server, thread = serve(create_app(settings), port)
-    try:
-        url = f"http://127.0.0.1:{port}/api/v1"
-        headers = {"Authorization": f"Bearer {create_token(settings, ['operator'], 'op')}"}
-        spec = tiny_files(name="thief")["grove.toml"]
+    with api(settings) as post:
         for source in (gitfile, linked, borrower):
-            for path in ("/studies/validate", "/studies"):
-                resp = httpx.post(
-                    f"{url}{path}", json={"spec": spec, "repository": str(source)}, headers=headers
-                )
-                assert resp.status_code == 422, (source, resp.text)
-                detail = resp.json()["detail"]
-                assert detail["errors"][0]["key"] == "repository", detail
-                assert "inside Grove's own folder" in detail["message"] and "gitfile" in detail["message"]
+            for route in ("/studies/validate", "/studies"):
+                resp = post(route, source)
+                refused_as_groves_own(resp)
+                assert "gitfile" in resp.json()["detail"]["message"]
         # A plain repository under the roots is still fine.
-        (alt).unlink()
-        ok = httpx.post(
-            f"{url}/studies/validate", json={"spec": spec, "repository": str(borrower)}, headers=headers
-        )
+        alt.unlink()
+        ok = post("/studies/validate", borrower)
         assert ok.status_code == 200, ok.text
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def test_git_is_asked_where_it_reads_and_links_in_object_folders_are_followed(tmp_path: Path) -> None:
-    settings = Settings(
-        data_dir=tmp_path / ".grove", worktrees_dir=tmp_path / "worktrees", repo_roots=str(tmp_path)
-    )
-    settings.ensure_dirs()
-    victim = make_repo(tmp_path / "victim", tiny_files(name="victim"))
-    with db.session(settings.db_url) as s:
-        study = create_study(s, settings, (victim / "grove.toml").read_text(), str(victim))
+    settings, study = grove_with_a_victim(tmp_path)
     objects = Path(study.repo_path) / ".git" / "objects"
     allowed = tmp_path / "allowed"
     cases = []
@@ -113,32 +128,13 @@ def test_git_is_asked_where_it_reads_and_links_in_object_folders_are_followed(tm
     for pack in (objects / "pack").glob("pack-*"):
         os.symlink(pack, packed / ".git" / "objects" / "pack" / pack.name)
     cases.append(packed)
-    port = free_port()
-    server, thread = serve(create_app(settings), port)
-    try:
-        url = f"http://127.0.0.1:{port}/api/v1"
-        headers = {"Authorization": f"Bearer {create_token(settings, ['operator'], 'op')}"}
-        spec = tiny_files(name="thief")["grove.toml"]
+    with api(settings) as post:
         for source in cases:
-            resp = httpx.post(
-                f"{url}/studies/validate", json={"spec": spec, "repository": str(source)}, headers=headers
-            )
-            assert resp.status_code == 422, (source, resp.text)
-            detail = resp.json()["detail"]
-            assert (
-                detail["errors"][0]["key"] == "repository"
-                and "inside Grove's own folder" in detail["message"]
-            )
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+            refused_as_groves_own(post("/studies/validate", source))
 
 
 def test_a_partial_clone_cannot_make_groves_git_run_its_fetch_program(tmp_path: Path) -> None:
-    settings = Settings(
-        data_dir=tmp_path / ".grove", worktrees_dir=tmp_path / "worktrees", repo_roots=str(tmp_path)
-    )
-    settings.ensure_dirs()
+    settings, _ = grove_with_a_victim(tmp_path)
     lazy = make_repo(tmp_path / "allowed" / "lazy", tiny_files(name="lazy"))
     tree = subprocess.run(
         ["git", "rev-parse", "HEAD:data"], cwd=lazy, capture_output=True, text=True, check=True
@@ -150,16 +146,7 @@ def test_a_partial_clone_cannot_make_groves_git_run_its_fetch_program(tmp_path: 
                        ("remote.origin.url", str(tmp_path / "allowed" / "lazy")), ("remote.origin.promisor", "true"),
                        ("remote.origin.uploadpack", f"touch {mark}; git-upload-pack")):  # fmt: skip
         subprocess.run(["git", "config", key, value], cwd=lazy, check=True)
-    port = free_port()
-    server, thread = serve(create_app(settings), port)
-    try:
-        url = f"http://127.0.0.1:{port}/api/v1"
-        headers = {"Authorization": f"Bearer {create_token(settings, ['operator'], 'op')}"}
-        body = {"spec": (lazy / "grove.toml").read_text(), "repository": str(lazy)}
-        resp = httpx.post(f"{url}/studies/validate", json=body, headers=headers)
-        assert 400 <= resp.status_code < 500, resp.text
-        assert "repository" in resp.text
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with api(settings) as post:
+        resp = post("/studies/validate", lazy, (lazy / "grove.toml").read_text())
+        assert 400 <= resp.status_code < 500 and "repository" in resp.text, resp.text
     assert not mark.exists()
