@@ -101,7 +101,7 @@ def new_study_form() -> None:
             )
             for path, text in sorted(added.items()):
                 st.download_button(
-                    f"Save {path}", text, file_name=path.rsplit("/", 1)[-1], key=f"save:{path}"
+                    f"Save {ui.words(path)}", text, file_name=path.rsplit("/", 1)[-1], key=f"save:{path}"
                 )
     spec_msg = st.empty()
     left, right, _ = st.columns([1, 1, 4])

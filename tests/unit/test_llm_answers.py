@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from agents.policies.llm import answers
@@ -70,3 +72,15 @@ def test_a_verifiers_scales_and_enums_parse() -> None:
         Verdicts.model_validate({"verdicts": [{"name": "r", "confidence": 150}]})
     with pytest.raises(ValueError, match="'accept', 'refine' or 'restart'"):
         Verdicts.model_validate({"call": "ship it"})
+
+
+def test_a_child_that_fills_the_form_without_an_idea_is_refused() -> None:
+    real = {"parent_id": 1, "title": "wider hidden layer", "mechanism": "more capacity"}
+    assert _children(json.dumps({"children": [real]}))[0].title == "wider hidden layer"
+    for field, text in (("title", "..."), ("mechanism", "..."), ("hypothesis", "…"), ("title", "string"),
+                        ("risks", "<placeholder>"), ("observable", "TODO"), ("title", " -- ")):  # fmt: skip
+        with pytest.raises(Unusable, match="placeholder"):
+            _children(json.dumps({"children": [{**real, field: text}]}))
+    # One empty optional text is no placeholder; a valid sibling is kept beside a refused one.
+    kept = _children(json.dumps({"children": [{**real, "risks": ""}, {**real, "title": "..."}]}))
+    assert [c.title for c in kept] == ["wider hidden layer"]

@@ -48,6 +48,18 @@ def prompt(name: str) -> str:
     return resources.files("agents.policies.llm").joinpath("prompts", f"{name}.md").read_text("utf-8")
 
 
+# What a model writes when it fills a form without an idea: punctuation alone, or a word that
+# stands for a value (the schema's own words included).
+_PLACEHOLDER = re.compile(
+    r"^[\W_]*$|^(string|text|title|todo|tbd|placeholder)$", re.I
+)  # "none" is a fair risk
+
+
+def content_free(text: str) -> bool:
+    """Return whether a text an answer gave holds no content: a placeholder, not words of its own."""
+    return bool(_PLACEHOLDER.match(text.strip().strip("<>[]{}()\"'`").strip()))
+
+
 class Child(BaseModel):
     parent_id: int
     title: str = Field(min_length=1, max_length=200)
@@ -56,6 +68,13 @@ class Child(BaseModel):
     observable: str = ""
     risks: str = ""
     expected_gain: float = 0.0
+
+    @field_validator("title", "mechanism", "hypothesis", "observable", "risks")
+    @classmethod
+    def _said(cls, v: str, info: ValidationInfo) -> str:
+        if (v or info.field_name == "title") and content_free(v):
+            raise ValueError(f"{v.strip()[:20]!r} is a placeholder, not an idea: say what the change is")
+        return v
 
     @field_validator("parent_id", mode="before")
     @classmethod
@@ -390,6 +409,7 @@ class LlmPolicy:
             if n.parent_id is not None and n.status != "cancelled"
         ]
         refine = {r.node_id for r in ctx.refine}
+        titles = {n.title.strip().lower(): n.number for n in ctx.nodes}
         out = []
         root = next((n.id for n in ctx.nodes if n.parent_id is None), None)
         restarts = list(ctx.restart)  # the first root child after each abandoned branch answers it
@@ -399,8 +419,11 @@ class LlmPolicy:
             idea = identity(c.title, c.mechanism)
             twin = next((name for name, other in known if same(idea, other)), None)
             why = ""
+            copied = titles.get(c.title.strip().lower())
             if c.parent_id not in valid:
                 why = f"its parent n{asked} is not a node that may take children (unknown, pruned, cancelled)"
+            elif copied is not None:
+                why = f"its title is n{copied}'s, copied from the prompt: not a new idea"
             elif twin:
                 why = f"a duplicate of {twin}: the same mechanism and parameters"
             if why:
