@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.executor.tools import SCHEMAS, TOOLS, Submitted, Toolbox
+from agents.policies.llm import schemas
 from agents.policies.llm.model import ContextTooLong, Model, ToolsUnsupported, Turn
 
 FORMAT_ERRORS = 3  # malformed answers in a row that end an attempt
@@ -192,6 +193,7 @@ def run(
     """
     tr = tr if tr is not None else Transcript()
     text_mode = getattr(model, "tool_mode", "native") == "text"
+    action = schemas.action(SCHEMAS, toolbox.editable)
     tr.messages[:] = [
         {"role": "system", "content": system + ("\n\n" + TEXT_FORMAT if text_mode else "")},
         {"role": "user", "content": task},
@@ -208,7 +210,13 @@ def run(
         if over:
             return _stop(tr, over)
         try:
-            turn = model.complete("executor", tr.messages, None if text_mode else TOOLS)
+            turn = (
+                model.complete(
+                    "executor", tr.messages, schema=action
+                )  # one action, in the form decoding holds to
+                if text_mode
+                else model.complete("executor", tr.messages, TOOLS)
+            )
         except ToolsUnsupported:
             if text_mode:
                 raise

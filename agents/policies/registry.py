@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from agents.policies.base import Policy
 from agents.policies.search import SearchPolicy
@@ -38,7 +39,7 @@ def make_policy(spec: Spec, ledger: object | None = None) -> Policy:
         retries=int(os.environ.get("GROVE_LLM_RETRIES", "5")),
         backoff=float(os.environ.get("GROVE_LLM_BACKOFF", "1.0")),
         max_backoff=float(os.environ.get("GROVE_LLM_MAX_BACKOFF", "60")),
-        tool_mode=spec.policy.tool_mode,
+        tool_mode=_tool_mode(spec),
         decoding=spec.policy.decoding,
         system_role=spec.policy.system_role,
         extra=dict(spec.policy.extra),
@@ -56,6 +57,16 @@ def make_policy(spec: Spec, ledger: object | None = None) -> Policy:
     # A ledger that keeps a study's events is told of every answer the policy refuses.
     refused = getattr(ledger, "refused", None)
     return LlmPolicy(LitellmModel(config, ledger), limits, refused)  # type: ignore[arg-type]
+
+
+def _tool_mode(spec: Spec) -> Literal["auto", "native", "text"]:
+    """Return how the executor acts: the operator's `GROVE_LLM_TOOL_MODE` (a server they run) wins."""
+    value = os.environ.get("GROVE_LLM_TOOL_MODE", "").strip()
+    if value in ("auto", "native", "text"):
+        return value  # type: ignore[return-value]
+    if value:
+        raise PolicyUnavailable("GROVE_LLM_TOOL_MODE: must be auto, native or text")
+    return spec.policy.tool_mode
 
 
 def _int_env(name: str) -> int | None:

@@ -97,6 +97,9 @@ class LocalServer:
         return {
             "GROVE_MODEL": MODEL, "GROVE_LLM_API_BASE": self.url, "GROVE_LLM_API_KEY": ALIAS,
             "GROVE_LLM_MAX_INPUT_TOKENS": str(self.context - OUTPUT), "GROVE_LLM_MAX_OUTPUT_TOKENS": str(OUTPUT),
+            # Its server writes free text beside tool definitions: the executor acts in the text
+            # format, each answer held to one action's schema.
+            "GROVE_LLM_TOOL_MODE": "text",
         }  # fmt: skip
 
     def stop(self) -> None:

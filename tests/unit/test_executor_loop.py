@@ -45,6 +45,7 @@ class Scripted:
         self.answers, self.tool_mode, self.input_limit = list(answers), tool_mode, input_limit
         self.prompts: list[list[dict[str, Any]]] = []
         self.tools: list[object] = []
+        self.schemas: list[object] = []
 
     def count(self, messages: list[dict[str, Any]], tools: object = None) -> int:
         return len(json.dumps(messages)) // 4
@@ -54,6 +55,7 @@ class Scripted:
     ) -> Turn:
         self.prompts.append(json.loads(json.dumps(messages)))
         self.tools.append(tools)
+        self.schemas.append(schema)
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
@@ -118,6 +120,12 @@ def test_text_format_actions_run_and_malformed_answers_get_the_format(box: Toolb
     tr = loop.Transcript()
     assert loop.run(model, box, "ROLE: executor", "task", tr=tr) == "set ```x``` to 3"
     assert model.tools == [None] * 4  # no tool definitions in the text mode
+    # Each answer is asked for as one action: the tool's name and its arguments, paths a change may write listed.
+    action = model.schemas[0]
+    assert isinstance(action, dict) and model.schemas == [action] * 4
+    edit = next(o for o in action["anyOf"] if o["properties"]["tool"]["enum"] == ["edit"])
+    assert edit["required"] == ["tool", "path", "search", "replace"]
+    assert edit["properties"]["path"]["enum"] == sorted(box.editable)
     assert (
         "```action" in model.prompts[0][0]["content"]
         and "- edit(path: string" in model.prompts[0][0]["content"]

@@ -83,3 +83,30 @@ def state(numbers: list[int], items: int = 8) -> dict[str, Any]:
         },
         ["verified_findings", "open_constraints", "rejected_candidates", "concerns", "next_plan"],
     )
+
+
+ARGUMENT = 300  # characters of a short argument of an action (a path, a command, a pattern)
+LONG = ("content", "search", "replace", "report")  # bounded by the answer's token cap alone: a long
+# maxLength becomes a grammar too large for a server to decode with quickly
+
+
+def action(tools: list[dict[str, Any]], editable: list[str] | None = None) -> dict[str, Any]:
+    """Return the schema of one executor action in the text format: `{"tool": name, ...its arguments}`.
+
+    `tools` are the function schemas the executor has; paths a change may write are listed where
+    `editable` names plain files (no wildcards).
+    """
+    plain = sorted(p for p in editable or [] if not any(ch in p for ch in "*?["))
+    options = []
+    for tool in tools:
+        params = tool.get("parameters", {})
+        properties: dict[str, Any] = {"tool": {"type": "string", "enum": [tool["name"]]}}
+        for name, spec in params.get("properties", {}).items():
+            spec = dict(spec)
+            if spec.get("type") == "string" and name not in LONG:
+                spec["maxLength"] = ARGUMENT
+                if name == "path" and plain and tool["name"] in ("write", "edit"):
+                    spec = {"type": "string", "enum": plain}
+            properties[name] = spec
+        options.append(_object(properties, ["tool", *params.get("required", [])]))
+    return {"anyOf": options}
