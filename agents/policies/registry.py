@@ -44,8 +44,8 @@ def make_policy(spec: Spec, ledger: object | None = None) -> Policy:
         system_role=spec.policy.system_role,
         extra=dict(spec.policy.extra),
         # The operator's server knows its own context (`grove up --local-model` sets these).
-        max_input_tokens=_int_env("GROVE_LLM_MAX_INPUT_TOKENS") or spec.policy.max_input_tokens,
-        max_output_tokens=_int_env("GROVE_LLM_MAX_OUTPUT_TOKENS") or spec.policy.max_output_tokens,
+        max_input_tokens=input_limit(spec),
+        max_output_tokens=output_limit(spec),
         temperature=spec.policy.temperature,
     )
     limits = Limits(
@@ -69,6 +69,16 @@ def _tool_mode(spec: Spec) -> Literal["auto", "native", "text"]:
     return spec.policy.tool_mode
 
 
+def input_limit(spec: Spec) -> int | None:
+    """Return the tokens a prompt may take: the operator's server's limit, else the spec's (None: the model's)."""
+    return _int_env("GROVE_LLM_MAX_INPUT_TOKENS") or spec.policy.max_input_tokens
+
+
+def output_limit(spec: Spec) -> int:
+    """Return the tokens an answer may take."""
+    return _int_env("GROVE_LLM_MAX_OUTPUT_TOKENS") or spec.policy.max_output_tokens
+
+
 def _int_env(name: str) -> int | None:
     value = os.environ.get(name, "").strip()
     if not value:
@@ -87,16 +97,21 @@ def endpoint(spec: Spec, model: str) -> tuple[str | None, str | None]:
     """
     server = os.environ.get("GROVE_LLM_API_BASE")
     base = server or spec.policy.api_base
-    allowed = {
-        b.strip().rstrip("/") for b in os.environ.get("GROVE_LLM_API_BASES", "").split(",") if b.strip()
-    }
-    if base and not server and base.rstrip("/") not in allowed:
+    if base and not server and not allowed_base(base):
         named = spec.policy.api_key_env
         return base, (os.environ.get(named) if named else None) or "no-key"
     # Local OpenAI-compatible servers want some key; hosted providers read theirs from the environment.
     return base, os.environ.get("GROVE_LLM_API_KEY") or (
         "local" if base and not _provider_key(model) else None
     )
+
+
+def allowed_base(base: str) -> bool:
+    """Return whether the operator lists a spec's model server as theirs (`GROVE_LLM_API_BASES`)."""
+    listed = {
+        b.strip().rstrip("/") for b in os.environ.get("GROVE_LLM_API_BASES", "").split(",") if b.strip()
+    }
+    return base.rstrip("/") in listed
 
 
 def server_endpoint(model: str) -> tuple[str | None, str | None]:

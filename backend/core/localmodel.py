@@ -83,6 +83,44 @@ def models_answer(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class Probe:
+    """What a model server said when asked for its models."""
+
+    answers: bool  # it answered HTTP at all (a status that is an error counts: it is there)
+    context: int | None = None  # the tokens its context holds, where it says (vLLM, llama.cpp's server)
+    error: str = ""  # why it did not answer
+
+
+def probe(url: str, timeout: float = 5.0) -> Probe:
+    """Ask an OpenAI-compatible server at `url` (…/v1) for its models; return whether it answered."""
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/models", timeout=timeout) as resp:
+            body = resp.read(1_000_000)
+    except urllib.error.HTTPError:
+        return Probe(True)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return Probe(
+            False, error=f"{type(reason).__name__}: {reason}" if str(reason) else type(reason).__name__
+        )
+    return Probe(True, _context(body))
+
+
+def _context(body: bytes) -> int | None:
+    """Return the context length a models answer reports (vLLM's max_model_len, llama.cpp's n_ctx)."""
+    try:
+        models = json.loads(body).get("data") or []
+        first = models[0] if isinstance(models, list) and models else {}
+        meta = first.get("meta") or {}
+        for value in (first.get("max_model_len"), meta.get("n_ctx"), first.get("context_length")):
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    except (ValueError, AttributeError, TypeError):
+        return None
+    return None
+
+
 @dataclass
 class LocalServer:
     """A running local model server."""

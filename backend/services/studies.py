@@ -16,7 +16,7 @@ from agents import globs
 from agents.policies import registry
 from agents.spec import Spec, SpecError, SpecIssue, check_against_tree, format_key, parse_spec
 from agents.tree.status import NodeStatus, StudyStatus
-from backend.core import cloning, gitops
+from backend.core import cloning, gitops, localmodel
 from backend.core.config import Settings
 from backend.core.models import Node, Study
 from backend.services import lifecycle, memory
@@ -289,6 +289,7 @@ def check_operator_limits(settings: Settings, spec: Spec, source: str = "grove.t
             "a local server, e.g. 'openai/gemma' with policy.api_base) or GROVE_MODEL on the service"
         )
         issues.append(SpecIssue(key="policy.model", message=message))
+    issues += model_issues(spec)
     issues += budget_issues(spec)
     shared = {n.strip() for n in settings.memory_names.split(",") if n.strip()}
     if spec.memory.name and spec.memory.name not in shared:
@@ -299,6 +300,53 @@ def check_operator_limits(settings: Settings, spec: Spec, source: str = "grove.t
         issues.append(SpecIssue(key="memory.name", message=message))
     if issues:
         raise SpecError(issues, source)
+
+
+PROBE_SECONDS = 5.0  # a model server that does not answer its models list within this is not there
+
+
+def model_issues(spec: Spec) -> list[SpecIssue]:
+    """Refuse an llm study whose prompts cannot fit its model's input or whose model server does not
+    answer, before anything of it runs (the operator's server, and spec servers it allow-lists, are asked)."""
+    model = registry.model_of(spec)
+    if spec.policy_kind != "llm" or not model:
+        return []
+    from agents.policies.llm.policy import shortest_prompt
+
+    key = "policy.max_input_tokens"
+    setting = (
+        "the service's GROVE_LLM_MAX_INPUT_TOKENS" if os.environ.get("GROVE_LLM_MAX_INPUT_TOKENS") else key
+    )
+    try:
+        limit, answers = registry.input_limit(spec), registry.output_limit(spec)
+    except registry.PolicyUnavailable as exc:
+        return [SpecIssue(key=key, message=str(exc))]
+    issues = []
+    need = shortest_prompt()
+    if limit is not None and limit < need:
+        message = (
+            f"{setting} = {limit} tokens cannot hold the shortest prompt a role is sent (about {need}): the "
+            f"model's context must hold at least {need + answers} tokens, with answers of {answers}"
+        )
+        issues.append(SpecIssue(key=key, message=message))
+    base, _ = registry.endpoint(spec, model)
+    server = os.environ.get("GROVE_LLM_API_BASE")
+    if base and (server or registry.allowed_base(base)):
+        where = ("policy.model", "the service's GROVE_LLM_API_BASE") if server else ("policy.api_base",) * 2
+        found = localmodel.probe(base, PROBE_SECONDS)
+        if not found.answers:
+            message = (
+                f"the model server at {base} ({where[1]}) does not answer ({found.error}): start it, or "
+                "point the setting at a server that runs"
+            )
+            issues.append(SpecIssue(key=where[0], message=message))
+        elif found.context is not None and (limit is None or limit + answers > found.context):
+            message = (
+                f"the model server at {base} holds {found.context} tokens of context: set {setting} to at "
+                f"most {found.context - answers} (answers take up to {answers})"
+            )
+            issues.append(SpecIssue(key=key, message=message))
+    return issues
 
 
 def budget_issues(spec: Spec) -> list[SpecIssue]:

@@ -323,3 +323,60 @@ def test_an_llm_study_with_no_model_is_refused_when_it_is_made(
         f"{url}/studies/validate", json={**body, "spec": named}, headers=bearer(settings, "operator")
     )
     assert resp.status_code == 200, resp.text
+
+
+def test_an_llm_study_whose_model_cannot_serve_it_is_refused_before_anything_runs(
+    api: tuple[str, Settings], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    url, settings = api
+    files = tiny_files(name="no-server")
+    files["grove.toml"] = files["grove.toml"].replace(
+        'kind = "search"',
+        'kind = "llm"\nmodel = "openai/local"\ninput_usd_per_mtok = 0.1\noutput_usd_per_mtok = 0.1',
+    )
+    repo = make_repo(tmp_path / "allowed" / "noserver", files)
+    body = {"spec": files["grove.toml"], "repository": str(repo)}
+
+    def refused(key: str, *words: str) -> None:
+        for path in ("/studies/validate", "/studies"):
+            resp = httpx.post(f"{url}{path}", json=body, headers=bearer(settings, "operator"), timeout=30)
+            assert resp.status_code == 422, resp.text
+            errors = resp.json()["detail"]["errors"]
+            assert any(e["key"] == key and all(w in e["message"] for w in words) for e in errors), errors
+        assert "no-server" not in httpx.get(f"{url}/studies", headers=bearer(settings, "viewer")).text
+
+    closed = free_port()  # nothing listens there
+    monkeypatch.setenv("GROVE_LLM_API_BASE", f"http://127.0.0.1:{closed}/v1")
+    refused("spec.policy.model", f"127.0.0.1:{closed}", "GROVE_LLM_API_BASE", "does not answer")
+
+    class Small(BaseHTTPRequestHandler):  # a vLLM-like server that reports a 2,048-token context
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            data = b'{"object": "list", "data": [{"id": "local", "max_model_len": 2048}]}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    small = ThreadingHTTPServer(("127.0.0.1", 0), Small)
+    Thread(target=small.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("GROVE_LLM_API_BASE", f"http://127.0.0.1:{small.server_address[1]}/v1")
+        refused("spec.policy.max_input_tokens", "holds 2048 tokens", "at most")
+        monkeypatch.setenv("GROVE_LLM_MAX_INPUT_TOKENS", "1000")
+        monkeypatch.setenv("GROVE_LLM_MAX_OUTPUT_TOKENS", "512")
+        refused("spec.policy.max_input_tokens", "GROVE_LLM_MAX_INPUT_TOKENS = 1000", "shortest prompt")
+        # Limits that fit a server that answers are accepted.
+        monkeypatch.setenv("GROVE_LLM_MAX_INPUT_TOKENS", "1536")
+        monkeypatch.setenv("GROVE_LLM_MAX_OUTPUT_TOKENS", "512")
+        resp = httpx.post(
+            f"{url}/studies/validate", json=body, headers=bearer(settings, "operator"), timeout=30
+        )
+    finally:
+        small.shutdown()
+    assert resp.status_code == 200, resp.text

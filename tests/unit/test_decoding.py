@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from agents.policies.llm import schemas
-from agents.policies.llm.decoding import Decoding, candidates
+from agents.policies.llm.decoding import Decoding, candidates, refuses
 from agents.policies.llm.model import LitellmModel, ModelConfig, Unbilled
 from tests.fake_llm import FakeLLM
 
@@ -71,3 +71,19 @@ def test_the_schemas_hold_the_studys_values_and_cap_every_text() -> None:
 
     for schema in (ideator, verifier, schemas.state([1, 2])):
         assert texts(schema) and all("maxLength" in t for t in texts(schema))
+
+
+def test_a_500_that_says_nothing_moves_to_the_next_form_only_where_one_is_left() -> None:
+    schema = schemas.ideator(2, [1, 3])
+    script = {"ideator": [{"status": 500}, {"content": json.dumps(ANSWER)}]}
+    with FakeLLM(script) as llm:
+        model = LitellmModel(
+            ModelConfig("openai/local", api_base=llm.url, api_key="k", retries=0), Unbilled()
+        )
+        turn = model.complete("ideator", [SYSTEM, {"role": "user", "content": "go"}], schema=schema)
+        assert json.loads(turn.content) == ANSWER
+        assert [r["body"]["response_format"]["type"] for r in llm.requests] == ["json_schema", "json_object"]
+        assert model.forms == [Decoding.LLAMACPP]
+    # The last form left is kept through a 500 that does not name it: the call is retried with it.
+    assert not refuses(500, "Connection error.") and refuses(500, "Connection error.", others=True)
+    assert refuses(500, "response_format must be text or json_object")

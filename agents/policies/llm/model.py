@@ -257,7 +257,9 @@ class LitellmModel:
                 if fatal(exc):
                     raise
                 text = f"{type(exc).__name__}: {str(exc)[:500]}"
-                if form is not decoding.Decoding.NONE and decoding.refuses(status_of(exc), str(exc)):
+                if form is not decoding.Decoding.NONE and decoding.refuses(
+                    status_of(exc), str(exc), len(self.forms) > 1
+                ):
                     self.forms.remove(form)  # this server does not take that form: the next one, or none
                     continue
                 if type(exc).__name__ == "ContextWindowExceededError":

@@ -39,6 +39,7 @@ from agents.policies.llm.fitting import cut, fitted
 from agents.policies.llm.ideas import Identity, identity, same
 from agents.policies.llm.model import BudgetExhausted, Model, ModelError
 from agents.policies.search import SearchPolicy
+from agents.policies.space import Space, fmt
 from agents.tree.insights import INSIGHT_CHARS, bounded
 from agents.verify.state import ImprovementState, renumber
 
@@ -46,6 +47,19 @@ from agents.verify.state import ImprovementState, renumber
 def prompt(name: str) -> str:
     """Return a prompt file's text."""
     return resources.files("agents.policies.llm").joinpath("prompts", f"{name}.md").read_text("utf-8")
+
+
+LEAST_EVIDENCE = 300  # tokens of the least evidence a role's prompt holds beside its instructions
+
+
+def shortest_prompt() -> int:
+    """Return about the tokens of the shortest prompt a role may be sent: its instructions (and the
+    executor's tools) and the least evidence, counted low (four characters a token)."""
+    from agents.executor.tools import TOOLS
+
+    roles = ("ideator", "insight", "reflect", "state", "verifier")
+    texts = [prompt(r) for r in roles] + [prompt("executor") + json.dumps(TOOLS)]
+    return max(len(t) for t in texts) // 4 + LEAST_EVIDENCE
 
 
 # What a model writes when it fills a form without an idea: punctuation alone, or a word that
@@ -60,9 +74,66 @@ def content_free(text: str) -> bool:
     return bool(_PLACEHOLDER.match(text.strip().strip("<>[]{}()\"'`").strip()))
 
 
+def _plain(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def echoed(text: str, instructions: str) -> bool:
+    """Return whether a text begins with words copied from a role's instructions (as base models echo)."""
+    start = _plain(text)[:60]
+    return len(start) >= 24 and start in _plain(instructions)
+
+
+def prose(field: str, instructions: str) -> Callable[[str], str]:
+    """Return a reader of a one-text answer (`{field: text}`, or the text alone) that refuses text
+    saying nothing: empty, a placeholder, or the instructions echoed."""
+
+    def parse(text: str) -> str:
+        found = json_object(text)
+        said = found.get(field) if found is not None and isinstance(found.get(field), str) else text
+        said = str(said).strip()
+        if not said or content_free(said):
+            raise Unusable(f"the {field} is empty or a placeholder: write what the evidence shows")
+        if echoed(said, instructions):
+            raise Unusable(f"the {field} repeats the instructions: write what the evidence shows")
+        return said
+
+    return parse
+
+
+def _setting(space: Space, key: Any, value: Any) -> tuple[str, Any]:
+    """Return the `[search]` key an edit names (in full, or by its unique ending) and the value it sets.
+
+    Raise ValueError, naming what the key may take, where it is not a key or the value not one of its.
+    """
+    name = str(key).strip()
+    keys = [k for k in space.keys if k == name] or [
+        k for k in space.keys if k.endswith((":" + name, "." + name)) or k.split(":", 1)[-1] == name
+    ]
+    if len(keys) != 1:
+        raise ValueError(f"{name[:80]!r} is not one of the settings: {', '.join(space.keys)}")
+    found = keys[0]
+    if not space.is_range(found):
+        for choice_ in space.values(found):
+            if (choice_ == value and type(choice_) is type(value)) or fmt(choice_) == fmt(value):
+                return found, choice_
+        shown = ", ".join(fmt(v) for v in space.values(found))
+        raise ValueError(f"{found} takes one of {shown}, not {fmt(value)[:40]}")
+    x = number(value)
+    if isinstance(x, float) and space.is_int(found) and x.is_integer():
+        x = int(x)
+    if not space.contains(found, x):
+        lo, hi = space.bounds(found)
+        kind = "an integer" if space.is_int(found) else "a number"
+        raise ValueError(f"{found} takes {kind} from {fmt(lo)} to {fmt(hi)}, not {fmt(x)[:40]}")
+    return found, space.clean(found, x)
+
+
 class Child(BaseModel):
     parent_id: int
     title: str = Field(min_length=1, max_length=200)
+    # `[search]` key -> value: set exactly, with no executor turn (read from [{"key", "value"}] too).
+    edits: dict[str, Any] = {}
     mechanism: str = ""
     hypothesis: str = ""
     observable: str = ""
@@ -80,6 +151,27 @@ class Child(BaseModel):
     @classmethod
     def _node(cls, v: Any) -> Any:
         return node_number(v)  # 3, "3" and "n3" (as the prompts write nodes) are node 3
+
+    @field_validator("edits", mode="before")
+    @classmethod
+    def _edits(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is None:
+            return {}
+        pairs = (
+            [(x.get("key"), x.get("value")) if isinstance(x, dict) else (x, None) for x in v]
+            if isinstance(v, list)
+            else list(v.items())
+            if isinstance(v, dict)
+            else None
+        )
+        if pairs is None:
+            raise ValueError('edits are a list of {"key": <setting>, "value": <its new value>}')
+        space: Space | None = (info.context or {}).get("space")
+        if space is None:
+            if pairs:
+                raise ValueError("this study declares no settings to edit: leave edits empty")
+            return {}
+        return dict(_setting(space, k, x) for k, x in pairs)
 
     @field_validator("expected_gain", mode="before")
     @classmethod
@@ -283,6 +375,49 @@ def _node_view(
     return view if full else {k: v for k, v in view.items() if v not in ("", None, [])}
 
 
+def _choices(space: Space, on_trunk: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Return each setting as the ideator sees it: trunk's value and the values it may take."""
+    out: dict[str, dict[str, Any]] = {}
+    for key in space.keys:
+        lo_hi = space.bounds(key) if space.is_range(key) else None
+        takes = {"values": space.values(key)} if lo_hi is None else {"low": lo_hi[0], "high": lo_hi[1]}
+        out[key] = {"trunk": on_trunk.get(key), **takes}
+    return out
+
+
+class _Assigned:
+    """Each node's values of the `[search]` keys: the study's, with the edits of its line applied."""
+
+    def __init__(self, space: Space | None, nodes: list[NodeEvidence]) -> None:
+        self.space, self.by_id = space, {n.id: n for n in nodes}
+
+    def values(self, node_id: int) -> dict[str, Any]:
+        """Return a node's assignment of every key (the edits along its line, root first)."""
+        line, seen, at = [], set(), self.by_id.get(node_id)
+        while at is not None and at.id not in seen:
+            seen.add(at.id)
+            line.append(at.edits)
+            at = self.by_id.get(at.parent_id) if at.parent_id is not None else None
+        merged: dict[str, Any] = dict(self.space.base) if self.space else {}
+        for edits in reversed(line):
+            merged.update(edits)
+        return self.space.full(merged) if self.space else merged
+
+    def of(self, node_id: int, edits: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """Return the assignment a node's own edits made (with `edits`: its child's); None without edits."""
+        own = edits if edits is not None else self.by_id[node_id].edits if node_id in self.by_id else {}
+        if self.space is None or not own:
+            return None
+        return self.space.full({**self.values(node_id), **(edits or {})})
+
+    def changed(self, parent_id: int, edits: dict[str, Any]) -> dict[str, Any]:
+        """Return the edits that change a value the parent holds."""
+        if self.space is None or not edits:
+            return {}
+        held = self.values(parent_id)
+        return {k: v for k, v in edits.items() if fmt(held.get(k)) != fmt(v)}
+
+
 class Unusable(ValueError):
     """A model's answer could not be used; the message says why (and goes back to the model)."""
 
@@ -353,6 +488,11 @@ class LlmPolicy:
             for x in ctx.dropped[-DROPPED_SHOWN:]
         ]  # fmt: skip
 
+        space = Space(ctx.search_space, ctx.base_values) if ctx.search_space else None
+        settings = _Assigned(space, ctx.nodes)
+        on_trunk = settings.values(ctx.trunk_node_id)
+        choices = _choices(space, on_trunk) if space is not None else {}
+
         def build(level: int) -> list[dict[str, Any]]:
             d, full = IDEATOR_LEVELS[level], level == 0
             shown = shown_nodes(ctx, d.nodes)
@@ -363,6 +503,7 @@ class LlmPolicy:
                 "constraints": data["constraints"],
                 "trunk_node_id": number.get(ctx.trunk_node_id),
                 "trunk_dev_mean": data["trunk_dev_mean"],
+                **({"settings": choices} if choices else {}),
                 "nodes": [_node_view(n, number, d, full, ctx.takes_children(n)) for n in shown],
                 "nodes_shown": f"{len(shown)} of {len(ctx.nodes)} (root, trunk, the best, the recent, the open "
                                "and their parents)" if len(shown) < len(ctx.nodes) else f"all {len(ctx.nodes)}",
@@ -395,16 +536,16 @@ class LlmPolicy:
                 for n in ctx.nodes
                 if n.status not in ("pruned", "cancelled") and ctx.takes_children(n)
             ]
-            schema = schemas.ideator(ctx.k, parents)
+            schema = schemas.ideator(ctx.k, parents, space)
             children = self._ask(
-                "ideator", messages, lambda text: _children(text, ctx.trunk_dev_mean), schema=schema
+                "ideator", messages, lambda text: _children(text, ctx.trunk_dev_mean, space), schema=schema
             )
         except Unusable as exc:
             raise ModelError(f"the ideator's answer is not the requested JSON: {exc}") from exc
         valid = {n.id: n for n in ctx.nodes if n.status not in ("pruned", "cancelled")}
         # What is tried already: every node but the root and those cancelled before they ran.
         known: list[tuple[str, Identity]] = [
-            (f"n{n.number} ({cut(n.title, 80)})", identity(n.title, n.mechanism, n.edits))
+            (f"n{n.number} ({cut(n.title, 80)})", identity(n.title, n.mechanism, settings.of(n.id)))
             for n in ctx.nodes
             if n.parent_id is not None and n.status != "cancelled"
         ]
@@ -416,12 +557,17 @@ class LlmPolicy:
         for c in children[: ctx.k]:
             asked = c.parent_id
             c.parent_id = node_of.get(c.parent_id, -1)
-            idea = identity(c.title, c.mechanism)
+            edits = settings.changed(c.parent_id, c.edits)
+            idea = identity(c.title, c.mechanism, settings.of(c.parent_id, edits) if edits else None)
             twin = next((name for name, other in known if same(idea, other)), None)
             why = ""
             copied = titles.get(c.title.strip().lower())
             if c.parent_id not in valid:
                 why = f"its parent n{asked} is not a node that may take children (unknown, pruned, cancelled)"
+            elif c.edits and not edits:
+                why = f"its edits change nothing: n{asked} already has those values"
+            elif not edits and not c.mechanism.strip():
+                why = "it names no change: neither edits nor a mechanism"
             elif copied is not None:
                 why = f"its title is n{copied}'s, copied from the prompt: not a new idea"
             elif twin:
@@ -441,7 +587,7 @@ class LlmPolicy:
             if origin == "policy" and c.parent_id == root and restarts:
                 origin, ref = "restart", restarts.pop(0)
             prior = prior_of(c.expected_gain, ctx.nodes, ctx.trunk_dev_mean)
-            out.append(Proposal(c.parent_id, c.title, hyp, prior, {}, origin, ref))
+            out.append(Proposal(c.parent_id, c.title, hyp, prior, edits, origin, ref))
         return out
 
     def _ask(
@@ -472,7 +618,10 @@ class LlmPolicy:
             self.refused(role, node_id, reason, answer, tried)
 
     def implement(self, worktree: Path, node: ImplementInput) -> str:
-        """Run the executor loop on the node's hypothesis; return its report."""
+        """Apply the node's edits of settings exactly, or run the executor loop on its hypothesis; return
+        the account of what changed (the executor's report)."""
+        if node.edits:
+            return self._stats.implement(worktree, node)  # exact values need no model turn
         runtime: Runtime | None = node.runtime
         if runtime is None:
             raise ImplementationError("the llm executor needs a runtime for run and evaluate_dev")
@@ -532,14 +681,22 @@ class LlmPolicy:
             "last_actions": actions[-8:],
             "report": str(traj.get("report", ""))[:1000],
         }
+        system = prompt("reflect")
         messages = [
-            {"role": "system", "content": prompt("reflect")},
+            {"role": "system", "content": system},
             {"role": "user", "content": json.dumps(evidence, default=str)},
         ]
         try:
-            return self.model.complete("reflect", messages).content.strip()[:1500]
-        except (ModelError, BudgetExhausted):
+            said = self._ask(
+                "reflect",
+                messages,
+                prose("reflection", system),
+                node.node_id,
+                schemas.prose("reflection", 1500),
+            )
+        except (ModelError, BudgetExhausted, Unusable):
             return ""
+        return said[:1500]
 
     def summarise(self, node: NodeEvidence, ctx_metric: str, parent: NodeEvidence | None) -> str:
         """Return the node's evidence as a statistical summary (no model call)."""
@@ -565,14 +722,16 @@ class LlmPolicy:
             if len(shown) < len(kids):
                 body["children_shown"] = f"{len(shown)} of {len(kids)} (the best measured and the latest)"
             return [
-                {"role": "system", "content": prompt("insight")},
+                {"role": "system", "content": system},
                 {"role": "user", "content": json.dumps(body, default=str)},
             ]
 
+        system = prompt("insight")
         try:
             messages = fitted(self.model, "insight writer", build, len(INSIGHT_LEVELS))
-            text = bounded(self.model.complete("insight", messages).content)
-        except (ModelError, BudgetExhausted):
+            schema = schemas.prose("insight", INSIGHT_CHARS)
+            text = bounded(self._ask("insight", messages, prose("insight", system), ancestor.id, schema))
+        except (ModelError, BudgetExhausted, Unusable):
             text = ""  # the statistical summary still records the lesson
         return text or self._stats.synthesize(ancestor, children, metric)
 
@@ -663,6 +822,15 @@ class LlmPolicy:
                 fresh = ImprovementState.from_dict(renumber(node_refs(_object(text)), node_of.get)).to_dict()
             except (TypeError, KeyError, AttributeError, ValueError) as exc:
                 raise Unusable(f"not an improvement state with the listed keys ({exc})") from None
+            said = [
+                *(f["text"] for f in fresh["verified_findings"]), *fresh["concerns"], *fresh["next_plan"],
+                *(c["detail"] for c in fresh["open_constraints"]), *(r["reason"] for r in fresh["rejected_candidates"]),
+            ]  # fmt: skip
+            empty = next((t for t in said if content_free(str(t))), None)
+            if empty is not None:
+                raise Unusable(
+                    f"{str(empty).strip()[:20]!r} is a placeholder: every entry says what was found"
+                )
             if accepted is not None:
                 fresh["verified_findings"] = [
                     f for f in fresh["verified_findings"] if f["node_ids"] and set(f["node_ids"]) <= accepted
@@ -701,11 +869,11 @@ def _errors(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'answer'}: {e['msg']}" for e in exc.errors()[:5])
 
 
-def _children(text: str, trunk: float | None = None) -> list[Child]:
+def _children(text: str, trunk: float | None = None, space: Space | None = None) -> list[Child]:
     """Return the valid children of an ideator's answer; each is checked on its own.
 
     A bare list of children, or one child alone, is read as the "children" list; `trunk` (trunk's dev
-    mean) is what a percentage gain is a percentage of.
+    mean) is what a percentage gain is a percentage of; `space` the settings edits may set.
     """
     found = json_object(text)
     raw = found.get("children") if found is not None else None
@@ -726,7 +894,7 @@ def _children(text: str, trunk: float | None = None) -> list[Child]:
     out, wrong = [], []
     for i, item in enumerate(raw):
         try:
-            out.append(Child.model_validate(item, context={"trunk": trunk}))
+            out.append(Child.model_validate(item, context={"trunk": trunk, "space": space}))
         except ValidationError as exc:
             wrong.append(f"child {i}: {_errors(exc)}")
     if raw and not out:

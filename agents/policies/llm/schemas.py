@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.policies.space import Space
+
 TITLE = 120
 TEXT = 300
 ITEM = 240
@@ -26,22 +28,49 @@ def _object(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
-def ideator(k: int, parents: list[int]) -> dict[str, Any]:
-    """Return the ideator's schema: 1 to `k` children, each under one of `parents` (node numbers)."""
+def _value(space: Space, key: str) -> dict[str, Any]:
+    """Return the schema of a value `key` may take: one of its values, or a number in its range."""
+    if not space.is_range(key):
+        return {"enum": space.values(key)}
+    lo, hi = space.bounds(key)
+    if space.is_int(key):
+        return {"type": "integer", "minimum": int(lo), "maximum": int(hi)}
+    return {"type": "number", "minimum": lo, "maximum": hi}
+
+
+def edits(space: Space) -> dict[str, Any]:
+    """Return the schema of a child's edits: each a `[search]` key of `space` and a value it may take."""
+    options = [
+        _object({"key": {"type": "string", "enum": [key]}, "value": _value(space, key)}, ["key", "value"])
+        for key in space.keys
+    ]
+    return {"type": "array", "items": {"anyOf": options}, "maxItems": len(options)}
+
+
+def ideator(k: int, parents: list[int], space: Space | None = None) -> dict[str, Any]:
+    """Return the ideator's schema: 1 to `k` children, each under one of `parents` (node numbers), with
+    edits of the `[search]` keys of `space` where the study declares any."""
+    settings = {"edits": edits(space)} if space is not None and space.keys else {}
     child = _object(
         {
             "parent_id": _nodes(parents),
             "title": {"type": "string", "minLength": 3, "maxLength": TITLE},
+            **settings,
             "mechanism": _text(),
             "hypothesis": _text(),
             "observable": _text(),
             "risks": _text(),
             "expected_gain": {"type": "number"},
         },
-        ["parent_id", "title", "mechanism", "hypothesis", "observable", "risks", "expected_gain"],
+        ["parent_id", "title", *settings, "mechanism", "hypothesis", "observable", "risks", "expected_gain"],
     )
     children = {"type": "array", "items": child, "minItems": 1, "maxItems": max(1, k)}
     return _object({"children": children}, ["children"])
+
+
+def prose(field: str, cap: int) -> dict[str, Any]:
+    """Return the schema of a one-text answer (an insight, a reflection): `{field: text}`."""
+    return _object({field: {"type": "string", "minLength": 1, "maxLength": cap}}, [field])
 
 
 def verifier(names: list[str]) -> dict[str, Any]:

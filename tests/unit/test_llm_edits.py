@@ -1,0 +1,109 @@
+"""An ideator's child may carry exact edits of `[search]` keys, applied with no executor turn."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.policies.base import ImplementInput
+from agents.policies.llm import schemas
+from agents.policies.llm.model import Turn
+from agents.policies.llm.policy import LlmPolicy, Unusable, _children
+from agents.policies.space import Space
+from tests.unit.test_search_policy import BASE, SPACE, ctx, ev
+
+
+class Scripted:
+    """A model double that answers each call with the next scripted text and keeps what it was sent."""
+
+    name = "scripted"
+
+    def __init__(self, *answers: str) -> None:
+        self.answers = list(answers)
+        self.schemas: list[Any] = []
+        self.prompts: list[list[dict[str, Any]]] = []
+
+    def complete(
+        self, role: str, messages: list[dict[str, Any]], tools: object = None, schema: object = None
+    ) -> Turn:
+        self.prompts.append(messages)
+        self.schemas.append(schema)
+        return Turn(self.answers.pop(0), [], 10, 10, 0.0)
+
+
+def child(**fields: Any) -> dict[str, Any]:
+    return {"parent_id": 1, "title": "a wider layer", "mechanism": "", **fields}
+
+
+def test_the_schema_offers_each_key_with_the_values_it_may_take() -> None:
+    schema = schemas.ideator(2, [1], Space(SPACE, BASE))
+    item = schema["properties"]["children"]["items"]
+    assert item["required"][:3] == ["parent_id", "title", "edits"]
+    options = item["properties"]["edits"]["items"]["anyOf"]
+    by_key = {o["properties"]["key"]["enum"][0]: o["properties"]["value"] for o in options}
+    assert by_key["c.toml:m.hidden"] == {"enum": [8, 16, 32, 64]}
+    assert by_key["c.toml:t.lr"] == {"type": "number", "minimum": 1e-4, "maximum": 0.1}
+    assert "edits" not in schemas.ideator(2, [1])["properties"]["children"]["items"]["properties"]
+
+
+def test_edits_parse_by_key_or_its_ending_and_a_value_outside_is_refused_naming_what_it_takes() -> None:
+    space = Space(SPACE, BASE)
+    got = _children(
+        json.dumps({"children": [child(edits=[{"key": "m.hidden", "value": "32"}])]}), None, space
+    )
+    assert got[0].edits == {"c.toml:m.hidden": 32}
+    got = _children(json.dumps({"children": [child(edits={"c.toml:t.lr": "0.003"})]}), None, space)
+    assert got[0].edits == {"c.toml:t.lr": 0.003}
+    for edits, says in (
+        ([{"key": "m.hidden", "value": 48}], "takes one of 8, 16, 32, 64, not 48"),
+        ([{"key": "t.lr", "value": 3}], "takes a number from 0.0001 to 0.1, not 3"),
+        ([{"key": "dropout", "value": 0.1}], "'dropout' is not one of the settings"),
+        ("wider", "a list of"),
+    ):
+        with pytest.raises(Unusable, match=says):
+            _children(json.dumps({"children": [child(edits=edits)]}), None, space)
+    with pytest.raises(Unusable, match="declares no settings"):
+        _children(json.dumps({"children": [child(edits=[{"key": "m.hidden", "value": 32}])]}))
+
+
+def test_a_child_with_edits_is_proposed_with_them_and_one_that_changes_nothing_is_dropped() -> None:
+    nodes = [ev(1, None, {}, 0.5, "merged"), ev(2, 1, {"c.toml:m.hidden": 16}, 0.6)]
+    answer = {
+        "children": [
+            child(edits=[{"key": "c.toml:t.lr", "value": 0.01}]),
+            child(parent_id=2, title="same width", edits=[{"key": "c.toml:m.hidden", "value": 16}]),
+            child(parent_id=2, title="n2 wider", edits=[{"key": "c.toml:m.hidden", "value": 32}]),
+            child(title="again the lr", edits=[{"key": "c.toml:t.lr", "value": 0.01}]),
+            child(title="no change named"),
+        ]
+    }
+    model = Scripted(json.dumps(answer))
+    props = LlmPolicy(model).ideate(ctx(nodes, k=5))  # type: ignore[arg-type]
+    assert [(p.title, p.edits) for p in props if not p.dropped] == [
+        ("a wider layer", {"c.toml:t.lr": 0.01}),
+        ("n2 wider", {"c.toml:m.hidden": 32}),
+    ]
+    why = {p.title: p.dropped for p in props if p.dropped}
+    assert why["same width"] == "its edits change nothing: n2 already has those values"
+    assert why["again the lr"].startswith("a duplicate of 'a wider layer'")
+    assert why["no change named"] == "it names no change: neither edits nor a mechanism"
+    # The prompt lists each setting with trunk's value and what it may take; the schema holds them.
+    evidence = json.loads(model.prompts[0][1]["content"])
+    assert evidence["settings"]["c.toml:m.hidden"] == {"trunk": 8, "values": [8, 16, 32, 64]}
+    assert evidence["settings"]["c.toml:t.lr"] == {"trunk": 0.001, "low": 1e-4, "high": 0.1}
+    assert "edits" in model.schemas[0]["properties"]["children"]["items"]["properties"]
+
+
+def test_a_node_with_edits_is_implemented_exactly_with_no_model_turn(tmp_path: Path) -> None:
+    (tmp_path / "c.toml").write_text("[m]\nhidden = 8\n[t]\nlr = 0.001\n")
+    node = ImplementInput(
+        node_id=3, title="wider", hypothesis={}, edits={"c.toml:m.hidden": 32}, reflection="",
+        editable=["c.toml"], targets={}, runtime=None,
+    )  # fmt: skip
+    model = Scripted()  # no answers: a model turn would fail
+    account = LlmPolicy(model).implement(tmp_path, node)  # type: ignore[arg-type]
+    assert "hidden = 32" in (tmp_path / "c.toml").read_text() and "c.toml" in account
+    assert model.prompts == []
