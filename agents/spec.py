@@ -217,6 +217,9 @@ class PolicySection(_Section):
     # the first form the server takes; "none": tolerant reading only).
     decoding: Literal["auto", "none", "json_schema", "llamacpp", "ollama", "vllm"] = "auto"
     system_role: bool = True  # false for models whose template has no system role
+    # What an ideator's child may be: "any" (edits of the `[search]` settings, or a change of code the
+    # executor writes) or "settings" (edits only, where the study has settings: for a small model).
+    ideas: Literal["any", "settings"] = "any"
     extra: dict[str, Any] = {}  # provider options passed through, e.g. {num_ctx = 16384} for Ollama
     max_input_tokens: int | None = Field(default=None, ge=1000, le=100_000_000)  # None: the model's own
     max_output_tokens: int = Field(default=4096, ge=16, le=1_000_000)

@@ -56,7 +56,7 @@ def make_policy(spec: Spec, ledger: object | None = None) -> Policy:
     )
     # A ledger that keeps a study's events is told of every answer the policy refuses.
     refused = getattr(ledger, "refused", None)
-    return LlmPolicy(LitellmModel(config, ledger), limits, refused)  # type: ignore[arg-type]
+    return LlmPolicy(LitellmModel(config, ledger), limits, refused, ideas_of(spec) == "settings")  # type: ignore[arg-type]
 
 
 def _tool_mode(spec: Spec) -> Literal["auto", "native", "text"]:
@@ -67,6 +67,14 @@ def _tool_mode(spec: Spec) -> Literal["auto", "native", "text"]:
     if value:
         raise PolicyUnavailable("GROVE_LLM_TOOL_MODE: must be auto, native or text")
     return spec.policy.tool_mode
+
+
+def ideas_of(spec: Spec) -> str:
+    """Return what an ideator's child may be: the operator's `GROVE_LLM_IDEAS` (a model they run) wins."""
+    value = os.environ.get("GROVE_LLM_IDEAS", "").strip()
+    if value and value not in ("any", "settings"):
+        raise PolicyUnavailable("GROVE_LLM_IDEAS: must be any or settings")
+    return value or spec.policy.ideas
 
 
 def input_limit(spec: Spec) -> int | None:

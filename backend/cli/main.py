@@ -450,6 +450,8 @@ def run_cmd(
         raise typer.Exit(1) from None
     if budget is not None:
         text = _override(text, "budget", "experiments", budget)
+    if gguf is not None and spec.policy_kind != "llm":
+        text = _override(text, "policy", "kind", "llm")  # a local model is there to think for the study
     if spec.gate.mode != "auto" and not auto_approve and not sys.stdin.isatty():
         err.print(
             f"[red]error:[/] gate.mode = {spec.gate.mode!r} asks a human before each merge, and there is no "

@@ -23,7 +23,7 @@ from pathlib import Path
 
 ALIAS = "local"  # the name the server answers to; the roles call `openai/local`
 MODEL = f"openai/{ALIAS}"
-CONTEXT = 8192  # tokens the server's context holds (Gemma 3 270M was trained on 32k)
+CONTEXT = 4096  # tokens the server's context holds: Gemma 3 270M takes 32k, a short prompt is read faster on a CPU
 OUTPUT = 1024  # tokens an answer may take; a prompt gets the rest of the context
 SETTING = "--local-model"
 
@@ -138,6 +138,8 @@ class LocalServer:
             # Its server writes free text beside tool definitions: the executor acts in the text
             # format, each answer held to one action's schema.
             "GROVE_LLM_TOOL_MODE": "text",
+            # A 270M model picks settings' values well and writes code badly: its ideas are settings.
+            "GROVE_LLM_IDEAS": "settings",
         }  # fmt: skip
 
     def stop(self) -> None:

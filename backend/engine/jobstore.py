@@ -101,7 +101,7 @@ EVENTS = frozenset({"node.repeated", "node.not_repeated", "llm.refused"})
 REFLECTIONS = 5  # related reflections an executor is given
 HOLD_LIFETIME = timedelta(hours=1)  # a hold older than this belongs to a call that died
 LLM_FIELDS = frozenset({"node_id", "role", "model", "base_id", "base_len", "messages", "response",
-                        "tokens_in", "tokens_out", "usd"})  # fmt: skip
+                        "tokens_in", "tokens_out", "usd", "seconds"})  # fmt: skip
 
 
 def token_hash(token: str) -> str:
@@ -697,7 +697,7 @@ class DbStore:
     def llm_record(self, call: dict[str, Any], hold: int | None = None) -> int:
         """Store one LLM call (its new messages only), charge it to the node and the study, drop its hold."""
         bad = set(call) - LLM_FIELDS
-        costs = [call.get(k, 0) for k in ("tokens_in", "tokens_out", "usd", "base_len")]
+        costs = [call.get(k, 0) for k in ("tokens_in", "tokens_out", "usd", "base_len", "seconds")]
         if bad or not all(isinstance(c, int | float) and c >= 0 for c in costs):
             raise Refused(f"an LLM call may not carry {sorted(bad)} or negative counts")
         with db.session(self.settings.db_url) as s:
@@ -713,7 +713,10 @@ class DbStore:
             base = s.get(LlmCall, base_id) if base_id is not None else None
             if base_id is not None and (base is None or base.study_id != self.study_id):
                 raise Refused(f"LLM call {base_id} is not a call of study {self.study_id}")
-            row = LlmCall.model_validate({**call, "study_id": self.study_id})
+            seconds = float(call.get("seconds", 0.0))  # how long the call took: in its event, not its row
+            row = LlmCall.model_validate(
+                {**{k: v for k, v in call.items() if k != "seconds"}, "study_id": self.study_id}
+            )
             s.add(row)
             s.flush()
             assert row.id is not None
@@ -728,7 +731,7 @@ class DbStore:
                 s.add(node)
             add_event(
                 s, self.study_id, "llm.call", node_id, role=row.role, model=row.model,
-                tokens=row.tokens_in + row.tokens_out, usd=row.usd,
+                tokens=row.tokens_in + row.tokens_out, usd=row.usd, seconds=round(seconds, 3),
             )  # fmt: skip
             return row.id
 

@@ -53,7 +53,7 @@ class StoreLedger:
             {
                 "node_id": self.node_id, "role": role, "model": model, "base_id": base_id if shared else None,
                 "base_len": shared, "messages": messages[shared:], "response": turn.message(),
-                "tokens_in": turn.tokens_in, "tokens_out": turn.tokens_out, "usd": turn.usd,
+                "tokens_in": turn.tokens_in, "tokens_out": turn.tokens_out, "usd": turn.usd, "seconds": turn.seconds,
             },
             hold,
         )  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +108,21 @@ def test_a_node_with_edits_is_implemented_exactly_with_no_model_turn(tmp_path: P
     account = LlmPolicy(model).implement(tmp_path, node)  # type: ignore[arg-type]
     assert "hidden = 32" in (tmp_path / "c.toml").read_text() and "c.toml" in account
     assert model.prompts == []
+
+
+def test_where_ideas_are_settings_only_a_child_without_edits_is_refused_and_asked_again() -> None:
+    nodes = [ev(1, None, {}, 0.5, "merged")]
+    code = child(title="a deeper net", mechanism="add a second hidden layer in model.py")
+    setting = child(title="wider", edits=[{"key": "c.toml:m.hidden", "value": 32}])
+    model = Scripted(json.dumps({"children": [code]}), json.dumps({"children": [code, setting]}))
+    told: list[tuple[Any, ...]] = []
+    policy = LlmPolicy(model, refused=lambda *a: told.append(a), settings_only=True)  # type: ignore[arg-type]
+    props = policy.ideate(ctx(nodes, k=2))
+    assert [(p.title, p.edits) for p in props] == [("wider", {"c.toml:m.hidden": 32})]
+    assert told[0][0] == "ideator" and "edits: set at least one of the settings" in told[0][2]
+    assert model.schemas[0]["properties"]["children"]["items"]["properties"]["edits"]["minItems"] == 1
+    assert "sets at least one of the settings" in model.prompts[0][0]["content"]
+    # Without settings to set, a code change is what a child is.
+    plain = Scripted(json.dumps({"children": [code]}))
+    bare = replace(ctx(nodes, k=1), search_space={}, base_values={})
+    assert [p.title for p in LlmPolicy(plain, settings_only=True).ideate(bare)] == ["a deeper net"]  # type: ignore[arg-type]

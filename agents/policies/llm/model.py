@@ -10,6 +10,7 @@ Exceptions::
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import json
 import os
@@ -25,6 +26,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 # Statuses worth another try: timeouts, conflicts, rate limits and server-side failures.
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529})
+_FORMS: dict[tuple[str, str, str | None], list[decoding.Decoding]] = {}  # by (setting, model, server)
 DEFAULT_INPUT_LIMIT = 32_000  # tokens, for a model litellm does not describe
 
 
@@ -60,6 +62,7 @@ class Turn:
     usd: float
     raw: dict[str, Any] = field(default_factory=dict)
     finish_reason: str = "stop"  # "length": the answer was cut off by the output limit
+    seconds: float = 0.0  # how long the call took, its retries included
 
     def message(self) -> dict[str, Any]:
         """Return the assistant message to append to the conversation."""
@@ -162,7 +165,9 @@ class LitellmModel:
             else "native"
         )
         # The forms this server may take a schema in; one it refuses is dropped for the next call.
-        self.forms = list(decoding.candidates(config.decoding, config.model, config.api_base))
+        # Shared by every model of this process on the same server: what it refused is not sent again.
+        key = (config.decoding, config.model, config.api_base)
+        self.forms = _FORMS.setdefault(key, list(decoding.candidates(*key)))
         known = (info or {}).get("max_input_tokens")
         self.input_limit = config.max_input_tokens or (int(known) if known else DEFAULT_INPUT_LIMIT)
 
@@ -203,6 +208,7 @@ class LitellmModel:
         hold = self.ledger.reserve(
             self.price(tokens_in, self.config.max_output_tokens), tokens_in + self.config.max_output_tokens
         )
+        began = time.monotonic()
         try:
             resp = self._call(sent, tools, role, schema)
             try:
@@ -215,7 +221,9 @@ class LitellmModel:
             self.ledger.release(hold)
             raise
         turn = replace(
-            turn, usd=self.price(turn.tokens_in, turn.tokens_out) if self.prices else self._cost(resp)
+            turn,
+            usd=self.price(turn.tokens_in, turn.tokens_out) if self.prices else self._cost(resp),
+            seconds=time.monotonic() - began,
         )
         self.ledger.record(role, self.config.model, messages, turn, hold)
         return turn
@@ -260,7 +268,8 @@ class LitellmModel:
                 if form is not decoding.Decoding.NONE and decoding.refuses(
                     status_of(exc), str(exc), len(self.forms) > 1
                 ):
-                    self.forms.remove(form)  # this server does not take that form: the next one, or none
+                    with contextlib.suppress(ValueError):  # another call may have dropped it just now
+                        self.forms.remove(form)  # this server does not take that form: the next, or none
                     continue
                 if type(exc).__name__ == "ContextWindowExceededError":
                     raise ContextTooLong(text) from exc

@@ -410,6 +410,11 @@ class _Assigned:
             return None
         return self.space.full({**self.values(node_id), **(edits or {})})
 
+    def said(self, parent_id: int, edits: dict[str, Any]) -> str:
+        """Return what a child's edits do, in words: `set KEY from OLD to NEW` for each."""
+        held = self.values(parent_id)
+        return "; ".join(f"set {k} from {fmt(held.get(k))} to {fmt(v)}" for k, v in sorted(edits.items()))
+
     def changed(self, parent_id: int, edits: dict[str, Any]) -> dict[str, Any]:
         """Return the edits that change a value the parent holds."""
         if self.space is None or not edits:
@@ -454,8 +459,10 @@ class LlmPolicy:
         model: Model,
         limits: loop.Limits = loop.Limits(),
         refused: Callable[[str, int | None, str, str, str], None] | None = None,
+        settings_only: bool = False,
     ) -> None:
         self.model, self.limits = model, limits
+        self.settings_only = settings_only  # every child carries edits, where the study has settings
         # Told of every answer that could not be used: (role, node id or None, reason, answer, try).
         self.refused = refused
         self._stats = SearchPolicy()
@@ -482,6 +489,8 @@ class LlmPolicy:
         number = {n.id: n.number for n in ctx.nodes}
         node_of = {n.number: n.id for n in ctx.nodes}
         system = prompt("ideator").format(k=ctx.k, editable=", ".join(ctx.editable) or "any file")
+        if self.settings_only and ctx.search_space:
+            system += "Every child of this study sets at least one of the settings in `edits`.\n"
         dropped = [
             {"title": cut(x.get("title"), 160), "parent_id": number.get(x.get("parent_id")),  # type: ignore[arg-type]
              "reason": cut(x.get("reason"), 300)}
@@ -536,9 +545,13 @@ class LlmPolicy:
                 for n in ctx.nodes
                 if n.status not in ("pruned", "cancelled") and ctx.takes_children(n)
             ]
-            schema = schemas.ideator(ctx.k, parents, space)
+            needed = self.settings_only and space is not None
+            schema = schemas.ideator(ctx.k, parents, space, needed)
             children = self._ask(
-                "ideator", messages, lambda text: _children(text, ctx.trunk_dev_mean, space), schema=schema
+                "ideator",
+                messages,
+                lambda text: _children(text, ctx.trunk_dev_mean, space, needed),
+                schema=schema,
             )
         except Unusable as exc:
             raise ModelError(f"the ideator's answer is not the requested JSON: {exc}") from exc
@@ -558,6 +571,10 @@ class LlmPolicy:
             asked = c.parent_id
             c.parent_id = node_of.get(c.parent_id, -1)
             edits = settings.changed(c.parent_id, c.edits)
+            if edits:  # what is set is what the node says it does: its words cannot say otherwise
+                c.mechanism = settings.said(c.parent_id, edits)
+                if c.title.strip().lower() in titles:
+                    c.title = cut(c.mechanism, 200)
             idea = identity(c.title, c.mechanism, settings.of(c.parent_id, edits) if edits else None)
             twin = next((name for name, other in known if same(idea, other)), None)
             why = ""
@@ -869,11 +886,14 @@ def _errors(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'answer'}: {e['msg']}" for e in exc.errors()[:5])
 
 
-def _children(text: str, trunk: float | None = None, space: Space | None = None) -> list[Child]:
+def _children(
+    text: str, trunk: float | None = None, space: Space | None = None, edits: bool = False
+) -> list[Child]:
     """Return the valid children of an ideator's answer; each is checked on its own.
 
     A bare list of children, or one child alone, is read as the "children" list; `trunk` (trunk's dev
-    mean) is what a percentage gain is a percentage of; `space` the settings edits may set.
+    mean) is what a percentage gain is a percentage of; `space` the settings edits may set (and that
+    every child sets, with `edits`).
     """
     found = json_object(text)
     raw = found.get("children") if found is not None else None
@@ -894,9 +914,14 @@ def _children(text: str, trunk: float | None = None, space: Space | None = None)
     out, wrong = [], []
     for i, item in enumerate(raw):
         try:
-            out.append(Child.model_validate(item, context={"trunk": trunk, "space": space}))
+            got = Child.model_validate(item, context={"trunk": trunk, "space": space})
         except ValidationError as exc:
             wrong.append(f"child {i}: {_errors(exc)}")
+            continue
+        if edits and not got.edits:
+            wrong.append(f"child {i}: edits: set at least one of the settings")
+        else:
+            out.append(got)
     if raw and not out:
         raise Unusable("no child is valid (" + "; ".join(wrong) + ")")
     return out

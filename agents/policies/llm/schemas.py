@@ -12,12 +12,19 @@ from typing import Any
 from agents.policies.space import Space
 
 TITLE = 120
+PROSE = 600  # the longest text a schema asks for: llama.cpp refuses the grammar of 1,200 (and then fails)
 TEXT = 300
 ITEM = 240
 
 
-def _text(cap: int = TEXT) -> dict[str, Any]:
-    return {"type": "string", "maxLength": cap}
+# What a text in an answer may hold: it starts with a letter or digit (never "..." or "<text>") and
+# holds printable ASCII but quotes and backslashes, so a grammar built from it never breaks the JSON.
+SAFE = "A-Za-z0-9 _.,;:()=+*/%<>!?'`#&@|~-"
+
+
+def _text(cap: int = TEXT, least: int = 1) -> dict[str, Any]:
+    pattern = f"^[A-Za-z0-9][{SAFE}]{{{max(least - 1, 0)},{cap - 1}}}$"
+    return {"type": "string", "minLength": least, "maxLength": cap, "pattern": pattern}
 
 
 def _nodes(numbers: list[int]) -> dict[str, Any]:
@@ -28,38 +35,46 @@ def _object(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
+GRID = 9  # values a range is offered as: a server's grammar holds a model to listed values, not to bounds
+
+
 def _value(space: Space, key: str) -> dict[str, Any]:
-    """Return the schema of a value `key` may take: one of its values, or a number in its range."""
+    """Return the schema of a value `key` may take: one of its values, or one of `GRID` points spread
+    over its range (log-spaced on a log range)."""
     if not space.is_range(key):
         return {"enum": space.values(key)}
-    lo, hi = space.bounds(key)
-    if space.is_int(key):
-        return {"type": "integer", "minimum": int(lo), "maximum": int(hi)}
-    return {"type": "number", "minimum": lo, "maximum": hi}
+    points: list[Any] = []
+    for i in range(GRID):
+        v = space.snap(key, i / (GRID - 1))
+        v = v if space.is_int(key) else space.clean(key, float(f"{v:.2g}"))  # values a person would write
+        if v not in points:
+            points.append(v)
+    return {"enum": points}
 
 
-def edits(space: Space) -> dict[str, Any]:
-    """Return the schema of a child's edits: each a `[search]` key of `space` and a value it may take."""
+def edits(space: Space, least: int = 0) -> dict[str, Any]:
+    """Return the schema of a child's edits: each a `[search]` key of `space` and a value it may take
+    (at least `least` of them)."""
     options = [
         _object({"key": {"type": "string", "enum": [key]}, "value": _value(space, key)}, ["key", "value"])
         for key in space.keys
     ]
-    return {"type": "array", "items": {"anyOf": options}, "maxItems": len(options)}
+    return {"type": "array", "items": {"anyOf": options}, "minItems": least, "maxItems": len(options)}
 
 
-def ideator(k: int, parents: list[int], space: Space | None = None) -> dict[str, Any]:
+def ideator(k: int, parents: list[int], space: Space | None = None, needed: bool = False) -> dict[str, Any]:
     """Return the ideator's schema: 1 to `k` children, each under one of `parents` (node numbers), with
-    edits of the `[search]` keys of `space` where the study declares any."""
-    settings = {"edits": edits(space)} if space is not None and space.keys else {}
+    edits of the `[search]` keys of `space` where the study declares any (one at least, if `needed`)."""
+    settings = {"edits": edits(space, int(needed))} if space is not None and space.keys else {}
     child = _object(
         {
             "parent_id": _nodes(parents),
-            "title": {"type": "string", "minLength": 3, "maxLength": TITLE},
+            "title": _text(TITLE, 3),
             **settings,
-            "mechanism": _text(),
-            "hypothesis": _text(),
-            "observable": _text(),
-            "risks": _text(),
+            "mechanism": _text(TEXT, 8),
+            "hypothesis": _text(TEXT, 8),
+            "observable": _text(TEXT, 8),
+            "risks": _text(TEXT, 4),
             "expected_gain": {"type": "number"},
         },
         ["parent_id", "title", *settings, "mechanism", "hypothesis", "observable", "risks", "expected_gain"],
@@ -70,7 +85,7 @@ def ideator(k: int, parents: list[int], space: Space | None = None) -> dict[str,
 
 def prose(field: str, cap: int) -> dict[str, Any]:
     """Return the schema of a one-text answer (an insight, a reflection): `{field: text}`."""
-    return _object({field: {"type": "string", "minLength": 1, "maxLength": cap}}, [field])
+    return _object({field: _text(min(cap, PROSE), 8)}, [field])
 
 
 def verifier(names: list[str]) -> dict[str, Any]:
