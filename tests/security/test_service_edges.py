@@ -380,3 +380,50 @@ def test_an_llm_study_whose_model_cannot_serve_it_is_refused_before_anything_run
     finally:
         small.shutdown()
     assert resp.status_code == 200, resp.text
+
+
+def test_the_api_never_fetches_a_spec_model_server_the_operator_has_not_listed(
+    api: tuple[str, Settings], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    seen: list[str] = []
+
+    class Listening(BaseHTTPRequestHandler):  # a host a spec would like the API to probe
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    target = ThreadingHTTPServer(("127.0.0.1", 0), Listening)
+    Thread(target=target.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{target.server_address[1]}/v1"
+    url, settings = api
+    monkeypatch.delenv("GROVE_LLM_API_BASE", raising=False)
+    files = tiny_files(name="probe")
+    files["grove.toml"] = files["grove.toml"].replace(
+        'kind = "search"',
+        f'kind = "llm"\nmodel = "openai/local"\napi_base = "{base}"\n'
+        "input_usd_per_mtok = 0.1\noutput_usd_per_mtok = 0.1",
+    )
+    repo = make_repo(tmp_path / "allowed" / "probe", files)
+    body = {"spec": files["grove.toml"], "repository": str(repo)}
+    try:
+        resp = httpx.post(
+            f"{url}/studies/validate", json=body, headers=bearer(settings, "operator"), timeout=30
+        )
+        assert resp.status_code == 200, resp.text
+        assert seen == []
+        monkeypatch.setenv("GROVE_LLM_API_BASES", base)  # the operator's own: now it is asked
+        resp = httpx.post(
+            f"{url}/studies/validate", json=body, headers=bearer(settings, "operator"), timeout=30
+        )
+        assert resp.status_code == 200, resp.text
+        assert seen == ["/v1/models"]
+    finally:
+        target.shutdown()
