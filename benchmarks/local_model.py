@@ -76,38 +76,47 @@ def measured(db: Path) -> dict[str, Any]:
     refused = [p for t, p in events if t == "llm.refused"]
     nodes = list(con.execute("select status, origin, dev_n from node where parent_id is not null"))
     dropped = [p for t, p in events if t == "proposal.dropped"]
+    errors = [p for t, p in events if t == "llm.error"]
     prompts = defaultdict(int)
     for role, messages in con.execute("select role, messages from llm_call"):
         prompts[role] = max(prompts[role], len(messages) // 4)
     study = con.execute("select status, stop_reason from study").fetchone()
     con.close()
     return {"calls": calls, "refused": refused, "nodes": nodes, "dropped": dropped, "prompts": prompts,
-            "study": study}  # fmt: skip
+            "study": study, "errors": errors}  # fmt: skip
 
 
 def roles(m: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Return per role: asks, first-try valid, valid after re-asks, refused, seconds and tokens per call."""
+    """Return per role: answers asked for, first-try valid, valid after re-asks, refused, calls that
+    failed (an error, no answer), and seconds and tokens per call.
+
+    An ask is a first call and its re-asks; a refusal that is not the last try is followed by a re-ask,
+    unless that call failed (it is then not recorded as a call).
+    """
     out: dict[str, dict[str, float]] = {}
     by_role = defaultdict(list)
     for c in m["calls"]:
         by_role[c["role"]].append(c)
-    tries: dict[str, Counter[str]] = defaultdict(Counter)
-    for r in m["refused"]:
-        got = str(r.get("try", ""))
-        tries[r["role"]]["first" if got.startswith("1 of") else "other"] += 1
-        if got and got.split(" of ")[0] == got.split(" of ")[-1]:
-            tries[r["role"]]["final"] += 1
-        if not got:  # the executor's refusals: each is one answer it could not act on
-            tries[r["role"]]["final"] += 1
-    for role, calls in by_role.items():
-        t = tries[role]
-        reasks = t["first"] + t["other"] - t["final"]
-        asks = len(calls) - reasks
+    errors = Counter(e["role"] for e in m["errors"])
+    for role in set(by_role) | set(errors):
+        calls = by_role.get(role, [])
+        mine = [r for r in m["refused"] if r["role"] == role]
+        if role == "executor":  # its refusals are answers within a conversation, never re-asked
+            first = final = len(mine)
+            retried = 0
+        else:
+            tries = [str(r.get("try", "")).split(" of ") for r in mine]
+            first = sum(t[0] == "1" for t in tries)
+            final = sum(len(t) == 2 and t[0] == t[1] for t in tries)
+            retried = len(mine) - final
+        failed = min(errors[role], retried) if role != "executor" else 0  # re-asks that failed
+        on_first = errors[role] - failed  # asks whose first call failed
+        asks = len(calls) - (retried - failed) + on_first
         out[role] = {
-            "asks": asks, "first": asks - t["first"] - (t["final"] if role == "executor" else 0),
-            "after": t["first"] - t["final"] if role != "executor" else 0, "refused": t["final"],
-            "seconds": sum(c.get("seconds", 0.0) for c in calls) / len(calls),
-            "tokens": sum(c["tokens"] for c in calls) / len(calls),
+            "asks": asks, "first": asks - first - on_first, "after": first - final - failed,
+            "refused": final, "errors": errors[role],
+            "seconds": sum(c.get("seconds", 0.0) for c in calls) / max(len(calls), 1),
+            "tokens": sum(c["tokens"] for c in calls) / max(len(calls), 1),
         }  # fmt: skip
     return out
 
@@ -119,12 +128,12 @@ def report(name: str, wall: float, m: dict[str, Any], limit: int) -> None:
     proposed = [n for n in m["nodes"] if n[1] != "revisit"]
     print(f"\n### {name} decoding: study {status} ({reason}), {wall:.0f} s wall\n")
     print(
-        "| role | answers | valid first try | valid after re-asks | refused | s / call | tokens / call | largest prompt |"
+        "| role | answers | valid first try | valid after re-asks | refused | failed calls | s / call | tokens / call | largest prompt |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for role, r in sorted(roles(m).items()):
         share = f"{r['first']:.0f} ({100 * r['first'] / r['asks']:.0f}%)" if r["asks"] else "0"
-        print(f"| {role} | {r['asks']:.0f} | {share} | {r['after']:.0f} | {r['refused']:.0f} | {r['seconds']:.1f} | "
+        print(f"| {role} | {r['asks']:.0f} | {share} | {r['after']:.0f} | {r['refused']:.0f} | {r['errors']:.0f} | {r['seconds']:.1f} | "
               f"{r['tokens']:.0f} | {m['prompts'].get(role, 0)} of {limit} |")  # fmt: skip
     hours = wall / 3600
     share = f"{100 * len(reached) / len(proposed):.0f}%" if proposed else "-"

@@ -23,7 +23,9 @@ from pathlib import Path
 
 ALIAS = "local"  # the name the server answers to; the roles call `openai/local`
 MODEL = f"openai/{ALIAS}"
-CONTEXT = 4096  # tokens the server's context holds: Gemma 3 270M takes 32k, a short prompt is read faster on a CPU
+CONTEXT = (
+    4096  # tokens the server's context holds: Gemma 3 270M takes 32k, a short prompt is read faster on a CPU
+)
 OUTPUT = 1024  # tokens an answer may take; a prompt gets the rest of the context
 SETTING = "--local-model"
 

@@ -46,7 +46,10 @@ def test_the_schema_offers_each_key_with_the_values_it_may_take() -> None:
     options = item["properties"]["edits"]["items"]["anyOf"]
     by_key = {o["properties"]["key"]["enum"][0]: o["properties"]["value"] for o in options}
     assert by_key["c.toml:m.hidden"] == {"enum": [8, 16, 32, 64]}
-    assert by_key["c.toml:t.lr"] == {"type": "number", "minimum": 1e-4, "maximum": 0.1}
+    # A range is offered as values spread over it (log-spaced here), as a person would write them.
+    assert by_key["c.toml:t.lr"] == {
+        "enum": [0.0001, 0.00024, 0.00056, 0.001, 0.0013, 0.0032, 0.0075, 0.018, 0.042, 0.1]
+    }
     assert "edits" not in schemas.ideator(2, [1])["properties"]["children"]["items"]["properties"]
 
 
@@ -94,7 +97,9 @@ def test_a_child_with_edits_is_proposed_with_them_and_one_that_changes_nothing_i
     # The prompt lists each setting with trunk's value and what it may take; the schema holds them.
     evidence = json.loads(model.prompts[0][1]["content"])
     assert evidence["settings"]["c.toml:m.hidden"] == {"trunk": 8, "values": [8, 16, 32, 64]}
-    assert evidence["settings"]["c.toml:t.lr"] == {"trunk": 0.001, "low": 1e-4, "high": 0.1}
+    lr = evidence["settings"]["c.toml:t.lr"]
+    assert lr == {"trunk": 0.001, "values": lr["values"], "low": 1e-4, "high": 0.1}
+    assert lr["values"][0] == 1e-4 and lr["values"][-1] == 0.1 and 0.001 in lr["values"]
     assert "edits" in model.schemas[0]["properties"]["children"]["items"]["properties"]
 
 

@@ -35,7 +35,7 @@ from agents.policies.llm.answers import (
     node_refs,
     number,
 )
-from agents.policies.llm.fitting import cut, fitted
+from agents.policies.llm.fitting import cut, fitted, room
 from agents.policies.llm.ideas import Identity, identity, same
 from agents.policies.llm.model import BudgetExhausted, Model, ModelError
 from agents.policies.search import SearchPolicy
@@ -379,9 +379,8 @@ def _choices(space: Space, on_trunk: dict[str, Any]) -> dict[str, dict[str, Any]
     """Return each setting as the ideator sees it: trunk's value and the values it may take."""
     out: dict[str, dict[str, Any]] = {}
     for key in space.keys:
-        lo_hi = space.bounds(key) if space.is_range(key) else None
-        takes = {"values": space.values(key)} if lo_hi is None else {"low": lo_hi[0], "high": lo_hi[1]}
-        out[key] = {"trunk": on_trunk.get(key), **takes}
+        bounds = dict(zip(("low", "high"), space.bounds(key), strict=True)) if space.is_range(key) else {}
+        out[key] = {"trunk": on_trunk.get(key), "values": schemas.offered(space, key), **bounds}
     return out
 
 
@@ -573,8 +572,8 @@ class LlmPolicy:
             edits = settings.changed(c.parent_id, c.edits)
             if edits:  # what is set is what the node says it does: its words cannot say otherwise
                 c.mechanism = settings.said(c.parent_id, edits)
-                if c.title.strip().lower() in titles:
-                    c.title = cut(c.mechanism, 200)
+                if c.title.strip().lower() in titles or c.title.strip().lower() in system.lower():
+                    c.title = cut(c.mechanism, 200)  # a title copied from the prompt says what was set
             idea = identity(c.title, c.mechanism, settings.of(c.parent_id, edits) if edits else None)
             twin = next((name for name, other in known if same(idea, other)), None)
             why = ""
@@ -618,6 +617,7 @@ class LlmPolicy:
         """Ask for a structured answer (in `schema`'s form, where the server constrains decoding); while
         it cannot be used, ask again (`REASKS` times at most), quoting what was wrong. Every refused
         answer is reported (on `node_id`, if given)."""
+        asked = messages
         for tried in range(1, REASKS + 2):
             turn = self.model.complete(role, messages, schema=schema)
             try:
@@ -626,8 +626,15 @@ class LlmPolicy:
                 self._refuse(role, node_id, str(exc), turn.content, f"{tried} of {REASKS + 1}")
                 if tried > REASKS:
                     raise
-                messages = [*messages, turn.message(), {"role": "user", "content": f"Your answer could not be used: "
-                            f"{exc}. Answer again with the JSON object only."}]  # fmt: skip
+                # The prompt, the last answer (cut: a model that echoed its prompt must not overflow its
+                # context when asked again) and what was wrong with it.
+                shown = {"role": "assistant", "content": cut(turn.content, SHOWN_ANSWER)}
+                again = {"role": "user", "content": f"Your answer could not be used: {exc}. Answer again "
+                         "with the JSON object only."}  # fmt: skip
+                messages = [*asked, shown, again]
+                space = room(self.model)
+                if space is not None and self.model.count(messages) > space:  # type: ignore[attr-defined]
+                    messages = [*asked, again]  # what was wrong fits where the answer does not
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _refuse(self, role: str, node_id: int | None, reason: str, answer: str, tried: str = "") -> None:
@@ -863,6 +870,7 @@ class LlmPolicy:
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 REASKS = 2  # times an unusable structured answer is asked for again, with what was wrong
+SHOWN_ANSWER = 1000  # characters of the refused answer a re-ask shows the model
 
 
 def _object(text: str) -> dict[str, Any]:

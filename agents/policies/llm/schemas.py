@@ -39,17 +39,25 @@ GRID = 9  # values a range is offered as: a server's grammar holds a model to li
 
 
 def _value(space: Space, key: str) -> dict[str, Any]:
-    """Return the schema of a value `key` may take: one of its values, or one of `GRID` points spread
-    over its range (log-spaced on a log range)."""
+    """Return the schema of a value `key` may take: one of those `offered`."""
+    return {"enum": offered(space, key)}
+
+
+def offered(space: Space, key: str) -> list[Any]:
+    """Return the values a model is offered for `key`: its own, or `GRID` points spread over its range
+    (log-spaced on a log range) and the repository's value."""
     if not space.is_range(key):
-        return {"enum": space.values(key)}
+        return space.values(key)
     points: list[Any] = []
     for i in range(GRID):
         v = space.snap(key, i / (GRID - 1))
         v = v if space.is_int(key) else space.clean(key, float(f"{v:.2g}"))  # values a person would write
         if v not in points:
             points.append(v)
-    return {"enum": points}
+    here = space.base.get(key)  # the repository's own value, to go back to
+    if here is not None and here not in points and space.contains(key, here):
+        points = sorted([*points, here], key=float)
+    return points
 
 
 def edits(space: Space, least: int = 0) -> dict[str, Any]:
