@@ -76,7 +76,19 @@ def measured(db: Path) -> dict[str, Any]:
     refused = [p for t, p in events if t == "llm.refused"]
     nodes = list(con.execute("select status, origin, dev_n from node where parent_id is not null"))
     dropped = [p for t, p in events if t == "proposal.dropped"]
-    errors = [p for t, p in events if t == "llm.error"]
+    # A failed call is an `llm.error` that does not just report the ask its last refusal ended.
+    errors, ended = [], set()
+    for t, p in events:
+        if (
+            t == "llm.refused"
+            and str(p.get("try", "")).split(" of ")[:1] == str(p.get("try", "")).split(" of ")[1:]
+        ):
+            ended.add(p["role"])
+        elif t == "llm.error":
+            if p["role"] in ended:
+                ended.discard(p["role"])
+            else:
+                errors.append(p)
     prompts = defaultdict(int)
     for role, messages in con.execute("select role, messages from llm_call"):
         prompts[role] = max(prompts[role], len(messages) // 4)

@@ -131,3 +131,17 @@ def test_where_ideas_are_settings_only_a_child_without_edits_is_refused_and_aske
     plain = Scripted(json.dumps({"children": [code]}))
     bare = replace(ctx(nodes, k=1), search_space={}, base_values={})
     assert [p.title for p in LlmPolicy(plain, settings_only=True).ideate(bare)] == ["a deeper net"]  # type: ignore[arg-type]
+
+
+def test_a_change_of_settings_made_stale_by_a_merge_is_revisited_with_its_edits() -> None:
+    from agents.policies.llm.policy import revisits
+
+    nodes = [
+        ev(1, None, {}, 0.5, "merged"),
+        ev(2, 1, {"c.toml:t.lr": 0.01}, 0.6),
+        ev(3, 1, {}, 0.7, "merged"),
+    ]
+    again = revisits(replace(ctx(nodes, k=2), trunk_node_id=3, revisit=[2]))
+    assert [(p.parent_id, p.origin, p.origin_ref, p.edits) for p in again] == [
+        (3, "revisit", 2, {"c.toml:t.lr": 0.01})
+    ]

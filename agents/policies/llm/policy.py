@@ -232,8 +232,9 @@ AGAIN = re.compile(r" \(again, on n\d+\)$")  # a revisit's title mark (a revisit
 def revisits(ctx: IdeationInput) -> list[Proposal]:
     """Return the first change made stale by a merge, to be measured again merged onto the current trunk.
 
-    It needs no model: the child starts from the merge of trunk and that node's commit (its executor
-    is asked only to resolve a conflict), hangs under trunk, and its gain is paired against trunk.
+    It needs no model: the child starts from the merge of trunk and that node's commit (where they
+    conflict, its edits of settings are set again, or its executor is asked to resolve it), hangs
+    under trunk, and its gain is paired against trunk.
     """
     by_id = {n.id: n for n in ctx.nodes}
     trunk = by_id.get(ctx.trunk_node_id)
@@ -251,7 +252,8 @@ def revisits(ctx: IdeationInput) -> list[Proposal]:
             "risks": f"n{trunk.number}'s change may already hold what n{old.number} brought, or clash with it",
         }
         title = cut(f"{AGAIN.sub('', old.title)} (again, on n{trunk.number})", 200)
-        return [Proposal(trunk.id, title, hyp, max(old.gain or 0.0, 0.0), {}, "revisit", nid)]
+        # A change of settings is set again on trunk where the merge conflicts: no executor turn.
+        return [Proposal(trunk.id, title, hyp, max(old.gain or 0.0, 0.0), dict(old.edits), "revisit", nid)]
     return []
 
 
