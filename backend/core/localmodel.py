@@ -157,12 +157,22 @@ class LocalServer:
                 self.proc.wait(timeout=20)
 
 
+def _die_with_parent() -> None:
+    """Have the kernel stop the server when the process that started it dies, however it dies."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def start(gguf: Path, port: int, log: Path, timeout: float = 180, context: int = CONTEXT) -> LocalServer:
     """Start llama.cpp's server on `gguf` and return it once it answers; raise LocalModelError if it does not."""
     cmd = command(check_gguf(gguf), port, context)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent
+        )
     server = LocalServer(proc, f"http://127.0.0.1:{port}/v1", log, context)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -42,3 +42,34 @@ def test_the_servers_settings_point_every_role_at_it_and_fit_its_context(tmp_pat
     assert env["GROVE_MODEL"] == "openai/local" and env["GROVE_LLM_API_BASE"] == "http://127.0.0.1:9/v1"
     assert int(env["GROVE_LLM_MAX_INPUT_TOKENS"]) + int(env["GROVE_LLM_MAX_OUTPUT_TOKENS"]) == 4096
     assert not localmodel.models_answer("http://127.0.0.1:9/v1", timeout=1)
+
+
+def test_the_server_dies_with_the_process_that_started_it_however_that_dies(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys; from backend.core.localmodel import _die_with_parent\n"
+         "child = subprocess.Popen(['sleep', '600'], start_new_session=True, preexec_fn=_die_with_parent)\n"
+         "print(child.pid, flush=True); sys.stdin.read()"],
+        cwd=PROJECT_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    os.kill(child, 0)  # it runs, in a session of its own
+    parent.send_signal(signal.SIGKILL)  # no atexit, no handler: only the kernel can stop it now
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        if Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":
+            break  # dead, waiting for init to reap it
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the server outlived the process that started it")
