@@ -698,7 +698,7 @@ class DbStore:
         """Store one LLM call (its new messages only), charge it to the node and the study, drop its hold."""
         bad = set(call) - LLM_FIELDS
         costs = [call.get(k, 0) for k in ("tokens_in", "tokens_out", "usd", "base_len", "seconds")]
-        if bad or not all(isinstance(c, int | float) and c >= 0 for c in costs):
+        if bad or not all(isinstance(c, int | float) and math.isfinite(c) and c >= 0 for c in costs):
             raise Refused(f"an LLM call may not carry {sorted(bad)} or negative counts")
         with db.session(self.settings.db_url) as s:
             # The study's lock, as `llm_reserve` takes it: a hold becomes a charge in one step for it.

@@ -85,5 +85,10 @@ def test_a_500_that_says_nothing_moves_to_the_next_form_only_where_one_is_left()
         assert [r["body"]["response_format"]["type"] for r in llm.requests] == ["json_schema", "json_object"]
         assert model.forms == [Decoding.LLAMACPP]
     # The last form left is kept through a 500 that does not name it: the call is retried with it.
-    assert not refuses(500, "Connection error.") and refuses(500, "Connection error.", others=True)
+    assert not refuses(500, "Connection error.") and refuses(
+        500, "Connection error.", True, Decoding.JSON_SCHEMA
+    )
+    assert not refuses(
+        500, "Connection error.", True, Decoding.LLAMACPP
+    )  # a 500 to the last known form is an error
     assert refuses(500, "response_format must be text or json_object")

@@ -145,3 +145,17 @@ def test_a_change_of_settings_made_stale_by_a_merge_is_revisited_with_its_edits(
     assert [(p.parent_id, p.origin, p.origin_ref, p.edits) for p in again] == [
         (3, "revisit", 2, {"c.toml:t.lr": 0.01})
     ]
+
+
+def test_a_number_too_large_for_a_float_and_a_text_answer_without_its_field_are_refused() -> None:
+    from agents.policies.llm.policy import prose
+
+    huge = json.dumps({"children": [child(edits=[{"key": "t.lr", "value": 10**400}])]})
+    with pytest.raises(Unusable, match="takes a number"):
+        _children(huge, None, Space(SPACE, BASE))
+    read = prose("insight", "ROLE: insight")
+    assert read('{"insight": "n2 helps: a wider layer"}') == "n2 helps: a wider layer"
+    assert read("n2 helps: a wider layer") == "n2 helps: a wider layer"
+    for answer in ('{"insight": null}', '{"lesson": "n2 helps"}'):
+        with pytest.raises(Unusable, match='needs "insight"'):
+            read(answer)

@@ -80,7 +80,10 @@ def _parsed(value: Any) -> tuple[float, bool] | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return float(value), False
+        try:
+            return float(value), False
+        except OverflowError:  # an integer of hundreds of digits is no number a setting takes
+            return None
     if isinstance(value, str) and (m := _NUMBER.match(value)):
         digits = m.group(1).replace("−", "-").replace(" ", "")
         try:

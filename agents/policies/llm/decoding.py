@@ -64,12 +64,12 @@ def fields(decoding: Decoding, name: str, schema: dict[str, Any]) -> dict[str, A
     return {}
 
 
-def refuses(status: int | None, text: str, others: bool = False) -> bool:
+def refuses(status: int | None, text: str, others: bool = False, form: Decoding | None = None) -> bool:
     """Return whether an error says the server does not take the schema in the form it was sent.
 
-    With `others` (another form is left to try), a 500 says so whatever its text: llama.cpp's server
-    fails on OpenAI's form with a 500 whose body the client may not pass on.
+    With `others` (another form is left to try), a 500 to OpenAI's `json_schema` form says so whatever
+    its text: llama.cpp's server fails on that form with a 500 whose body the client may not pass on.
     """
-    if others and status in (500, 501):
+    if others and status in (500, 501) and form is Decoding.JSON_SCHEMA:
         return True
     return status in (400, 415, 422, 500, 501) and bool(_REFUSED.search(text))

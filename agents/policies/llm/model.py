@@ -266,7 +266,7 @@ class LitellmModel:
                     raise
                 text = f"{type(exc).__name__}: {str(exc)[:500]}"
                 if form is not decoding.Decoding.NONE and decoding.refuses(
-                    status_of(exc), str(exc), len(self.forms) > 1
+                    status_of(exc), str(exc), len(self.forms) > 1, form
                 ):
                     with contextlib.suppress(ValueError):  # another call may have dropped it just now
                         self.forms.remove(form)  # this server does not take that form: the next, or none

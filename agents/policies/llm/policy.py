@@ -90,8 +90,9 @@ def prose(field: str, instructions: str) -> Callable[[str], str]:
 
     def parse(text: str) -> str:
         found = json_object(text)
-        said = found.get(field) if found is not None and isinstance(found.get(field), str) else text
-        said = str(said).strip()
+        if found is not None and not isinstance(found.get(field), str):
+            raise Unusable(f'the object needs "{field}": the text')
+        said = (found[field] if found is not None else text).strip()
         if not said or content_free(said):
             raise Unusable(f"the {field} is empty or a placeholder: write what the evidence shows")
         if echoed(said, instructions):
@@ -122,7 +123,11 @@ def _setting(space: Space, key: Any, value: Any) -> tuple[str, Any]:
     x = number(value)
     if isinstance(x, float) and space.is_int(found) and x.is_integer():
         x = int(x)
-    if not space.contains(found, x):
+    try:
+        inside = space.contains(found, x)
+    except OverflowError:  # an integer of hundreds of digits
+        inside = False
+    if not inside:
         lo, hi = space.bounds(found)
         kind = "an integer" if space.is_int(found) else "a number"
         raise ValueError(f"{found} takes {kind} from {fmt(lo)} to {fmt(hi)}, not {fmt(x)[:40]}")

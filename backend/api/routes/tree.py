@@ -132,7 +132,9 @@ def add_hypothesis(
                 "errors": [],
             },
         )
-    edits = {**st.base_values, **parent.edits}
+    # The search policy's nodes hold whole assignments; an llm node holds what it sets itself, so a
+    # hypothesis without edits is a change of code for the executor.
+    edits = {**st.base_values, **parent.edits} if spec.policy_kind == "search" else {}
     repo = gitops.Repo(Path(st.repo_path))
     for key, value in body.edits.items():
         if key not in spec.search:
