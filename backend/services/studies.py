@@ -6,6 +6,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -334,6 +335,10 @@ def model_issues(spec: Spec) -> list[SpecIssue]:
     if base and (server or registry.allowed_base(base)):
         where = ("policy.model", "the service's GROVE_LLM_API_BASE") if server else ("policy.api_base",) * 2
         found = localmodel.probe(base, PROBE_SECONDS)
+        parts = urllib.parse.urlsplit(base)  # said to whoever sent the spec: no userinfo, no query
+        base = urllib.parse.urlunsplit((parts.scheme, parts.hostname or "", parts.path, "", ""))
+        if parts.port:
+            base = base.replace(parts.hostname or "", f"{parts.hostname}:{parts.port}", 1)
         if not found.answers:
             message = (
                 f"the model server at {base} ({where[1]}) does not answer ({found.error}): start it, or "
