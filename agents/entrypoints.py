@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.policies import configfiles
+from agents import configfiles
 
 ADAPTER, ADAPTER_CONFIG = "grove_eval.py", "grove/adapter.json"
 SCRIPTS = ("train.py", "main.py", "run.py", "src/train.py", "scripts/train.py")

@@ -15,8 +15,7 @@ import shlex
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Literal
 
-from agents import entrypoints, globs
-from agents.policies import configfiles
+from agents import configfiles, entrypoints, globs
 
 if TYPE_CHECKING:
     from agents.spec import Spec
@@ -56,7 +55,7 @@ def findings(spec: Spec, files: list[str], read: Callable[[str], str]) -> list[F
     reached, unknown = _reach(command, set(files), read, trusted)
     # Under the search policy a change edits config files only at its [search] keys, to values the
     # spec lists or ranges: settings, not code. Any other change to what the test reads counts.
-    settings_only = spec.policy_kind == "search"
+    settings_only = not spec.capabilities.edits_code
     editable = sorted(
         p
         for p in reached

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from agents import entrypoints, goals, spec
-from agents.policies import configfiles
+from agents import configfiles, entrypoints, goals, spec
 
 EVALUATORS = (
     "eval.py",

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.policies import configfiles
+from agents import configfiles
 from agents.spec import SearchDim, Spec
 
 

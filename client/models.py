@@ -20,6 +20,7 @@ class Study(TypedDict):
     stop_reason: str
     source: str
     policy: str
+    reads_memory: bool
     trunk_branch: str
     trunk_commit: str
     base_commit: str

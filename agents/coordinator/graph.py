@@ -29,9 +29,9 @@ from agents.coordinator.configuration import CoordinatorConfig, CoordinatorConte
 from agents.coordinator.ports import Integration, NodeRecord, Pending, Storage, StudyView
 from agents.coordinator.records import RecordIndex, Records, index_of
 from agents.coordinator.state import CoordinatorState
+from agents.llm.model import BudgetExhausted, ModelError
 from agents.policies import widen
 from agents.policies.base import IdeationInput, Judgement, NodeEvidence, Policy, RefineRequest
-from agents.policies.llm.model import BudgetExhausted, ModelError
 from agents.tree import plateau, pruning, selection
 from agents.tree.gate import eligible
 from agents.tree.insights import backpropagate
@@ -60,7 +60,7 @@ def start(
         return Command(update=kept, goto="observe")
     pending = runtime.context.gatekeeper.baseline(state["study_id"])
     if pending is not None and pending.blocking:
-        if not runtime.context.policy.reads_baseline:
+        if not runtime.context.policy.capabilities.reads_baseline:
             return Command(update={**kept, "baseline_dev_job": pending.job_id}, goto="observe")
         interrupt({"kind": "await_jobs", "study_id": state["study_id"], "jobs": [pending.job_id]})
         return Command(goto="start")  # look again in a fresh step: at most one interrupt per run
@@ -100,7 +100,7 @@ def observe(
         interrupt({"kind": "paused", "study_id": sid})
         return Command(goto="observe")
     budget = study.spec.budget
-    if study.spec.policy_kind == "llm" and 0 < budget.usd <= study.usd_spent:
+    if study.spec.capabilities.calls_model and 0 < budget.usd <= study.usd_spent:
         storage.event(sid, "budget.exhausted", None, {"usd": study.usd_spent, "budget": budget.usd})
         storage.pause(sid, f"LLM budget spent: ${study.usd_spent:.4g} of ${budget.usd:.4g}")
         return Command(goto="observe")
@@ -149,7 +149,7 @@ def ideate(
             free=slots - waiting - retry,
             dropped=list(state.get("dropped", [])),
         )
-        if study.spec.policy_kind == "llm":  # only a model reads the repository and the lab memory
+        if study.spec.capabilities.reads_context:
             ctx = replace(
                 ctx,
                 memory=storage.memory(sid),
@@ -298,7 +298,9 @@ def integrate(
         rec = records[node_id]
         if rec.completed_order:
             continue  # already integrated (replayed step)
-        if policy.name == "llm":  # the verifier judges the change itself, not only the executor's account
+        if (
+            policy.capabilities.judges
+        ):  # the verifier judges the change itself, not only the executor's account
             rec = replace(rec, evidence=replace(rec.evidence, diff=storage.change(sid, node_id)))
         result = integrate_one(study, rec, policy, istate, records, config)
         storage.record(sid, result)
@@ -350,7 +352,7 @@ def integrate(
     recent = [index.by_id[i].evidence for i in sorted(node_ids) if i in index.by_id]
     numbers: dict[int, int] | None = None  # only a model reads nodes by their numbers and checks findings
     accepted: frozenset[int] | None = None
-    if policy.name == "llm":
+    if policy.capabilities.reads_context:
         numbers = {r.evidence.id: r.evidence.number for r in records_list}
         accepted = frozenset(
             [*index.by_status.get(NodeStatus.MERGED, {}), *index.by_decision.get("accept", {})]
@@ -781,7 +783,7 @@ def ideation_input(study: StudyView, records: list[NodeRecord], *, k: int, round
     # A change that improved the trunk it was built on is tried once more on the current trunk (only
     # nodes on it may query the gate). The `search` policy writes a whole assignment, so its change on
     # the new trunk is itself: worth it only where it beats trunk. Other policies merge it onto trunk.
-    whole = study.spec.policy_kind == "search"
+    whole = study.spec.capabilities.whole_assignments
     held = set() if whole else in_trunk(index)
     stale = [
         r for r in index.decided("accept")

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.executor.tools import SCHEMAS, TOOLS, Submitted, Toolbox
+from agents.llm.model import ContextTooLong, Model, ToolsUnsupported, Turn
 from agents.policies.llm import schemas
-from agents.policies.llm.model import ContextTooLong, Model, ToolsUnsupported, Turn
 
 FORMAT_ERRORS = 3  # malformed answers in a row that end an attempt
 SHORT = 300  # characters an old observation keeps when the conversation must shrink

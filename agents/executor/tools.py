@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import regex
 
 from agents import globs
-from agents.policies.llm.model import fatal
+from agents.llm.model import fatal
 
 MAX_READ = 20_000
 MAX_LIST = 400

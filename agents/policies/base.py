@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from agents.capabilities import Capabilities
+
 
 @dataclass(frozen=True)
 class NodeEvidence:
@@ -152,10 +154,7 @@ class Policy(Protocol):
     """Ideate children, implement a node in its worktree, summarise evidence into insights."""
 
     name: str
-    rebase_on_trunk: bool
-    # Whether its first proposals read trunk's dev value (a model's prompt shows it): then the study
-    # waits for the baseline's dev runs before them; else its first experiments run beside those.
-    reads_baseline: bool
+    capabilities: Capabilities
 
     def ideate(self, ctx: IdeationInput) -> list[Proposal]: ...
 

@@ -16,10 +16,10 @@ class PolicyUnavailable(RuntimeError):
 
 def make_policy(spec: Spec, ledger: object | None = None) -> Policy:
     """Return the policy for a spec; the `llm` policy charges its calls to `ledger`."""
-    if spec.policy_kind == "search":
+    if not spec.capabilities.calls_model:
         return SearchPolicy(spec.policy.sampler)
     from agents.executor.loop import Limits
-    from agents.policies.llm.model import LitellmModel, ModelConfig
+    from agents.llm.model import LitellmModel, ModelConfig
     from agents.policies.llm.policy import LlmPolicy
 
     model = model_of(spec)
@@ -152,6 +152,6 @@ def model_of(spec: Spec) -> str | None:
 
 def unpriced(model: str) -> bool:
     """Return whether litellm has no price (or only a zero price) for `model`."""
-    from agents.policies.llm.model import model_info, unpriced_info
+    from agents.llm.model import model_info, unpriced_info
 
     return unpriced_info(model_info(model))

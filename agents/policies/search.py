@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from agents import globs
-from agents.policies import configfiles, optuna_bridge
+from agents import configfiles, globs
+from agents.capabilities import SEARCH, Capabilities
+from agents.policies import optuna_bridge
 from agents.policies.base import (
     IdeationInput,
     ImplementationError,
@@ -168,8 +169,7 @@ class SearchPolicy:
     """Constraint-aware Bayesian optimisation over declared config keys, mapped onto the tree."""
 
     name = "search"
-    rebase_on_trunk = True
-    reads_baseline = False
+    capabilities: Capabilities = SEARCH
 
     def __init__(self, sampler: SamplerName = "auto") -> None:
         self.sampler = optuna_bridge.resolve(sampler)
@@ -471,7 +471,7 @@ class SearchPolicy:
         origin: str,
         ref_id: int | None,
     ) -> Proposal:
-        # The node is built on trunk (rebase_on_trunk), so its title is its change to trunk.
+        # The node is built on trunk (capabilities.whole_assignments), so its title is its change to trunk.
         title = ", ".join(space.describe(trunk, new)) or "no change"
         direction = "raises" if ctx.maximize else "lowers"
         hyp = {

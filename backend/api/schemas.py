@@ -51,6 +51,7 @@ class StudyPublic(BaseModel):
     stop_reason: str
     source: str
     policy: str
+    reads_memory: bool  # its policy reads the lab memory of earlier studies
     trunk_branch: str
     trunk_commit: str
     base_commit: str

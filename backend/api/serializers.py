@@ -91,6 +91,7 @@ def study_publics(s: Session, studies: list[Study]) -> list[schemas.StudyPublic]
                 stop_reason=st.stop_reason,
                 source=st.source,
                 policy=spec.policy_kind,
+                reads_memory=spec.capabilities.reads_context,
                 trunk_branch=st.trunk_branch,
                 trunk_commit=st.trunk_commit,
                 base_commit=st.base_commit,

@@ -450,7 +450,7 @@ def run_cmd(
         raise typer.Exit(1) from None
     if budget is not None:
         text = _override(text, "budget", "experiments", budget)
-    if gguf is not None and spec.policy_kind != "llm":
+    if gguf is not None and not spec.capabilities.calls_model:
         text = _override(text, "policy", "kind", "llm")  # a local model is there to think for the study
     if spec.gate.mode != "auto" and not auto_approve and not sys.stdin.isatty():
         err.print(

@@ -39,7 +39,7 @@ from backend.core import gitops
 from backend.core.config import Settings
 from backend.core.gitops import Repo
 from backend.core.models import Study
-from backend.engine import sandbox
+from backend.engine import sandbox, workspace
 
 
 class SetupFailed(RuntimeError):
@@ -323,8 +323,6 @@ def _build(
     key: str,
     root: Path,
 ) -> None:
-    from backend.engine import workspace  # workspace evaluates through this module
-
     env = root / "env"
     shutil.rmtree(env, ignore_errors=True)
     env.mkdir()

@@ -19,10 +19,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agents import globs
-from agents.policies import configfiles
+from agents import configfiles, globs
+from agents.llm.model import BudgetExhausted, ModelError
 from agents.policies.base import ImplementationError, ImplementInput
-from agents.policies.llm.model import BudgetExhausted, ModelError
 from agents.policies.registry import make_policy
 from agents.policies.space import fmt
 from agents.spec import Constraint, Spec
@@ -37,7 +36,6 @@ from backend.engine.jobstore import Superseded
 from backend.engine.site import LocalSite, Site
 from backend.services.ledger import StoreLedger
 from backend.services.records import spec_of
-from backend.services.storage import rebases_on_trunk
 
 
 def run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], None] | None = None) -> str:
@@ -107,10 +105,12 @@ def _run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], No
                 "goal": spec.study.goal,
                 "metric": spec.objective.metric,
                 "direction": spec.objective.direction,
-                "insights": store.insights() if spec.policy_kind == "llm" else [],  # only a model reads them
+                "insights": store.insights()
+                if spec.capabilities.reads_context
+                else [],  # only a model reads them
                 "trunk_dev": summary_of(study.trunk_dev),
                 "constraints": [constraint_text(c) for c in spec.constraints],
-                "reflections": store.reflections() if spec.policy_kind == "llm" else [],
+                "reflections": store.reflections() if spec.capabilities.reads_context else [],
                 "parent": {k: v for k, v in node.inherited.items() if k != "commit"},
             },
             runtime=SandboxRuntime(settings, study, path, label, repo, node.base_commit),
@@ -120,7 +120,7 @@ def _run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], No
         before = key_values(spec, path, edits)  # the worktree is still at the base commit
         # A revisit measures its source's change merged onto the current trunk: its first attempt
         # runs it as merged, a retry (or a merge that conflicted) asks the executor to make it work.
-        revisit = node.origin == "revisit" and not rebases_on_trunk(spec)
+        revisit = node.origin == "revisit" and not spec.capabilities.whole_assignments
         merged = revisit and bool(node.inherited.get("commit"))
         held = (
             revisit

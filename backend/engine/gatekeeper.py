@@ -19,7 +19,7 @@ from backend.core import db
 from backend.core.config import Settings
 from backend.core.gitops import GitError, MergeConflict, Repo
 from backend.core.models import Approval, Node, Study, now
-from backend.engine import environment, policing, workspace
+from backend.engine import environment, policing, runs, workspace
 from backend.engine.jobstore import DbStore, JobStore, local_repo
 from backend.services import lifecycle, notify, report
 from backend.services.approvals import answer_of, withdraw_approval
@@ -55,7 +55,7 @@ class SealedRunner:
                 reason="baseline",
             )  # fmt: skip
             try:
-                rs = workspace.run_repeats(
+                rs = runs.run_repeats(
                     self.settings, self.store, self.repo, st, spec, kind="dev", worktree=path,
                     commit=st.base_commit, label="baseline", node_id=st.trunk_node_id,
                 )  # fmt: skip
@@ -85,7 +85,7 @@ class SealedRunner:
         path = workspace.worktree_path(self.settings, st, label)
         workspace.prepare_test(self.repo, path, f"grove/{st.name}/{label}", commit, st, spec, reason=label)
         try:
-            rs = workspace.run_repeats(
+            rs = runs.run_repeats(
                 self.settings, self.store, self.repo, st, spec, kind="test", worktree=path, commit=commit,
                 label=label, node_id=node_id, seeds=seeds,
             )  # fmt: skip

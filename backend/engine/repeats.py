@@ -21,7 +21,7 @@ from agents.verify.constraints import ConstraintRule, Verdict, verify_all
 from backend.core.config import Settings
 from backend.core.gitops import Repo
 from backend.core.models import Job, Node, Study
-from backend.engine import evaluation, workspace
+from backend.engine import evaluation, runs, workspace
 from backend.engine.jobstore import JobStore
 
 
@@ -39,7 +39,7 @@ def dev_runs(
     path = workspace.worktree_path(settings, study, worktree_label)
 
     def evaluate(seeds: range | None) -> list[evaluation.Receipt]:
-        return workspace.run_repeats(
+        return runs.run_repeats(
             settings, store, repo, study, spec, kind="dev", worktree=path, commit=commit,
             label=worktree_label, node_id=node.id, seeds=seeds,
         )  # fmt: skip
@@ -171,7 +171,7 @@ def _extend_trunk(
         return 0, 0
     workspace.prepare(repo, path, branch, node.base_commit, sealed=spec.files.sealed, reason=f"job {job.id}")
     try:
-        rs = workspace.run_repeats(
+        rs = runs.run_repeats(
             settings, store, repo, study, spec, kind="dev", worktree=path, commit=node.base_commit, label=label,
             node_id=st.trunk_node_id, seeds=range(have, want),
         )  # fmt: skip

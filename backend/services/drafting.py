@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from agents import globs, intake
-from agents.policies import configfiles
+from agents import configfiles, globs, intake
 from agents.policies.llm.answers import json_object
-from agents.spec import SpecError, check_against_tree, parse_spec
+from agents.spec import SpecError, parse_spec
+from agents.speccheck import check_against_tree
 from backend.core import gitops
 
 PROMPT_BYTES = 24_000
@@ -95,7 +95,7 @@ def _repository_map(choices: intake.Choices, files: dict[str, str]) -> dict[str,
 
 
 def _with_model(model: str, c: intake.Choices, files: dict[str, str], goal: str) -> intake.Choices:
-    from agents.policies.llm.model import LitellmModel, ModelConfig, ModelError, Unbilled
+    from agents.llm.model import LitellmModel, ModelConfig, ModelError, Unbilled
     from agents.policies.registry import server_endpoint
 
     base, key = server_endpoint(model)

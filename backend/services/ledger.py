@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from sqlmodel import Session
 
-from agents.policies.llm.model import BudgetExhausted, Turn
+from agents.llm.model import BudgetExhausted, Turn
 from backend.core.models import LlmCall
 
 

@@ -426,7 +426,12 @@ def inherit(s: Session, st: Study, node: Node) -> dict[str, Any]:
     """
     source = node.origin_ref if node.origin == "revisit" else node.parent_id
     parent = s.get(Node, source) if source is not None else None
-    if parent is None or parent.parent_id is None or not parent.commit or rebases_on_trunk(spec_of(st)):
+    if (
+        parent is None
+        or parent.parent_id is None
+        or not parent.commit
+        or spec_of(st).capabilities.whole_assignments
+    ):
         return {}
     repo = gitops.Repo(Path(st.repo_path))
     if repo.is_ancestor(parent.commit, st.trunk_commit):
@@ -456,11 +461,6 @@ def _effect(parent: Node) -> str:
     return f"dev mean {parent.dev_mean:.4g}{gain}; {parent.status}" + (
         f": {parent.status_reason[:300]}" if parent.status_reason else ""
     )
-
-
-def rebases_on_trunk(spec: Any) -> bool:
-    """Return whether a study's policy builds every node on trunk alone (the `search` policy)."""
-    return bool(spec.policy_kind == "search")
 
 
 @dataclass(frozen=True)

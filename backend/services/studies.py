@@ -15,7 +15,8 @@ from sqlmodel import Session, select
 
 from agents import globs
 from agents.policies import registry
-from agents.spec import Spec, SpecError, SpecIssue, check_against_tree, format_key, parse_spec
+from agents.spec import Spec, SpecError, SpecIssue, format_key, parse_spec
+from agents.speccheck import check_against_tree
 from agents.tree.status import NodeStatus, StudyStatus
 from backend.core import cloning, gitops, localmodel
 from backend.core.config import Settings
@@ -284,7 +285,7 @@ def check_operator_limits(settings: Settings, spec: Spec, source: str = "grove.t
             "GROVE_SANDBOX_NETWORK=true); or install from files in the repository (pip install --no-index ...)"
         )
         issues.append(SpecIssue(key="environment.network", message=message))
-    if spec.policy_kind == "llm" and not registry.model_of(spec):
+    if spec.capabilities.calls_model and not registry.model_of(spec):
         message = (
             "policy.kind = 'llm' needs a model, and none is configured: set policy.model in the spec (for "
             "a local server, e.g. 'openai/gemma' with policy.api_base) or GROVE_MODEL on the service"
@@ -310,7 +311,7 @@ def model_issues(spec: Spec) -> list[SpecIssue]:
     """Refuse an llm study whose prompts cannot fit its model's input or whose model server does not
     answer, before anything of it runs (the operator's server, and spec servers it allow-lists, are asked)."""
     model = registry.model_of(spec)
-    if spec.policy_kind != "llm" or not model:
+    if not spec.capabilities.calls_model or not model:
         return []
     from agents.policies.llm.policy import shortest_prompt
 
@@ -357,7 +358,7 @@ def model_issues(spec: Spec) -> list[SpecIssue]:
 def budget_issues(spec: Spec) -> list[SpecIssue]:
     """Refuse a USD budget that cannot hold: an llm study whose model has no price."""
     model = registry.model_of(spec)
-    if spec.policy_kind != "llm" or spec.budget.usd <= 0 or not model or registry.prices_of(spec):
+    if not spec.capabilities.calls_model or spec.budget.usd <= 0 or not model or registry.prices_of(spec):
         return []
     if not registry.unpriced(model):
         return []

@@ -106,7 +106,7 @@ def job_seconds(spec: Spec, kind: str) -> int:
     if kind != "experiment":  # baseline: dev and test runs; gate: up to 3x the test seeds, 2x more on trunk
         return int(spec.evaluate.timeout * (spec.evaluate.repeats + 5 * spec.gate.test_repeats))
     seconds = spec.evaluate.timeout * spec.evaluate.repeats  # the dev runs after the change
-    if spec.policy_kind == "llm":
+    if spec.capabilities.calls_model:
         # The executor's minutes; one tool call (a command or a dev evaluation) and one model call
         # (all its retries) begun at their end; and the reflection call after a failed attempt.
         seconds += (

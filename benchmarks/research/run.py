@@ -68,7 +68,8 @@ from sqlmodel import select  # noqa: E402
 from studies import STUDIES  # noqa: E402
 from studies import Study as BenchStudy  # noqa: E402
 
-from agents.policies import configfiles, optuna_bridge  # noqa: E402
+from agents import configfiles  # noqa: E402
+from agents.policies import optuna_bridge  # noqa: E402
 from agents.policies.space import Space  # noqa: E402
 from agents.spec import parse_spec  # noqa: E402
 from agents.tree.gate import heldout_decision  # noqa: E402

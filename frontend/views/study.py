@@ -593,7 +593,7 @@ def page() -> None:
     leaderboard(api, s, nodes)
     st.subheader("Search space")
     search_space(api, s)
-    if s["policy"] == "llm":
+    if s["reads_memory"]:
         st.subheader("What Grove already knew")
         already_knew(api, s)
     st.subheader("Steer")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlmodel import select
 
-from agents.policies import configfiles
+from agents import configfiles
 from agents.policies.space import fmt
 from backend.cli.runner import run_study
 from backend.core import db, gitops

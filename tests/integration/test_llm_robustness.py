@@ -140,7 +140,7 @@ def _study_with_budget(settings: Settings, tmp_path: Path, usd: float, policy: s
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_calls_in_flight_together_cannot_overshoot_the_usd_budget(tmp_path: Path, backend: str) -> None:
-    from agents.policies.llm.model import BudgetExhausted, LitellmModel, ModelConfig
+    from agents.llm.model import BudgetExhausted, LitellmModel, ModelConfig
     from backend.core.models import LlmHold
     from backend.engine.jobstore import DbStore
     from backend.services.ledger import StoreLedger
@@ -466,7 +466,7 @@ def test_the_repository_map_shows_files_symbols_and_editable_text_but_nothing_se
 
 
 def test_a_token_budget_holds_like_the_usd_one(settings: Settings, tmp_path: Path) -> None:
-    from agents.policies.llm.model import BudgetExhausted, LitellmModel, ModelConfig
+    from agents.llm.model import BudgetExhausted, LitellmModel, ModelConfig
     from backend.engine.jobstore import DbStore
     from backend.services.ledger import StoreLedger
 

@@ -20,8 +20,8 @@ def test_a_spec_may_pass_sampling_options_but_nothing_that_redirects_a_call() ->
 
 
 def test_a_specs_prices_cannot_cheapen_a_model_litellm_prices() -> None:
-    from agents.policies.llm.model import LitellmModel, ModelConfig
-    from agents.policies.llm.model import Unbilled as Ledger
+    from agents.llm.model import LitellmModel, ModelConfig
+    from agents.llm.model import Unbilled as Ledger
 
     tiny = {"input_cost_per_token": 1e-12, "output_cost_per_token": 1e-12}
     known = LitellmModel(ModelConfig("openai/gpt-4o", prices=tiny), Ledger())

@@ -250,7 +250,7 @@ def test_a_deeply_nested_spec_is_a_clear_error(api: tuple[str, Settings], tmp_pa
 
 def _authorization_sent(monkeypatch: pytest.MonkeyPatch, spec_extra: str, env: dict[str, str]) -> str:
     """Return the Authorization header a model call for a spec with this [policy] tail sends."""
-    from agents.policies.llm.model import LitellmModel, ModelConfig, Unbilled
+    from agents.llm.model import LitellmModel, ModelConfig, Unbilled
     from agents.policies.registry import endpoint
 
     with FakeLLM({}) as attacker, monkeypatch.context() as m:

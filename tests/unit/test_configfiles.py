@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from agents.policies import configfiles, optuna_bridge
+from agents import configfiles
+from agents.policies import optuna_bridge
 from agents.policies.base import ImplementInput
 from agents.policies.search import ImplementationError, SearchPolicy
 from agents.policies.space import Space
-from agents.spec import check_against_tree, parse_spec
+from agents.spec import parse_spec
+from agents.speccheck import check_against_tree
 from backend.core import gitops
 from backend.engine.experiment import diff_title, key_values
 from tests.conftest import make_repo, tiny_files

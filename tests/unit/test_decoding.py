@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from agents.llm.decoding import Decoding, candidates, refuses
+from agents.llm.model import LitellmModel, ModelConfig, Unbilled
 from agents.policies.llm import schemas
-from agents.policies.llm.decoding import Decoding, candidates, refuses
-from agents.policies.llm.model import LitellmModel, ModelConfig, Unbilled
 from tests.fake_llm import FakeLLM
 
 ANSWER = {"children": [{"parent_id": 1, "title": "more trees", "mechanism": "m", "hypothesis": "h",

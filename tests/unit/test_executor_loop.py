@@ -10,7 +10,7 @@ import pytest
 
 from agents.executor import loop
 from agents.executor.tools import Toolbox, check_arguments
-from agents.policies.llm.model import (
+from agents.llm.model import (
     ContextTooLong,
     ToolCall,
     ToolsUnsupported,

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from agents.llm.model import Turn
 from agents.policies.base import ImplementInput
 from agents.policies.llm import schemas
-from agents.policies.llm.model import Turn
 from agents.policies.llm.policy import LlmPolicy, Unusable, _children
 from agents.policies.space import Space
 from tests.unit.test_search_policy import BASE, SPACE, ctx, ev

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from agents.llm.model import ContextTooLong, Turn
 from agents.policies.base import NodeEvidence
 from agents.policies.llm.fitting import cut, fitted, room
 from agents.policies.llm.ideas import identity, same
-from agents.policies.llm.model import ContextTooLong, Turn
 from agents.tree.insights import bounded
 from tests.unit.test_search_policy import ctx_of, ev
 

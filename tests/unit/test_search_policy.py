@@ -12,7 +12,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from agents.policies import configfiles, optuna_bridge
+from agents import configfiles
+from agents.llm.model import Turn
+from agents.policies import optuna_bridge
 from agents.policies.base import (
     IdeationInput,
     ImplementationError,
@@ -20,7 +22,6 @@ from agents.policies.base import (
     NodeEvidence,
     RefineRequest,
 )
-from agents.policies.llm.model import Turn
 from agents.policies.search import SearchPolicy
 from agents.policies.space import Space
 from backend.core.config import PROJECT_ROOT

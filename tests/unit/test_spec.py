@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from agents.spec import SpecError, check_against_tree, parse_spec
+from agents.spec import SpecError, parse_spec
+from agents.speccheck import check_against_tree
 from tests.conftest import tiny_files
 
 GOOD = tiny_files()["grove.toml"]

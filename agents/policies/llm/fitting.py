@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agents.policies.llm.model import ContextTooLong
+from agents.llm.model import ContextTooLong
 
 Messages = list[dict[str, Any]]
 

@@ -13,8 +13,10 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
 
+from agents.capabilities import LLM, Capabilities
 from agents.executor import loop
 from agents.executor.tools import Runtime, Toolbox
+from agents.llm.model import BudgetExhausted, Model, ModelError
 from agents.policies.base import (
     AnswerFormatError,
     IdeationInput,
@@ -37,7 +39,6 @@ from agents.policies.llm.answers import (
 )
 from agents.policies.llm.fitting import cut, fitted, room
 from agents.policies.llm.ideas import Identity, identity, same
-from agents.policies.llm.model import BudgetExhausted, Model, ModelError
 from agents.policies.search import SearchPolicy
 from agents.policies.space import Space, fmt
 from agents.tree.insights import INSIGHT_CHARS, bounded
@@ -457,8 +458,7 @@ class LlmPolicy:
     """Thinks with a model: the ideator, the executor and the insight synthesiser are prompts."""
 
     name = "llm"
-    rebase_on_trunk = False
-    reads_baseline = True
+    capabilities: Capabilities = LLM
 
     def __init__(
         self,

@@ -11,7 +11,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import PlainTextResponse, Response
 from sqlmodel import Session, col, select
 
-from agents.policies import configfiles
+from agents import configfiles
 from agents.tree.status import STUDY_ENDED, TERMINAL, StudyStatus
 from backend.api import schemas, serializers
 from backend.api.deps import MAX_ID, CeleryDep, NodeId, Operator, Reader, SessionDep, SettingsDep, StudyId
@@ -134,7 +134,7 @@ def add_hypothesis(
         )
     # The search policy's nodes hold whole assignments; an llm node holds what it sets itself, so a
     # hypothesis without edits is a change of code for the executor.
-    edits = {**st.base_values, **parent.edits} if spec.policy_kind == "search" else {}
+    edits = {**st.base_values, **parent.edits} if spec.capabilities.whole_assignments else {}
     repo = gitops.Repo(Path(st.repo_path))
     for key, value in body.edits.items():
         if key not in spec.search:
@@ -146,7 +146,7 @@ def add_hypothesis(
         except (configfiles.ConfigKeyError, gitops.GitError, ValueError):
             raise HTTPException(422, {"message": f"edits.{key}: not found at trunk", "errors": []}) from None
         edits[key] = value
-    if spec.policy_kind == "search" and not body.edits:
+    if not spec.capabilities.edits_code and not body.edits:
         raise HTTPException(
             422, {"message": "edits: the search policy implements hypotheses as key edits", "errors": []}
         )

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
-from agents.policies.llm import decoding
+from agents.llm import decoding
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
