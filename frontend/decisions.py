@@ -7,10 +7,11 @@ from typing import Any
 import streamlit as st
 
 from client import ApiError, Grove, Unreachable
+from client.models import Approval
 from frontend import ui
 
 
-def decide(api: Grove, a: dict[str, Any], approve: bool, reason: str = "") -> None:
+def decide(api: Grove, a: Approval, approve: bool, reason: str = "") -> None:
     """Record a decision through the API and keep its answer for the rerun."""
     key = f"decision:{a['node_id']}"
     try:
@@ -36,7 +37,7 @@ def decide(api: Grove, a: dict[str, Any], approve: bool, reason: str = "") -> No
     st.rerun()
 
 
-def evidence(api: Grove, a: dict[str, Any]) -> dict[str, Any]:
+def evidence(api: Grove, a: Approval) -> dict[str, Any]:
     """Return the node an approval is about, read once per approval: it holds still while it waits."""
     key = f"approval-node:{a['id']}"
     if key not in st.session_state:
@@ -45,7 +46,7 @@ def evidence(api: Grove, a: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
-def card(api: Grove, a: dict[str, Any], study_name: str) -> None:
+def card(api: Grove, a: Approval, study_name: str) -> None:
     """Show what the approver needs to decide on one node, and the two buttons."""
     n = evidence(api, a)
     with st.container(border=True):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from client.models import Event
+
 WORDS = {
     "node.proposed": "proposed",
     "node.queued": "queued",
@@ -67,10 +69,11 @@ def _value(v: Any) -> str:
     return str(v)
 
 
-def sentence(e: dict[str, Any], number: dict[int, int]) -> str:
+def sentence(e: Event, number: dict[int, int]) -> str:
     """Return an event as one line: 'HH:MM:SS · n5 merged into trunk (by ada)'."""
     what = WORDS.get(e["type"], e["type"].replace(".", " ").replace("_", " "))
-    who = f"n{number.get(e['node_id'], '?')} " if e.get("node_id") else ""
+    node = e.get("node_id")
+    who = f"n{number.get(node, '?')} " if node else ""
     payload = e.get("payload") or {}
     details = [
         f"{k.replace('_', ' ')} {_value(payload[k])}"
@@ -81,6 +84,6 @@ def sentence(e: dict[str, Any], number: dict[int, int]) -> str:
     return line[:300]
 
 
-def lines(events: list[dict[str, Any]], number: dict[int, int]) -> str:
+def lines(events: list[Event], number: dict[int, int]) -> str:
     """Return events as a readable timeline, one per line (plain text: reasons may quote a model)."""
     return "\n".join(sentence(e, number) for e in events)

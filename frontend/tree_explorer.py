@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from client.models import NodeSummary
 from frontend import palette
 
 ASSETS = Path(__file__).parent / "assets"
@@ -29,7 +30,7 @@ MARKS = {
 }
 
 
-def mark(n: dict[str, Any]) -> str:
+def mark(n: NodeSummary) -> str:
     """Return how a node ended, as a badge name ('' for none), from its status and fate."""
     status, fate = n["status"], str(n.get("fate") or "")
     if status == "rejected":
@@ -47,7 +48,7 @@ def mark(n: dict[str, Any]) -> str:
     return ""
 
 
-def _node(n: dict[str, Any], trunk: set[int]) -> dict[str, Any]:
+def _node(n: NodeSummary, trunk: set[int]) -> dict[str, Any]:
     return {
         "id": n["id"],
         "p": n["parent_id"],
@@ -64,7 +65,7 @@ def _node(n: dict[str, Any], trunk: set[int]) -> dict[str, Any]:
 
 
 def data(
-    nodes: list[dict[str, Any]], trunk_node_id: int | None, url: str, focus: int | None, key: str
+    nodes: list[NodeSummary], trunk_node_id: int | None, url: str, focus: int | None, key: str
 ) -> dict[str, Any]:
     """Return what the page draws: the nodes, the trunk path, the palette and where to look first."""
     parent = {n["id"]: n["parent_id"] for n in nodes}
@@ -86,7 +87,7 @@ def data(
 
 
 def html(
-    nodes: list[dict[str, Any]],
+    nodes: list[NodeSummary],
     trunk_node_id: int | None,
     url: str,
     *,

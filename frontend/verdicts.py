@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+
+from client.models import NodeDetail, NodeSummary
 
 WAITS = {
     "awaiting_approval": "waits for your decision: it passed the held-out gate",
@@ -13,7 +14,7 @@ WAITS = {
 }
 
 
-def arex(n: dict[str, Any]) -> str:
+def arex(n: NodeDetail) -> str:
     """Return AREX's call on a node in words, e.g. 'refined as n8 because size: 4608 > 2048'."""
     v = n.get("verification") or {}
     decision = v.get("decision")
@@ -37,7 +38,7 @@ def arex(n: dict[str, Any]) -> str:
     return f"rejected: {v.get('reason') or why or 'the gain is not kept'}"
 
 
-def gate(n: dict[str, Any]) -> str:
+def gate(n: NodeDetail) -> str:
     """Return the held-out gate's call on a node in words ('' if it never reached the gate)."""
     reason = str(n.get("gate_reason") or "")
     if not reason:
@@ -47,7 +48,7 @@ def gate(n: dict[str, Any]) -> str:
     return f"held-out gate: {reason}"
 
 
-def heldout_lcb(n: dict[str, Any]) -> tuple[str, float] | None:
+def heldout_lcb(n: NodeDetail) -> tuple[str, float] | None:
     """Return the held-out gain's lower bound the gate recorded in its reason, with its level ('97.3%')."""
     m = re.search(
         r"([\d.]+%) lower bound ([+\-\u2212]?[\d.]+(?:e[+\-]?\d+)?)", str(n.get("gate_reason") or "")
@@ -55,7 +56,7 @@ def heldout_lcb(n: dict[str, Any]) -> tuple[str, float] | None:
     return (m.group(1), float(m.group(2).replace("\u2212", "-"))) if m else None
 
 
-def diff_summary(n: dict[str, Any]) -> str:
+def diff_summary(n: NodeDetail) -> str:
     """Return '2 files, +3 −3: config.toml, model.py' for a node's change."""
     stats = n.get("diff_stats") or {}
     paths = re.findall(r"^\+\+\+ b/(.+)$", str(n.get("diff") or ""), flags=re.M)
@@ -67,7 +68,7 @@ def diff_summary(n: dict[str, Any]) -> str:
     return f"{head}: {shown}" if shown else head
 
 
-def in_play(nodes: list[dict[str, Any]]) -> dict[str, Any] | None:
+def in_play(nodes: list[NodeSummary]) -> NodeSummary | None:
     """Return the best candidate not yet merged: a node waiting for approval, else the best dev LCB."""
     waiting = [n for n in nodes if n["status"] == "awaiting_approval"]
     if waiting:
@@ -80,10 +81,10 @@ def in_play(nodes: list[dict[str, Any]]) -> dict[str, Any] | None:
         and n.get("gain_lcb") is not None
         and str(n.get("fate") or "").startswith("gate candidate")
     ]
-    return max(live, key=lambda n: n["gain_lcb"]) if live else None
+    return max(live, key=lambda n: n["gain_lcb"] or 0.0) if live else None
 
 
-def waits_for(n: dict[str, Any]) -> str:
+def waits_for(n: NodeSummary) -> str:
     """Return what a candidate in play waits for."""
     if n["status"] in WAITS:
         return WAITS[n["status"]]

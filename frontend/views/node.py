@@ -8,10 +8,11 @@ from typing import Any
 import streamlit as st
 
 from client import Grove
+from client.models import NodeDetail
 from frontend import decisions, timeline, ui, verdicts
 
 
-def header(n: dict[str, Any], sid: int) -> None:
+def header(n: NodeDetail, sid: int) -> None:
     title = n["title"] if len(n["title"]) <= 60 else n["title"][:59] + "…"
     st.title(f"n{n['number']} · {ui.words(title)}")
     if title != n["title"]:
@@ -34,7 +35,7 @@ def header(n: dict[str, Any], sid: int) -> None:
                 ui.page_link("node", f"n{c['number']}", study=sid, node=c["id"])
 
 
-def evidence(n: dict[str, Any]) -> None:
+def evidence(n: NodeDetail) -> None:
     c = st.columns(4)
     c[0].metric(
         f"dev mean {ui.spread(n['dev_values'])}" if n["dev_values"] else "dev mean", ui.fmt(n["dev_mean"])
@@ -56,7 +57,7 @@ def evidence(n: dict[str, Any]) -> None:
         st.markdown(ui.words(n["summary"]))
 
 
-def hypothesis(n: dict[str, Any]) -> None:
+def hypothesis(n: NodeDetail) -> None:
     h = n["hypothesis"]
     for key in ("mechanism", "hypothesis", "observable", "risks"):
         if h.get(key):
@@ -82,7 +83,7 @@ def verdict_rows(constraints: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def verification(n: dict[str, Any]) -> None:
+def verification(n: NodeDetail) -> None:
     """Say what the gate and AREX decided in words, then the verdict of each constraint."""
     for words in (verdicts.gate(n), verdicts.arex(n)):
         if words:
@@ -98,7 +99,7 @@ def verification(n: dict[str, Any]) -> None:
             st.json(n["verification"], expanded=True)
 
 
-def receipts(api: Grove, n: dict[str, Any], sid: int) -> None:
+def receipts(api: Grove, n: NodeDetail, sid: int) -> None:
     if not n["receipts"]:
         st.caption("No evaluation runs yet.")
         return
@@ -130,7 +131,7 @@ def receipts(api: Grove, n: dict[str, Any], sid: int) -> None:
                 st.code(api.receipt_output(sid, r["id"]), language="text")
 
 
-def curves(api: Grove, n: dict[str, Any], sid: int) -> None:
+def curves(api: Grove, n: NodeDetail, sid: int) -> None:
     """Chart the per-step records the node's dev runs printed, one chart per key, a line per run."""
     found = api.curves(sid, n["id"])
     if not found["curves"]:
@@ -159,7 +160,7 @@ def curves(api: Grove, n: dict[str, Any], sid: int) -> None:
             st.vega_lite_chart(rows, spec, width="stretch", key=f"curve-{i}")
 
 
-def live_output(api: Grove, n: dict[str, Any], sid: int) -> None:
+def live_output(api: Grove, n: NodeDetail, sid: int) -> None:
     """While the node runs, tail its newest output every 2 s (its dev runs and executor commands)."""
     if n["status"] not in ("queued", "running"):
         return

@@ -11,6 +11,7 @@ import streamlit as st
 import streamlit.components.v1 as components
 
 from client import ApiError, Grove, Unreachable
+from client.models import NodeSummary, Progress, Study, Tree
 from frontend import charts, decisions, palette, timeline, tree_explorer, ui, verdicts
 
 REFRESH = "3s"
@@ -45,7 +46,7 @@ def act(action: Callable[[], str], where: str = "controls") -> None:
     st.rerun()
 
 
-def controls(api: Grove, s: dict[str, Any]) -> None:
+def controls(api: Grove, s: Study) -> None:
     sid, status = s["id"], s["status"]
     cols = st.columns(6)
     if cols[0].button("Pause", key="pause", disabled=status not in ("created", "running")):
@@ -75,7 +76,7 @@ def controls(api: Grove, s: dict[str, Any]) -> None:
     ui.recall("controls")
 
 
-def awaiting(api: Grove, s: dict[str, Any]) -> None:
+def awaiting(api: Grove, s: Study) -> None:
     """Say which nodes wait for a decision, with everything needed to approve or reject them here."""
     pending = api.approvals(s["id"])
     for a in pending:
@@ -95,7 +96,7 @@ def awaiting(api: Grove, s: dict[str, Any]) -> None:
         decisions.card(api, a, s["name"])
 
 
-def best_change(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
+def best_change(api: Grove, s: Study, t: Tree) -> None:
     """Answer first: the trusted best change (trunk's last merge) and the best candidate still in play."""
     nodes = t["nodes"]
     by_id = {n["id"]: n for n in nodes}
@@ -137,7 +138,7 @@ def best_change(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
             st.text(f"It {verdicts.waits_for(c)}.")
 
 
-def budget(s: dict[str, Any]) -> None:
+def budget(s: Study) -> None:
     used, total = s["experiments_used"], max(1, s["experiments_budget"])
     st.progress(
         min(1.0, used / total),
@@ -166,7 +167,7 @@ def budget(s: dict[str, Any]) -> None:
     )
 
 
-def scores(s: dict[str, Any]) -> None:
+def scores(s: Study) -> None:
     c = st.columns(5)
     c[0].metric("baseline dev", ui.fmt(s["baseline_dev"]))
     c[1].metric("trunk dev", ui.fmt(s["trunk_dev"]))
@@ -182,7 +183,7 @@ def scores(s: dict[str, Any]) -> None:
     c[4].metric("pending approvals", s["pending_approvals"])
 
 
-def plots(sid: int, progress: dict[str, Any]) -> None:
+def plots(sid: int, progress: Progress) -> None:
     """Chart trunk's scores and each experiment's dev score (coloured by status, linked to its node)."""
     points = progress["points"]
     if not points:
@@ -241,7 +242,7 @@ def node_url(sid: int, node_id: int) -> str:
     return f"{node_pages(sid)}{node_id}"
 
 
-def search_space(api: Grove, s: dict[str, Any]) -> None:
+def search_space(api: Grove, s: Study) -> None:
     """Chart the search: parallel coordinates, which knobs matter, each key against the dev score."""
     sid = s["id"]
     space = api.search_space(sid)
@@ -343,7 +344,7 @@ def events(api: Grove, sid: int, number: dict[int, int]) -> None:
         st.text(timeline.lines(recent, number))
 
 
-def tree(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
+def tree(api: Grove, s: Study, t: Tree) -> None:
     """Draw the tree: zoom with the wheel, drag to pan, find a node, fold subtrees; click to open."""
     nodes = t["nodes"]
     st.caption(
@@ -356,7 +357,7 @@ def tree(api: Grove, s: dict[str, Any], t: dict[str, Any]) -> None:
     components.html(page, height=height)
 
 
-def node_picker(s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
+def node_picker(s: Study, nodes: list[NodeSummary]) -> None:
     """Pick a node to open (type to filter)."""
     # A keyed selectbox keeps its pick while refreshes add nodes, as long as the picked option's
     # label is unchanged: so these labels leave out the status, which changes as a study runs.
@@ -376,7 +377,7 @@ def node_picker(s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
         ui.page_link("node", f"Open {labels[chosen].split(' · ')[0]} →", study=s["id"], node=chosen)
 
 
-def steer(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
+def steer(api: Grove, s: Study, nodes: list[NodeSummary]) -> None:
     if s["status"] in ui.FINISHED:
         st.caption(f"The study is {s['status']}: nothing more can be added or pruned.")
         return
@@ -417,15 +418,15 @@ def steer(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
         ui.recall("prune", keep=False)
 
 
-SORTS = {
-    "dev gain LCB": "gain_lcb",
-    "dev gain": "gain",
-    "dev mean": "dev_mean",
-    "held-out gain": "heldout_gain",
+SORTS: dict[str, Callable[[NodeSummary], float | None]] = {
+    "dev gain LCB": lambda n: n["gain_lcb"],
+    "dev gain": lambda n: n["gain"],
+    "dev mean": lambda n: n["dev_mean"],
+    "held-out gain": lambda n: n["heldout_gain"],
 }
 
 
-def leaderboard(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
+def leaderboard(api: Grove, s: Study, nodes: list[NodeSummary]) -> None:
     """Rank the measured nodes (sort, filter by status) and compare up to five of them side by side."""
     measured = [n for n in nodes if n["parent_id"] is not None and n["dev_mean"] is not None]
     if not measured:
@@ -435,11 +436,11 @@ def leaderboard(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> N
     by = left.selectbox("Sort by", list(SORTS), key="lb_sort")
     statuses = sorted({n["status"] for n in measured})
     shown = right.multiselect("Status", statuses, default=statuses, key="lb_status")
-    key = SORTS[by]
-    sign = -1.0 if s["direction"] == "minimize" and key == "dev_mean" else 1.0
+    value = SORTS[by]
+    sign = -1.0 if s["direction"] == "minimize" and by == "dev mean" else 1.0
     rows = sorted(
         (n for n in measured if n["status"] in shown),
-        key=lambda n: (n[key] is None, -sign * (n[key] or 0.0), n["id"]),
+        key=lambda n: (value(n) is None, -sign * (value(n) or 0.0), n["id"]),
     )
     st.table(
         [
@@ -459,7 +460,7 @@ def leaderboard(api: Grove, s: dict[str, Any], nodes: list[dict[str, Any]]) -> N
     compare(api, s, measured)
 
 
-def compare(api: Grove, s: dict[str, Any], measured: list[dict[str, Any]]) -> None:
+def compare(api: Grove, s: Study, measured: list[NodeSummary]) -> None:
     """Show up to five nodes side by side: scores, fate, their dev runs and their diffs."""
     if len(measured) < 2:
         return
@@ -499,7 +500,7 @@ FIXES = (
 )  # fmt: skip
 
 
-def failed(s: dict[str, Any]) -> None:
+def failed(s: Study) -> None:
     """Say, at the top, why the study failed and what fixes it."""
     reason = s["stop_reason"] or "no reason was recorded"
     fix = next(
@@ -518,16 +519,16 @@ def report(api: Grove, sid: int) -> None:
     st.html(ui.report_html(text))
 
 
-def node_labels(nodes: Iterable[dict[str, Any]]) -> dict[int, str]:
+def node_labels(nodes: Iterable[NodeSummary]) -> dict[int, str]:
     """Return a selectbox label for each node id."""
     return {n["id"]: f"n{n['number']} · {n['status']} · {n['title'][:60]}" for n in nodes}
 
 
-def root_id(nodes: list[dict[str, Any]]) -> int | None:
+def root_id(nodes: list[NodeSummary]) -> int | None:
     return next((n["id"] for n in nodes if n["parent_id"] is None), None)
 
 
-def already_knew(api: Grove, s: dict[str, Any]) -> None:
+def already_knew(api: Grove, s: Study) -> None:
     """Show what Grove already knew: the lab-memory entries this study's ideator is given."""
     try:
         entries = api.memory(s["id"])
