@@ -429,11 +429,7 @@ class Spec(_Section):
 
     @model_validator(mode="after")
     def _cross(self) -> Spec:
-        if (
-            self.policy.kind is not None
-            and not capabilities.of(self.policy.kind).edits_code
-            and not self.search
-        ):
+        if not self.capabilities.edits_code and not self.search:
             raise ValueError("policy.kind = 'search' needs a [search] section")
         if not self.capabilities.judges and any(c.judge == "llm" for c in self.constraints):
             raise ValueError("constraints with judge = 'llm' need policy.kind = 'llm'")

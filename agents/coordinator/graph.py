@@ -298,9 +298,8 @@ def integrate(
         rec = records[node_id]
         if rec.completed_order:
             continue  # already integrated (replayed step)
-        if (
-            policy.capabilities.judges
-        ):  # the verifier judges the change itself, not only the executor's account
+        # The verifier judges the change itself, not only the executor's account.
+        if policy.capabilities.judges:
             rec = replace(rec, evidence=replace(rec.evidence, diff=storage.change(sid, node_id)))
         result = integrate_one(study, rec, policy, istate, records, config)
         storage.record(sid, result)

@@ -16,7 +16,7 @@ class PolicyUnavailable(RuntimeError):
 
 def make_policy(spec: Spec, ledger: object | None = None) -> Policy:
     """Return the policy for a spec; the `llm` policy charges its calls to `ledger`."""
-    if not spec.capabilities.calls_model:
+    if spec.policy_kind == "search":
         return SearchPolicy(spec.policy.sampler)
     from agents.executor.loop import Limits
     from agents.llm.model import LitellmModel, ModelConfig

@@ -105,9 +105,7 @@ def _run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], No
                 "goal": spec.study.goal,
                 "metric": spec.objective.metric,
                 "direction": spec.objective.direction,
-                "insights": store.insights()
-                if spec.capabilities.reads_context
-                else [],  # only a model reads them
+                "insights": store.insights() if spec.capabilities.reads_context else [],
                 "trunk_dev": summary_of(study.trunk_dev),
                 "constraints": [constraint_text(c) for c in spec.constraints],
                 "reflections": store.reflections() if spec.capabilities.reads_context else [],

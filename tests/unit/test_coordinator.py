@@ -9,7 +9,7 @@ import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
-from agents import capabilities
+from agents.capabilities import SEARCH
 from agents.coordinator.configuration import CoordinatorContext
 from agents.coordinator.graph import build_graph
 from agents.coordinator.ports import Integration, NodeRecord, Pending, StudyView
@@ -831,7 +831,7 @@ class DevBeside(HeldOutBeside):
 
 
 class ReadsBaseline(SearchPolicy):
-    capabilities = replace(capabilities.SEARCH, reads_baseline=True)
+    capabilities = replace(SEARCH, reads_baseline=True)
 
 
 def test_the_first_experiments_run_beside_the_baseline_dev_job_and_wait_for_it_to_be_integrated() -> None:
