@@ -15,6 +15,7 @@ import itertools
 import json
 import re
 import tomllib
+from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -23,8 +24,15 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-FORMATS = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml", ".json": "json"}
-KINDS = ("toml", "yaml", "json")
+
+class Format(StrEnum):
+    TOML = "toml"
+    YAML = "yaml"
+    JSON = "json"
+
+
+FORMATS = {".toml": Format.TOML, ".yaml": Format.YAML, ".yml": Format.YAML, ".json": Format.JSON}
+KINDS = tuple(Format)
 
 
 class ConfigKeyError(KeyError):
@@ -35,18 +43,18 @@ class ConfigFormatError(ValueError):
     """A config file whose format is unknown, or whose text does not parse as that format."""
 
 
-def suffix_format(path: str) -> str | None:
+def suffix_format(path: str) -> Format | None:
     """Return the format a file's suffix names, or None."""
     return FORMATS.get(PurePosixPath(path).suffix.lower())
 
 
-def sniff(text: str) -> str | None:
+def sniff(text: str) -> Format | None:
     """Return the format a config text parses as (JSON, then TOML, then a YAML mapping), or None."""
     stripped = text.lstrip()
-    tries: list[tuple[str, Any]] = [
-        ("json", lambda: stripped[:1] in ("{", "[") and json.loads(text) is not None),
-        ("toml", lambda: bool(tomllib.loads(text))),
-        ("yaml", lambda: isinstance(_yaml_safe().load(text), dict)),
+    tries: list[tuple[Format, Any]] = [
+        (Format.JSON, lambda: stripped[:1] in ("{", "[") and json.loads(text) is not None),
+        (Format.TOML, lambda: bool(tomllib.loads(text))),
+        (Format.YAML, lambda: isinstance(_yaml_safe().load(text), dict)),
     ]
     for kind, parses in tries:
         try:
@@ -57,12 +65,12 @@ def sniff(text: str) -> str | None:
     return None
 
 
-def file_format(path: str, text: str | None = None, override: str | None = None) -> str:
+def file_format(path: str, text: str | None = None, override: str | None = None) -> Format:
     """Return a config file's format: the override, else its suffix, else what its text parses as."""
     if override:
         if override not in KINDS:
             raise ConfigFormatError(f"{path}: unknown format {override!r} (use toml, yaml or json)")
-        return override
+        return Format(override)
     known = suffix_format(path)
     if known:
         return known
@@ -79,11 +87,11 @@ def _yaml_safe() -> YAML:
     return YAML(typ="safe", pure=True)
 
 
-def _load(fmt: str, path: str, text: str) -> Any:
+def _load(fmt: Format, path: str, text: str) -> Any:
     try:
-        if fmt == "toml":
+        if fmt == Format.TOML:
             return tomlkit.parse(text)
-        if fmt == "yaml":
+        if fmt == Format.YAML:
             doc = _yaml_safe().load(text)
             return {} if doc is None else doc
         return json.loads(text)
@@ -137,13 +145,13 @@ def get_key(path: str, text: str, key: str, fmt: str | None = None) -> Any:
 def set_keys(path: str, text: str, values: dict[str, Any], fmt: str | None = None) -> str:
     """Return the config text with each dotted key set to its value."""
     kind = file_format(path, text, fmt)
-    if kind == "yaml":
+    if kind == Format.YAML:
         return _set_yaml(path, text, values)
     doc = _load(kind, path, text)
     for key, value in values.items():
         holder, slot = _walk(doc, key)
         holder[slot] = value
-    if kind == "toml":
+    if kind == Format.TOML:
         return tomlkit.dumps(doc)
     return _dump_json(doc, text)
 
@@ -197,7 +205,7 @@ def _yaml_node(root: Node, key: str) -> Node:
 def check_settable(path: str, text: str, key: str, fmt: str | None = None) -> None:
     """Raise ConfigKeyError or ConfigFormatError unless the key can be set in place."""
     kind = file_format(path, text, fmt)
-    if kind != "yaml":
+    if kind != Format.YAML:
         get_key(path, text, key, kind)
         return
     try:
@@ -243,7 +251,7 @@ def _set_yaml(path: str, text: str, values: dict[str, Any]) -> str:
         raise ConfigFormatError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
     if root is None:
         raise ConfigKeyError(next(iter(values), ""))
-    before = _load("yaml", path, text)
+    before = _load(Format.YAML, path, text)
     spans: list[tuple[int, int, str]] = []
     for key, value in values.items():
         node = _yaml_node(root, key)
@@ -264,7 +272,7 @@ def _set_yaml(path: str, text: str, values: dict[str, Any]) -> str:
         tag = re.match(r"(?:![^\s]*\s+)+", old)  # keep an explicit tag: `!!float 1e-3`
         lead = tag.group(0) if tag else (" " if start == end else "")  # `lr:` with no value yet
         out = out[:start] + lead + new + tail + out[end:]
-    doc = _load("yaml", path, out)
+    doc = _load(Format.YAML, path, out)
     for key, value in values.items():
         holder, slot = _walk(doc, key)
         if holder[slot] != value:

@@ -14,6 +14,7 @@ import posixpath
 import re
 import shlex
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,22 @@ ROWS = (".csv", ".tsv", ".jsonl", ".txt")
 NAME = re.compile(r"(?<![\w.])([A-Za-z][\w./-]*(?: [A-Za-z][\w./-]*){0,2})\s*[:=]\s*(?:%|\{|$)")
 
 
+class Runner(StrEnum):
+    """How an entry point is run and where its parameters come from."""
+
+    MLPROJECT = "mlproject"
+    HYDRA = "hydra"
+    ARGPARSE = "argparse"
+    CLICK = "click"
+    TYPER = "typer"
+    SCRIPT = "script"
+
+
 @dataclass
 class EntryPoint:
     """A repository's training entry point, as the adapter runs it."""
 
-    kind: str  # "mlproject" | "hydra" | "argparse" | "script"
+    kind: Runner
     script: str
     command: list[str]
     params: dict[str, Any] = field(default_factory=dict)  # name -> current value, for `{name}` slots
@@ -107,7 +119,7 @@ def _mlproject(files: dict[str, str]) -> EntryPoint | None:
     except ValueError:
         return None
     script = next((t for t in command if t.endswith(".py")), "")
-    ep = EntryPoint("mlproject", script, command)
+    ep = EntryPoint(Runner.MLPROJECT, script, command)
     params = point.get("parameters") or {}
     for param, spec in params.items() if isinstance(params, dict) else []:
         default = spec.get("default") if isinstance(spec, dict) else None
@@ -147,7 +159,7 @@ def _hydra(path: str, text: str, files: dict[str, str]) -> EntryPoint | None:
             )
             if main not in files:
                 return None
-            ep = EntryPoint("hydra", path, ["python", path], configs=[main])
+            ep = EntryPoint(Runner.HYDRA, path, ["python", path], configs=[main])
             groups: dict[str, list[str]] = {}
             for p in sorted(files):
                 parts = p[len(conf_dir) + 1 :].split("/") if p.startswith(conf_dir + "/") else []
@@ -228,7 +240,7 @@ def _typer_args(tree: ast.AST) -> list[_Arg]:
         for arg, default in zip(args, defaults, strict=True):
             flag = "--" + arg.arg.replace("_", "-")
             if isinstance(default, ast.Call) and getattr(default.func, "attr", "") in ("Option", "Argument"):
-                kind = getattr(default.func, "attr", "")
+                called = getattr(default.func, "attr", "")
                 names = [a for a in (_const(x) for x in default.args[1:]) if isinstance(a, str)]
                 first = _const(default.args[0]) if default.args else _const(_kwargs(default).get("default"))
                 required = (
@@ -236,7 +248,7 @@ def _typer_args(tree: ast.AST) -> list[_Arg]:
                     and isinstance(default.args[0], ast.Constant)
                     and default.args[0].value is Ellipsis
                 )
-                if kind == "Argument":
+                if called == "Argument":
                     out.append(_Arg([arg.arg], None if required else first, required))
                 else:
                     long = next((n for n in names if n.startswith("--")), flag)
@@ -253,9 +265,9 @@ def _script(path: str, text: str, files: dict[str, str]) -> EntryPoint:
     try:
         tree = ast.parse(text)
     except SyntaxError:
-        return EntryPoint("script", path, ["python", path])
-    kinds = [("argparse", _argparse_args), ("click", _click_args), ("typer", _typer_args)]
-    kind, args = next(((k, got) for k, read in kinds if (got := read(tree))), ("script", []))
+        return EntryPoint(Runner.SCRIPT, path, ["python", path])
+    kinds = [(Runner.ARGPARSE, _argparse_args), (Runner.CLICK, _click_args), (Runner.TYPER, _typer_args)]
+    kind, args = next(((k, got) for k, read in kinds if (got := read(tree))), (Runner.SCRIPT, []))
     ep = EntryPoint(kind, path, ["python", path])
     configs = _config_files(files)
     for arg in args:

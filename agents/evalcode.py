@@ -13,12 +13,9 @@ import ast
 import posixpath
 import shlex
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Literal
 
 from agents import configfiles, entrypoints, globs
-
-if TYPE_CHECKING:
-    from agents.spec import Spec
+from agents.spec import Level, Spec
 
 SHELL_WORDS = frozenset({"&&", "||", ";", "|", "&", "(", ")"})
 # Calls that import, execute or start something named at run time: whatever they reach is unknown.
@@ -30,7 +27,7 @@ DYNAMIC = frozenset({"import_module", "__import__", "exec", "eval", "compile", "
 DYNAMIC_OF = {"subprocess": {"run", "call"}, "pickle": {"load", "loads"}, "joblib": {"load"},
               "dill": {"load", "loads"}, "cloudpickle": {"load", "loads"}, "torch": {"load"}}  # fmt: skip
 DATA = frozenset({".yaml", ".yml", ".json", ".toml", ".ini", ".cfg", ".csv", ".tsv", ".jsonl", ".txt"})
-Finding = tuple[str, str, Literal["error", "warning"]]  # (dotted key, message, level)
+Finding = tuple[str, str, Level]  # (dotted key, message, level)
 
 
 def findings(spec: Spec, files: list[str], read: Callable[[str], str]) -> list[Finding]:
@@ -68,15 +65,17 @@ def findings(spec: Spec, files: list[str], read: Callable[[str], str]) -> list[F
             (
                 key,
                 f"runs {', '.join(editable[:5])}, which files.editable lets a change rewrite; {hint}",
-                "error",
+                Level.ERROR,
             )
         )
     elif unknown and not ev.two_phase:
         out.append(
-            (key, f"cannot tell whether it runs code a change may edit ({unknown[0]}); {hint}", "warning")
+            (key, f"cannot tell whether it runs code a change may edit ({unknown[0]}); {hint}", Level.WARNING)
         )
     elif unknown:
-        out.append((key, f"cannot tell what it runs ({unknown[0]}); keep it to protected files", "warning"))
+        out.append(
+            (key, f"cannot tell what it runs ({unknown[0]}); keep it to protected files", Level.WARNING)
+        )
     return out
 
 

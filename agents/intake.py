@@ -376,7 +376,7 @@ def _adapter(c: Choices, ep: entrypoints.EntryPoint, files: dict[str, str]) -> N
         adapter["params"] = "grove/params.json"
         c.writes["grove/params.json"] = json.dumps(ep.params, indent=2) + "\n"
         c.editable.append("grove/params.json")
-    if ep.kind == "hydra":
+    if ep.kind == entrypoints.Runner.HYDRA:
         adapter["hydra"] = True
     c.writes["grove/adapter.json"] = json.dumps(adapter, indent=2) + "\n"
     c.writes[entrypoints.ADAPTER] = entrypoints.adapter_source()
@@ -462,7 +462,7 @@ def _search_configs(
                     c.editable.append(hydra["main"])
                     for option in options:
                         when[f"{hydra['dir']}/{group}/{option}.yaml"] = {key: option}
-    scored: list[tuple[int, str, str, Any, str]] = []
+    scored: list[tuple[int, str, str, Any, configfiles.Format]] = []
     for path in paths:
         text = files[path]
         suffix = PurePosixPath(path).suffix.lower()

@@ -6,6 +6,7 @@ import math
 import re
 import tomllib
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -15,6 +16,27 @@ from agents import capabilities, configfiles
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 KEY_ENV = re.compile(r"^GROVE_KEY_[A-Z0-9_]+$")
 WEEK = 7 * 24 * 3600
+
+
+class Judge(StrEnum):
+    """Who decides a constraint: its metric against bounds, or the verifier model (a soft constraint)."""
+
+    METRIC = "metric"
+    LLM = "llm"
+
+
+class Level(StrEnum):
+    """How much a spec issue weighs: an error stops the study, a warning is shown."""
+
+    ERROR = "error"
+    WARNING = "warning"
+
+
+class GateMode(StrEnum):
+    """Whether a change that passes the held-out gate waits for a human or merges at once."""
+
+    APPROVE = "approve"
+    AUTO = "auto"
 
 
 class _Section(BaseModel):
@@ -102,12 +124,12 @@ class Constraint(_Section):
     min: float | None = None
     max: float | None = None
     description: str = ""
-    judge: Literal["metric", "llm"] = "metric"  # llm: a soft constraint judged by the verifier
+    judge: Judge = Judge.METRIC  # llm: a soft constraint judged by the verifier
     threshold: int = Field(default=70, ge=0, le=100)  # confidence a soft constraint needs to pass
 
     @model_validator(mode="after")
     def _bound(self) -> Constraint:
-        if self.judge == "llm":
+        if self.judge == Judge.LLM:
             if not self.description:
                 raise ValueError("a soft constraint (judge = 'llm') needs a description")
             return self
@@ -172,7 +194,7 @@ class Budget(_Section):
 
 
 class Gate(_Section):
-    mode: Literal["approve", "auto"] = "approve"
+    mode: GateMode = GateMode.APPROVE
     # The held-out gain's 95% lower bound must be strictly above this (metric units).
     margin: float = Field(default=0.0, ge=0)
     test_repeats: int = Field(default=3, ge=1, le=100)
@@ -366,7 +388,7 @@ class Spec(_Section):
         """Return the metrics a node is judged on: the objective's and every metric constraint's."""
         return [
             self.objective.metric,
-            *(c.metric for c in self.constraints if c.judge == "metric" and c.metric),
+            *(c.metric for c in self.constraints if c.judge == Judge.METRIC and c.metric),
         ]
 
     @field_validator("constraints")
@@ -431,7 +453,7 @@ class Spec(_Section):
     def _cross(self) -> Spec:
         if not self.capabilities.edits_code and not self.search:
             raise ValueError("policy.kind = 'search' needs a [search] section")
-        if not self.capabilities.judges and any(c.judge == "llm" for c in self.constraints):
+        if not self.capabilities.judges and any(c.judge == Judge.LLM for c in self.constraints):
             raise ValueError("constraints with judge = 'llm' need policy.kind = 'llm'")
         return self
 
@@ -441,7 +463,7 @@ class SpecIssue(BaseModel):
 
     key: str
     message: str
-    level: Literal["error", "warning"] = "error"
+    level: Level = Level.ERROR
 
     def __str__(self) -> str:
         return f"{self.key}: {self.message}" if self.key else self.message

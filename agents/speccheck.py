@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agents import configfiles, evalcode, globs
-from agents.spec import SearchDim, Spec, SpecIssue, format_key
+from agents.spec import Level, SearchDim, Spec, SpecIssue, format_key
 
 
 def check_against_tree(spec: Spec, files: list[str], read: Callable[[str], str]) -> list[SpecIssue]:
@@ -82,7 +82,7 @@ def _check_dim(
             issues.append(
                 SpecIssue(
                     key=where,
-                    level="warning",
+                    level=Level.WARNING,
                     message=f"{name}: current value {current!r} lies outside [{dim.low:g}, {dim.high:g}]",
                 )
             )
@@ -90,7 +90,7 @@ def _check_dim(
         issues.append(
             SpecIssue(
                 key=where,
-                level="warning",
+                level=Level.WARNING,
                 message=f"its targets hold different values now ({', '.join(map(repr, currents))}); "
                 "the first is the base value, and every experiment writes one value to all",
             )

@@ -1,11 +1,21 @@
 """The JSON bodies the API answers with, as typed dictionaries (times are ISO-8601 strings).
 
 They mirror the API's response schemas field for field (`tests/unit/test_client.py` keeps them equal).
+The states their `status`, `kind`, `decision` and `verdict` fields hold are the service's own enums,
+re-exported here: a member equals the string the JSON carries.
 """
 
 from __future__ import annotations
 
 from typing import Any, TypedDict
+
+from agents.tree.status import NodeStatus as NodeStatus
+from agents.tree.status import StudyStatus as StudyStatus
+from agents.verify.arex import Decision as Decision
+from agents.verify.constraints import Verdict as Verdict
+from backend.core.states import ApprovalStatus as ApprovalStatus
+from backend.core.states import JobStatus as JobStatus
+from backend.core.states import RunKind as RunKind
 
 
 class Message(TypedDict):
@@ -68,6 +78,7 @@ class NodeSummary(TypedDict):
     heldout_gain: float | None
     attempts: int
     fate: str
+    rejection: str  # human, constraint, gate or dev ('' unless rejected)
 
 
 class NodeRef(TypedDict):

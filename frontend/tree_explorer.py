@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from client.models import NodeSummary
+from client.models import NodeStatus, NodeSummary
 from frontend import palette
 
 ASSETS = Path(__file__).parent / "assets"
@@ -31,19 +31,13 @@ MARKS = {
 
 
 def mark(n: NodeSummary) -> str:
-    """Return how a node ended, as a badge name ('' for none), from its status and fate."""
-    status, fate = n["status"], str(n.get("fate") or "")
-    if status == "rejected":
-        if fate.startswith("rejected by "):
-            return "human"
-        if fate.startswith("held-out gate"):
-            return "gate"
-        if "constraint" in fate:
-            return "constraint"
-        return "dev"
-    if status in ("failed", "pruned"):
+    """Return how a node ended, as a badge name ('' for none), from its status and what rejected it."""
+    status = n["status"]
+    if status == NodeStatus.REJECTED:
+        return n.get("rejection") or "dev"
+    if status in (NodeStatus.FAILED, NodeStatus.PRUNED):
         return status
-    if status == "awaiting_approval":
+    if status == NodeStatus.AWAITING_APPROVAL:
         return "waiting"
     return ""
 

@@ -192,14 +192,9 @@ def recall(key: str, keep: bool = True) -> None:
         if keep
         else st.session_state.pop(f"msg:{key}", (None, ""))
     )
-    if kind == "success":
-        st.success(text)
-    elif kind == "info":
-        st.info(text)
-    elif kind == "warning":
-        st.warning(text)
-    elif kind == "error":
-        st.error(text)
+    show = {"success": st.success, "info": st.info, "warning": st.warning, "error": st.error}.get(kind or "")
+    if show is not None:
+        show(text)
 
 
 # Any ASCII punctuation character may be backslash-escaped in CommonMark; these, escaped, cannot

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from client.models import NodeDetail, NodeSummary
+from client.models import Decision, NodeDetail, NodeStatus, NodeSummary, Verdict
 
 WAITS = {
     "awaiting_approval": "waits for your decision: it passed the held-out gate",
@@ -21,19 +21,19 @@ def arex(n: NodeDetail) -> str:
     cons = n.get("constraints") or []
     if not decision:
         return ""
-    if decision == "accept":
+    if decision == Decision.ACCEPT:
         if not cons:
             return "accepted: the goal sets no constraint; gain kept"
         return f"accepted: every constraint holds ({', '.join(str(c['name']) for c in cons)}); gain kept"
-    open_ = [c for c in cons if c.get("verdict") != "satisfied"]
+    open_ = [c for c in cons if c.get("verdict") != Verdict.SATISFIED]
     why = "; ".join(f"{c['name']}: {c.get('detail') or c.get('verdict')}" for c in open_) or ", ".join(
         v.get("open_constraints") or []
     )
-    if decision == "refine":
+    if decision == Decision.REFINE:
         refined = re.search(r"refined as (n\d+(?:, n\d+)*)", str(n.get("fate") or ""))
         head = f"refined as {refined.group(1)}" if refined else "to be refined"
         return f"{head} because {why}" if why else head
-    if decision == "restart":
+    if decision == Decision.RESTART:
         return f"abandoned, exploration restarts elsewhere, because {why}" if why else "abandoned"
     return f"rejected: {v.get('reason') or why or 'the gain is not kept'}"
 
@@ -43,7 +43,7 @@ def gate(n: NodeDetail) -> str:
     reason = str(n.get("gate_reason") or "")
     if not reason:
         return ""
-    if n["status"] in ("merged", "awaiting_approval"):
+    if n["status"] in (NodeStatus.MERGED, NodeStatus.AWAITING_APPROVAL):
         return f"passed the held-out gate: {reason.removeprefix('passed: ')}"
     return f"held-out gate: {reason}"
 
@@ -70,14 +70,14 @@ def diff_summary(n: NodeDetail) -> str:
 
 def in_play(nodes: list[NodeSummary]) -> NodeSummary | None:
     """Return the best candidate not yet merged: a node waiting for approval, else the best dev LCB."""
-    waiting = [n for n in nodes if n["status"] == "awaiting_approval"]
+    waiting = [n for n in nodes if n["status"] == NodeStatus.AWAITING_APPROVAL]
     if waiting:
         return max(waiting, key=lambda n: n.get("heldout_gain") or 0.0)
     live = [
         n
         for n in nodes
         if n["parent_id"] is not None
-        and n["status"] == "evaluated"
+        and n["status"] == NodeStatus.EVALUATED
         and n.get("gain_lcb") is not None
         and str(n.get("fate") or "").startswith("gate candidate")
     ]

@@ -28,17 +28,18 @@ from langgraph.types import Command, interrupt
 from agents.coordinator.configuration import CoordinatorConfig, CoordinatorContext
 from agents.coordinator.ports import Integration, NodeRecord, Pending, Storage, StudyView
 from agents.coordinator.records import RecordIndex, Records, index_of
-from agents.coordinator.state import CoordinatorState
+from agents.coordinator.state import CoordinatorState, Wait
 from agents.llm.model import BudgetExhausted, ModelError
 from agents.policies import widen
 from agents.policies.base import IdeationInput, Judgement, NodeEvidence, Policy, RefineRequest
+from agents.spec import GateMode, Judge
 from agents.tree import plateau, pruning, selection
 from agents.tree.gate import eligible
 from agents.tree.insights import backpropagate
 from agents.tree.model import Tree, TreeNode
 from agents.tree.sequential import Plan
 from agents.tree.stats import gain_over, summarize
-from agents.tree.status import NodeStatus
+from agents.tree.status import NodeStatus, Origin, StudyStatus
 from agents.verify.arex import Assessment, Decision, assess, blameless
 from agents.verify.constraints import ConstraintResult, ConstraintRule, Verdict, all_satisfied, verify_all
 from agents.verify.state import ImprovementState
@@ -56,17 +57,22 @@ def start(
     # `wait` comes back here when a baseline job ends, with experiments running: they are kept.
     kept = {"round_no": state.get("round_no", 0), "pending": _active_jobs(state), "baseline_dev_job": None}
     status = runtime.context.storage.study(state["study_id"]).status
-    if status == "stopping":
+    if status == StudyStatus.STOPPING:
         return Command(update=kept, goto="observe")
     pending = runtime.context.gatekeeper.baseline(state["study_id"])
     if pending is not None and pending.blocking:
         if not runtime.context.policy.capabilities.reads_baseline:
             return Command(update={**kept, "baseline_dev_job": pending.job_id}, goto="observe")
-        interrupt({"kind": "await_jobs", "study_id": state["study_id"], "jobs": [pending.job_id]})
+        interrupt({"kind": Wait.JOBS.value, "study_id": state["study_id"], "jobs": [pending.job_id]})
         return Command(goto="start")  # look again in a fresh step: at most one interrupt per run
     held = pending.job_id if pending is not None else None
     update = {**kept, "baseline_job": held}
-    if held is not None and kept["pending"] and not state.get("baseline_sent") and status == "running":
+    if (
+        held is not None
+        and kept["pending"]
+        and not state.get("baseline_sent")
+        and status == StudyStatus.RUNNING
+    ):
         return Command(update=update, goto="dispatch")  # the experiments have their slots: send it now
     return Command(update=update, goto="observe")
 
@@ -80,7 +86,7 @@ def observe(
     study = storage.study(sid)
     pending = _active_jobs(state)
     awaiting = state.get("awaiting")
-    if awaiting is None and study.spec.gate.mode == "approve":
+    if awaiting is None and study.spec.gate.mode == GateMode.APPROVE:
         awaiting = open_approval(storage.nodes(sid))  # opened by a step that crashed before its checkpoint
     if awaiting is not None:
         # A decision already recorded is applied first, even when a stop follows it.
@@ -88,7 +94,7 @@ def observe(
         if answer is not None:
             update, goto = _decided(sid, awaiting, answer, runtime)
             return Command(update=update, goto=goto)
-    if study.status == "stopping":
+    if study.status == StudyStatus.STOPPING:
         if awaiting is not None and not gatekeeper.withdraw(
             sid, awaiting, "the study was stopped before a decision"
         ):
@@ -96,8 +102,8 @@ def observe(
         storage.cancel_active(sid)
         stopped: dict[str, Any] = {"pending": [], "awaiting": None, "gating": None, "gate_job": None}
         return Command(update={"stop_reason": "stopped by user", **stopped}, goto="finish")
-    if study.status == "paused":
-        interrupt({"kind": "paused", "study_id": sid})
+    if study.status == StudyStatus.PAUSED:
+        interrupt({"kind": Wait.RESUME.value, "study_id": sid})
         return Command(goto="observe")
     budget = study.spec.budget
     if study.spec.capabilities.calls_model and 0 < budget.usd <= study.usd_spent:
@@ -262,7 +268,7 @@ def wait(state: CoordinatorState) -> Command[Literal["integrate", "gate", "start
         return Command(goto="observe")
     finished = interrupt(
         {
-            "kind": "await_jobs",
+            "kind": Wait.JOBS.value,
             "study_id": state["study_id"],
             "jobs": watched,
             "approval": state.get("awaiting"),
@@ -390,10 +396,10 @@ def gate(
     done: dict[str, Any] = {"candidates": [], "gate_node": None, "gating": None, "gate_job": None}
     while cands:
         study = storage.study(sid)
-        if study.status == "stopping":
+        if study.status == StudyStatus.STOPPING:
             break  # observe cancels what is running and finishes
         records = storage.nodes(sid)
-        opened = open_approval(records) if study.spec.gate.mode == "approve" else None
+        opened = open_approval(records) if study.spec.gate.mode == GateMode.APPROVE else None
         if opened is not None:  # a replayed step: the approval it opened before a crash stays the one
             return Command(update={**done, "awaiting": opened}, goto="observe")
         node_id = cands.pop(0)
@@ -405,7 +411,7 @@ def gate(
             update = {"candidates": [node_id, *cands], "gating": node_id, "gate_job": outcome.job_id}
             return Command(update=update, goto="observe")
         if outcome:
-            if study.spec.gate.mode == "auto":
+            if study.spec.gate.mode == GateMode.AUTO:
                 return Command(update={**done, "gate_node": node_id}, goto="merge")
             gatekeeper.await_approval(sid, node_id)
             return Command(update={**done, "awaiting": node_id}, goto="observe")
@@ -420,7 +426,7 @@ def approve(
     # `gate_node` holds it in a checkpoint written before approvals stopped holding the study up.
     node_id = state.get("awaiting") or state.get("gate_node")
     assert node_id is not None
-    answer: dict[str, Any] = interrupt({"kind": "approve", "study_id": sid, "node_id": node_id})
+    answer: dict[str, Any] = interrupt({"kind": Wait.APPROVAL.value, "study_id": sid, "node_id": node_id})
     update, goto = _decided(sid, node_id, answer, runtime)
     return Command(update=update, goto=goto)
 
@@ -552,7 +558,9 @@ def _tree_node(r: NodeRecord) -> TreeNode:
 
 def _rules(study: StudyView) -> list[ConstraintRule]:
     return [
-        ConstraintRule(c.name, c.metric, c.min, c.max) for c in study.spec.constraints if c.judge == "metric"
+        ConstraintRule(c.name, c.metric, c.min, c.max)
+        for c in study.spec.constraints
+        if c.judge == Judge.METRIC
     ]
 
 
@@ -560,7 +568,7 @@ def soft_results(study: StudyView, judgement: Judgement) -> list[ConstraintResul
     """Turn the verifier's confidences into verdicts: satisfied only at or above each threshold."""
     out = []
     for c in study.spec.constraints:
-        if c.judge != "llm":
+        if c.judge != Judge.LLM:
             continue
         if c.name not in judgement.verdicts:
             out.append(
@@ -619,7 +627,7 @@ def integrate_one(
         alpha=plan.alpha_at(len(rec.dev_values)),
     )
     measured = verify_all(_rules(study), rec.dev_receipts)
-    soft = [c.model_dump() for c in spec.constraints if c.judge == "llm"]
+    soft = [c.model_dump() for c in spec.constraints if c.judge == Judge.LLM]
     improves = g.lcb > spec.plateau.min_gain
     first = assess(succeeded=True, recoverable=True, improves=improves, results=measured, mechanism=ev.title)
     judged = Judgement()
@@ -663,7 +671,7 @@ def integrate_one(
         if m:
             now = gain_over(rec.dev_values[:m], study.trunk_dev[:m], maximize=spec.maximize)
             verification["trunk_gain"] = {"gain": now.mean, "trunk_node": study.trunk_node_id}
-    if ev.origin == "refine":
+    if ev.origin == Origin.REFINE:
         outcome = {
             Decision.ACCEPT: "resolved: every constraint holds and the gain is kept",
             Decision.REFINE: f"still open: {', '.join(a.open_constraints)}",
@@ -689,7 +697,7 @@ def _refine_outcome(
     ev: NodeEvidence, outcome: str, istate: ImprovementState, records: dict[int, NodeRecord]
 ) -> None:
     """Record what a refine child did to its source's open constraints in the improvement state."""
-    if ev.origin != "refine" or ev.origin_ref is None:
+    if ev.origin != Origin.REFINE or ev.origin_ref is None:
         return
     source = records.get(ev.origin_ref)
     text = f"refine of n{source.evidence.number if source else '?'} by n{ev.number}: {outcome}"
@@ -730,11 +738,15 @@ def gate_candidates(study: StudyView, records: list[NodeRecord]) -> list[int]:
     out: list[tuple[float, int]] = []
     for r in index_of(records).by_status.get(NodeStatus.EVALUATED, {}).values():
         ev = r.evidence
-        if r.gated or r.base_commit != study.trunk_commit or r.verification.get("decision") != "accept":
+        if (
+            r.gated
+            or r.base_commit != study.trunk_commit
+            or r.verification.get("decision") != Decision.ACCEPT
+        ):
             continue  # gated already, built on an older trunk (never eligible), or not accepted
         e = eligible(
             dev_gain_lcb=ev.gain_lcb,
-            constraints_hold=all(c.get("verdict") == "satisfied" for c in ev.constraints),
+            constraints_hold=all(c.get("verdict") == Verdict.SATISFIED for c in ev.constraints),
             on_current_trunk=r.base_commit == study.trunk_commit,
             # The baseline is not a gate query, nor is a passed gate's own query still to be acted on.
             queries_used=max(study.test_queries - 1 - int(r.passed_unread), 0),
@@ -894,7 +906,7 @@ def in_trunk(index: RecordIndex) -> set[int]:
         if nid in held or r is None:
             continue
         held.add(nid)
-        todo += [x for x in (r.evidence.parent_id, r.evidence.origin_ref if r.evidence.origin == "revisit" else None)
+        todo += [x for x in (r.evidence.parent_id, r.evidence.origin_ref if r.evidence.origin == Origin.REVISIT else None)
                  if x is not None]  # fmt: skip
     return held
 

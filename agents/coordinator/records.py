@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from agents.coordinator.ports import NodeRecord
+from agents.tree.status import NodeStatus, Origin
 
 ORIGINS = ("refine", "revisit", "restart")  # whose `origin_ref` (or parent, for refine) a step asks about
 
@@ -48,7 +49,7 @@ class RecordIndex:
             self.by_decision.setdefault(str(decision), {})[ev.id] = record
         if record.completed_order:
             self.completed[record.completed_order] = record
-        if ev.status == "failed":
+        if ev.status == NodeStatus.FAILED:
             self.failed_by_attempts.setdefault(record.attempts, {})[ev.id] = record
         ref = _ref(record)
         if ref is not None:
@@ -62,7 +63,7 @@ class RecordIndex:
             self.by_decision[str(decision)].pop(ev.id, None)
         if record.completed_order and self.completed.get(record.completed_order) is record:
             del self.completed[record.completed_order]
-        if ev.status == "failed":
+        if ev.status == NodeStatus.FAILED:
             self.failed_by_attempts[record.attempts].pop(ev.id, None)
         ref = _ref(record)
         if ref is not None:
@@ -102,7 +103,7 @@ class RecordIndex:
         `policy.max_depth` bounds this, not the depth: trunk's line grows with every merge.
         """
         steps, r = 0, self.by_id.get(node_id)
-        while r is not None and r.evidence.status != "merged" and r.evidence.parent_id is not None:
+        while r is not None and r.evidence.status != NodeStatus.MERGED and r.evidence.parent_id is not None:
             steps, r = steps + 1, self.by_id.get(r.evidence.parent_id)
         return steps
 
@@ -112,7 +113,7 @@ class RecordIndex:
         for nid in sorted(self.by_id):
             ev = self.by_id[nid].evidence
             parent = ev.parent_id
-            if ev.status == "merged" or parent is None:
+            if ev.status == NodeStatus.MERGED or parent is None:
                 out[nid] = 0
             else:
                 out[nid] = (out[parent] if parent in out else self.reach(parent)) + 1
@@ -131,7 +132,7 @@ class RecordIndex:
 def _ref(record: NodeRecord) -> int | None:
     """Return the node a refine, revisit or restart child answers (a refine child's parent)."""
     ev = record.evidence
-    if ev.origin == "refine":
+    if ev.origin == Origin.REFINE:
         return ev.parent_id
     if ev.origin in ORIGINS:
         return ev.origin_ref

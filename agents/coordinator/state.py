@@ -3,9 +3,18 @@ last rounds dropped, which the next ideation is told of."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 from typing_extensions import TypedDict
+
+
+class Wait(StrEnum):
+    """What a coordinator step waits for: its interrupt's `kind` (the value: checkpoints hold plain data)."""
+
+    JOBS = "await_jobs"  # jobs ending (or a decision on the open approval, or a stop)
+    APPROVAL = "approve"  # a human decision on a gate-passed node
+    RESUME = "paused"  # the study resuming
 
 
 class CoordinatorState(TypedDict, total=False):

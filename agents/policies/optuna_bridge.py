@@ -31,6 +31,9 @@ from threadpoolctl import threadpool_limits
 
 from agents.policies.base import NodeEvidence
 from agents.policies.space import Assignment, Space
+from agents.spec import Judge
+from agents.tree.status import NodeStatus
+from agents.verify.constraints import Verdict
 
 SamplerName = Literal["auto", "tpe", "gp", "random"]
 PENDING = ("proposed", "queued", "running")
@@ -92,7 +95,7 @@ def constraint_values(rules: Sequence[dict[str, Any]], metrics: dict[str, float]
     """Return each metric rule's violation (`<= 0` feasible), scaled by the bound it must respect."""
     out: dict[str, float] = {}
     for r in rules:
-        if r.get("judge", "metric") != "metric":
+        if r.get("judge", "metric") != Judge.METRIC:
             continue
         v = metrics.get(r["metric"])
         if v is None or math.isnan(v):
@@ -120,7 +123,7 @@ def judged_metrics(rules: Sequence[dict[str, Any]], node: NodeEvidence) -> dict[
 def feasible(rules: Sequence[dict[str, Any]], node: NodeEvidence) -> bool:
     """Return whether a measured node meets every metric rule on its dev metrics."""
     if node.constraints:
-        return all(c.get("verdict") == "satisfied" for c in node.constraints)
+        return all(c.get("verdict") == Verdict.SATISFIED for c in node.constraints)
     return all(v <= 0 for v in constraint_values(rules, judged_metrics(rules, node)).values())
 
 
@@ -243,7 +246,7 @@ def window(nodes: Sequence[NodeEvidence], maximize: bool) -> Sequence[NodeEviden
     for n in ordered:  # one pass: a long study's tree is walked at every step
         if n.status in PENDING or n.parent_id is None:
             keep[n.id] = n
-        if n.dev_mean is not None and n.status != "failed" and math.isfinite(n.dev_mean):
+        if n.dev_mean is not None and n.status != NodeStatus.FAILED and math.isfinite(n.dev_mean):
             scored.append((-sign * n.dev_mean, n.id, n))
     for _, i, n in heapq.nsmallest(HISTORY // 2, scored):  # ids differ: nodes are never compared
         keep[i] = n
@@ -288,11 +291,11 @@ def _trials(
         if not all(space.contains(k, v) for k, v in params.items()):
             continue
         cons = None
-        if n.dev_mean is not None and n.status != "failed" and math.isfinite(n.dev_mean):
+        if n.dev_mean is not None and n.status != NodeStatus.FAILED and math.isfinite(n.dev_mean):
             cons = constraint_values(rules, judged_metrics(rules, n))
             # Rejected although every constraint held: the sealed gate (or a human) turned it down,
             # which the coordinator may know. The region is not admissible.
-            turned_down = n.status == "rejected" and all(v <= 0 for v in cons.values())
+            turned_down = n.status == NodeStatus.REJECTED and all(v <= 0 for v in cons.values())
             cons[ADMITTED] = 1.0 if turned_down else -1.0
         rows.append((n, _params(space, params), cons))
     binding = any(v > 0 for _, _, cons in rows if cons for v in cons.values())
@@ -305,7 +308,7 @@ def _trials(
             )
         elif n.status in PENDING:
             trial = create_trial(state=TrialState.RUNNING, params=params, distributions=used)
-        elif n.status in ("failed", "rejected") and n.dev_mean is None:
+        elif n.status in (NodeStatus.FAILED, NodeStatus.REJECTED) and n.dev_mean is None:
             trial = create_trial(state=TrialState.FAIL, params=params, distributions=used)
         else:
             continue

@@ -35,7 +35,8 @@ from agents.policies.base import (
 )
 from agents.policies.optuna_bridge import SamplerName
 from agents.policies.space import Assignment, Space
-from agents.spec import split_search_key
+from agents.spec import Judge, split_search_key
+from agents.tree.status import NodeStatus
 
 MEASURED = ("evaluated", "merged", "awaiting_approval", "rejected")  # pruned directions stay closed
 STEPS = (0.05, 0.1, 0.2, 0.35, 0.5)
@@ -183,7 +184,7 @@ class SearchPolicy:
         for a slot was asked on older evidence than the next one would be.
         """
         space = Space(ctx.search_space, ctx.base_values)
-        rules = [c for c in ctx.constraints if c.get("judge", "metric") == "metric"]
+        rules = [c for c in ctx.constraints if c.get("judge", "metric") == Judge.METRIC]
         assignment, seen = _assignments(space, ctx)
         by_id = {n.id: n for n in ctx.nodes}
         rng = random.Random(sampler_seed(ctx.seed, ctx.round_no))
@@ -273,10 +274,10 @@ class SearchPolicy:
         metric predicts to break it are left out.
         """
         sign = 1.0 if ctx.maximize else -1.0
-        measured = [n for n in ctx.nodes if n.dev_mean is not None and n.status != "failed"]
+        measured = [n for n in ctx.nodes if n.dev_mean is not None and n.status != NodeStatus.FAILED]
         kept = [
             n for n in measured
-            if n.status in ("evaluated", "merged", "awaiting_approval") and optuna_bridge.feasible(rules, n)
+            if n.status in (NodeStatus.EVALUATED, NodeStatus.MERGED, NodeStatus.AWAITING_APPROVAL) and optuna_bridge.feasible(rules, n)
         ]  # fmt: skip
         if not kept:
             return []
@@ -401,7 +402,7 @@ class SearchPolicy:
         """Return the move from `node` predicted to meet its open constraints with the most gain kept."""
         a = assignment[node.id]
         open_rules = [r for r in rules if r["name"] in req.open_constraints]
-        measured = [n for n in ctx.nodes if n.dev_mean is not None and n.status != "failed"]
+        measured = [n for n in ctx.nodes if n.dev_mean is not None and n.status != NodeStatus.FAILED]
         data = {
             r["name"]: [
                 (assignment[n.id], n.dev_metrics[r["metric"]])
@@ -526,7 +527,7 @@ class SearchPolicy:
 
     def summarise(self, node: NodeEvidence, ctx_metric: str, parent: NodeEvidence | None) -> str:
         """Return a structured statistical summary of one node's evidence."""
-        if node.status == "failed" or node.dev_mean is None:
+        if node.status == NodeStatus.FAILED or node.dev_mean is None:
             return f"n{node.number} {node.title}: failed ({node.failure or 'no result'})"
         cons = "; ".join(f"{c['name']} {c['verdict']}" for c in node.constraints)
         gain = "" if node.gain is None else f": {node.gain:+.4g} dev {ctx_metric} vs trunk"

@@ -98,3 +98,14 @@ def check_study_transition(name: str, old: StudyStatus | str, new: StudyStatus |
     if n not in STUDY_TRANSITIONS[o]:
         raise IllegalStudyTransition(name, o, n)
     return n
+
+
+class Origin(StrEnum):
+    """Where a node's idea came from."""
+
+    POLICY = "policy"  # the research policy proposed it
+    HUMAN = "human"  # a person added it (the hypotheses route)
+    REFINE = "refine"  # a narrower child of a partly verified candidate: served before new ideas
+    RESTART = "restart"  # a fresh idea away from an abandoned branch
+    REVISIT = "revisit"  # the same change measured again on a moved trunk
+    BASELINE = "baseline"  # trunk's first measurement

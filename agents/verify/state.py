@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agents.verify.constraints import Verdict
+
 
 @dataclass
 class Finding:
@@ -66,7 +68,7 @@ class ImprovementState:
         """Record the latest verdict of a constraint; satisfied ones leave the open list."""
         kept = [c for c in self.open_constraints if c.name != name]
         prior = next((c for c in self.open_constraints if c.name == name), None)
-        if status != "satisfied":
+        if status != Verdict.SATISFIED:
             ids = sorted({*(prior.node_ids if prior else []), node_id})
             kept.append(OpenConstraint(name, status, detail, ids))
         self.open_constraints = kept

@@ -99,6 +99,7 @@ class NodeSummary(BaseModel):
     heldout_gain: float | None
     attempts: int
     fate: str  # what became of the node, in one line (agents/tree/fate.py)
+    rejection: str = ""  # who or what rejected it: human, constraint, gate or dev ('' unless rejected)
 
 
 class NodeRef(BaseModel):

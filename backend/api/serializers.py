@@ -9,6 +9,7 @@ from sqlmodel import Session, col, func, or_, select
 
 from backend.api import schemas
 from backend.core.models import Approval, Event, Job, LlmCall, Node, Study
+from backend.core.states import ApprovalStatus, JobKind, JobStatus
 from backend.services.records import spec_of
 from backend.services.storage import BudgetSpent
 
@@ -37,19 +38,19 @@ def study_publics(s: Session, studies: list[Study]) -> list[schemas.StudyPublic]
     jobs = _grouped(
         s,
         select(Job.study_id, func.count(col(Job.id)), func.coalesce(func.sum(Job.extra_runs), 0))
-        .where(col(Job.study_id).in_(ids), Job.kind == "experiment")
+        .where(col(Job.study_id).in_(ids), Job.kind == JobKind.EXPERIMENT)
         .group_by(col(Job.study_id)),
     )  # what each budget is charged (`storage.budget_spent`)
     pending = _grouped(
         s,
         select(Approval.study_id, func.count())
-        .where(col(Approval.study_id).in_(ids), Approval.status == "pending")
+        .where(col(Approval.study_id).in_(ids), Approval.status == ApprovalStatus.PENDING)
         .group_by(col(Approval.study_id)),
     )
     running = _grouped(
         s,
         select(Job.study_id, func.count())
-        .where(col(Job.study_id).in_(ids), Job.status == "running")
+        .where(col(Job.study_id).in_(ids), Job.status == JobStatus.RUNNING)
         .group_by(col(Job.study_id)),
     )
     # The best of trunk's root and the nodes whose every constraint held (AREX accepted or rejected
@@ -127,7 +128,7 @@ def study_publics(s: Session, studies: list[Study]) -> list[schemas.StudyPublic]
     return out
 
 
-def node_summary(n: Node, fate: str) -> schemas.NodeSummary:
+def node_summary(n: Node, fate: str, rejection: str) -> schemas.NodeSummary:
     """Return the tree view of a node."""
     return schemas.NodeSummary(
         id=n.id or 0,
@@ -144,6 +145,7 @@ def node_summary(n: Node, fate: str) -> schemas.NodeSummary:
         heldout_gain=n.heldout_gain,
         attempts=n.attempts,
         fate=fate,
+        rejection=rejection,
     )
 
 

@@ -13,6 +13,7 @@ from sqlmodel import col, select
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Job, now
+from backend.core.states import JobKind, JobStatus
 from backend.engine.jobstore import same_token, token_hash
 from backend.engine.site import LocalSite
 
@@ -31,7 +32,7 @@ class LocalPool:
         token = uuid.uuid4().hex
         with db.session(self.settings.db_url) as s:
             job = s.get(Job, job_id)
-            if job is None or job.status in ("done", "failed"):
+            if job is None or job.status in (JobStatus.DONE, JobStatus.FAILED):
                 return
             job.token = token_hash(token)
             job.status = "queued"
@@ -62,11 +63,11 @@ class LocalPool:
                 if j.id is not None and j.id not in self.procs
             ]
             for j in left:
-                if j.kind != "experiment":  # a sealed job of the service: this process gates inline
+                if j.kind != JobKind.EXPERIMENT:  # a sealed job of the service: this process gates inline
                     j.status, j.finished_at = "failed", now()
                     j.outcome = {"reason": "resumed in one process, which runs sealed evaluations inline"}
                     s.add(j)
-            stale = [j.id for j in left if j.kind == "experiment" and j.id is not None]
+            stale = [j.id for j in left if j.kind == JobKind.EXPERIMENT and j.id is not None]
         for job_id in stale:
             self.submit(job_id)
         return stale
@@ -80,7 +81,9 @@ class LocalPool:
             with db.session(self.settings.db_url) as s:
                 job = s.get(Job, job_id)
                 unfinished = (
-                    job is not None and same_token(job.token, token) and job.status in ("queued", "running")
+                    job is not None
+                    and same_token(job.token, token)
+                    and job.status in (JobStatus.QUEUED, JobStatus.RUNNING)
                 )
             if unfinished:
                 LocalSite(self.settings).crash(job_id, token, f"executor process exited with code {code}")

@@ -14,6 +14,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from agents.spec import GateMode
+from agents.tree.status import NodeStatus, StudyStatus
+from backend.core.states import JobKind, JobStatus
+
 # Everything else is imported where it is used: `grove submit` and the other client commands start
 # without the database, the engine or the graph (benchmarks/cli_start.py measures it).
 if TYPE_CHECKING:
@@ -352,7 +356,9 @@ def _status_table(study_id: int) -> Table:
         st = s.get(Study, study_id)
         assert st is not None
         nodes = list(s.exec(select(Node).where(Node.study_id == study_id)))
-        jobs = len(list(s.exec(select(Job.id).where(Job.study_id == study_id, Job.kind == "experiment"))))
+        jobs = len(
+            list(s.exec(select(Job.id).where(Job.study_id == study_id, Job.kind == JobKind.EXPERIMENT)))
+        )
         gates = list(
             s.exec(
                 select(Event).where(
@@ -365,7 +371,7 @@ def _status_table(study_id: int) -> Table:
     best = (max if spec.maximize else min)(measured) if measured else None
     t = Table(title=f"grove · {st.name} · {st.status}", show_header=False)
     t.add_row("tree", f"{len(nodes)} nodes")
-    t.add_row("running", str(sum(1 for n in nodes if n.status in ("queued", "running"))))
+    t.add_row("running", str(sum(1 for n in nodes if n.status in (NodeStatus.QUEUED, NodeStatus.RUNNING))))
     t.add_row("best dev", "n/a" if best is None else f"{best:.4f}")
     t.add_row("trunk dev", "n/a" if not st.trunk_dev else f"{sum(st.trunk_dev) / len(st.trunk_dev):.4f}")
     passed = sum(1 for g in gates if g.type == "node.gate_passed")
@@ -452,7 +458,7 @@ def run_cmd(
         text = _override(text, "budget", "experiments", budget)
     if gguf is not None and not spec.capabilities.calls_model:
         text = _override(text, "policy", "kind", "llm")  # a local model is there to think for the study
-    if spec.gate.mode != "auto" and not auto_approve and not sys.stdin.isatty():
+    if spec.gate.mode != GateMode.AUTO and not auto_approve and not sys.stdin.isatty():
         err.print(
             f"[red]error:[/] gate.mode = {spec.gate.mode!r} asks a human before each merge, and there is no "
             "terminal to ask in; pass --auto-approve or set gate.mode = 'auto'"
@@ -866,7 +872,7 @@ def submit_cmd(
             return
         last = ""
         told: set[int] = set()  # approvals this command has pointed out
-        while study["status"] not in ("finished", "failed"):
+        while study["status"] not in (StudyStatus.FINISHED, StudyStatus.FAILED):
             time.sleep(1.0)
             if approve_all:
                 for card in client.approvals(study["id"]):
@@ -886,7 +892,7 @@ def submit_cmd(
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from None
     console.print(client.report(study["id"]), markup=False, highlight=False)
-    if study["status"] == "failed":
+    if study["status"] == StudyStatus.FAILED:
         raise typer.Exit(1)
 
 
@@ -942,7 +948,7 @@ def learn_cmd(
         job = client.learn(kind, _params(settings_), client.study_id(study) if study else None)
         console.print(f"queued learning job {job['id']} ({kind})")
         seen = 0
-        while wait and job["status"] not in ("done", "failed"):
+        while wait and job["status"] not in (JobStatus.DONE, JobStatus.FAILED):
             time.sleep(1.0)
             job = client.learning_job(job["id"])
             for e in job["events"][seen:]:
@@ -951,10 +957,10 @@ def learn_cmd(
     except GroveError as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from None
-    if job["status"] == "failed":
+    if job["status"] == JobStatus.FAILED:
         err.print(f"[red]failed:[/] {job['error']}")
         raise typer.Exit(1)
-    if job["status"] == "done":
+    if job["status"] == JobStatus.DONE:
         console.print(f"artifact: {job['artifact']} (on {job.get('host') or 'the worker that ran it'})")
 
 

@@ -106,6 +106,7 @@ class Node(SQLModel, table=True):
     failure: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
     gate_commit: str = ""
     gated: bool = False
+    gate_passed: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
     heldout_values: list[float] = _json([])
     heldout_gain: float | None = None
     gate_reason: str = ""

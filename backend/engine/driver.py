@@ -25,12 +25,14 @@ from sqlmodel import col, select
 from agents.coordinator.configuration import CoordinatorContext
 from agents.coordinator.graph import build_graph
 from agents.coordinator.ports import Dispatcher, Gatekeeper
+from agents.coordinator.state import Wait
 from agents.policies.base import Policy
 from agents.policies.registry import make_policy
 from agents.tree.status import StudyStatus
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Job, Study
+from backend.core.states import JOB_ENDED
 from backend.engine.gatekeeper import BaselineError, LocalGatekeeper
 from backend.engine.jobstore import DbStore
 from backend.services import lifecycle
@@ -138,23 +140,23 @@ def study_status(settings: Settings, study_id: int) -> str:
 def _resume_value(settings: Settings, study_id: int, intr: Interrupt) -> Any | None:
     """Return the value that resumes this interrupt now, or None if it must keep waiting."""
     kind = intr.value.get("kind")
-    if kind == "await_jobs":
+    if kind == Wait.JOBS:
         jobs = list(intr.value["jobs"])
         approval = intr.value.get("approval")
         with db.session(settings.db_url) as s:
-            rows = s.exec(select(Job).where(col(Job.id).in_(jobs), col(Job.status).in_(["done", "failed"])))
+            rows = s.exec(select(Job).where(col(Job.id).in_(jobs), col(Job.status).in_(JOB_ENDED)))
             done = sorted(j.id for j in rows if j.id is not None)
             decided = approval is not None and answer_of(s, approval) is not None
         if done or decided or study_status(settings, study_id) == StudyStatus.STOPPING:
             return done
         return None
-    if kind == "approve":
+    if kind == Wait.APPROVAL:
         with db.session(settings.db_url) as s:
             answer = answer_of(s, intr.value["node_id"])
         if answer is None and study_status(settings, study_id) == StudyStatus.STOPPING:
             return {"withdrawn": True, "reason": "the study was stopped before a decision"}
         return answer
-    if kind == "paused":
+    if kind == Wait.RESUME:
         return {} if study_status(settings, study_id) != StudyStatus.PAUSED else None
     raise RuntimeError(f"unknown interrupt {intr.value!r}")
 
@@ -251,12 +253,12 @@ class Driver:
         approval, paused = None, False
         for intr in interrupts:
             kind = intr.value.get("kind")
-            if kind == "await_jobs":
+            if kind == Wait.JOBS:
                 jobs += list(intr.value["jobs"])
                 if intr.value.get("approval") is not None:
                     approval = int(intr.value["approval"])
-            elif kind == "approve":
+            elif kind == Wait.APPROVAL:
                 approval = int(intr.value["node_id"])
-            elif kind == "paused":
+            elif kind == Wait.RESUME:
                 paused = True
         return Waiting(False, jobs, approval, paused)

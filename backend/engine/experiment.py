@@ -24,9 +24,9 @@ from agents.llm.model import BudgetExhausted, ModelError
 from agents.policies.base import ImplementationError, ImplementInput
 from agents.policies.registry import make_policy
 from agents.policies.space import fmt
-from agents.spec import Constraint, Spec
+from agents.spec import Constraint, Judge, Spec
 from agents.tree.stats import summarize
-from agents.tree.status import NodeStatus
+from agents.tree.status import NodeStatus, Origin
 from backend.core import gitops
 from backend.core.config import Settings, get_settings
 from backend.core.gitops import GitError
@@ -114,11 +114,11 @@ def _run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], No
             runtime=SandboxRuntime(settings, study, path, label, repo, node.base_commit),
         )
         # A human's own words stay; a generated title is rewritten from the real change.
-        edits = dict(node.edits) if node.origin != "human" else {}
+        edits = dict(node.edits) if node.origin != Origin.HUMAN else {}
         before = key_values(spec, path, edits)  # the worktree is still at the base commit
         # A revisit measures its source's change merged onto the current trunk: its first attempt
         # runs it as merged, a retry (or a merge that conflicted) asks the executor to make it work.
-        revisit = node.origin == "revisit" and not spec.capabilities.whole_assignments
+        revisit = node.origin == Origin.REVISIT and not spec.capabilities.whole_assignments
         merged = revisit and bool(node.inherited.get("commit"))
         held = (
             revisit
@@ -255,7 +255,7 @@ def summary_of(values: list[float]) -> str:
 
 def constraint_text(c: Constraint) -> str:
     """Describe one of the spec's constraints for the executor."""
-    if c.judge == "llm":
+    if c.judge == Judge.LLM:
         return f"{c.name} (soft, judged by a reviewer from your report and diff): {c.description}"
     bounds = " and ".join(
         [*([f"`{c.metric}` >= {c.min:g}"] if c.min is not None else []),

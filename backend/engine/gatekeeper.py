@@ -19,6 +19,7 @@ from backend.core import db
 from backend.core.config import Settings
 from backend.core.gitops import GitError, MergeConflict, Repo
 from backend.core.models import Approval, Node, Study, now
+from backend.core.states import ApprovalStatus
 from backend.engine import environment, policing, runs, workspace
 from backend.engine.jobstore import DbStore, JobStore, local_repo
 from backend.services import lifecycle, notify, report
@@ -183,7 +184,7 @@ class SealedRunner:
 def passed_gate(node: Node) -> bool:
     """Return whether a gated node's recorded verdict is a pass."""
     return node.status in (NodeStatus.AWAITING_APPROVAL, NodeStatus.MERGED) or (
-        node.status == NodeStatus.EVALUATED and node.gate_reason.startswith("passed")
+        node.status == NodeStatus.EVALUATED and node.gate_passed
     )
 
 
@@ -281,7 +282,7 @@ class LocalGatekeeper:
             s.add(study)
             transition(s, node, NodeStatus.MERGED, by=by, trunk=node.gate_commit)
             appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
-            if appr and appr.status in ("pending", "approving"):
+            if appr and appr.status in (ApprovalStatus.PENDING, ApprovalStatus.APPROVING):
                 appr.status, appr.decided_by, appr.decided_at = "approved", appr.decided_by or by, now()
                 s.add(appr)
 
@@ -299,7 +300,7 @@ class LocalGatekeeper:
             study.improvement_state = istate.to_dict()
             s.add(study)
             appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
-            if appr and appr.status in ("pending", "rejecting"):
+            if appr and appr.status in (ApprovalStatus.PENDING, ApprovalStatus.REJECTING):
                 appr.status, appr.decided_at = "rejected", now()
                 appr.decided_by, appr.reason = appr.decided_by or by, appr.reason or reason
                 s.add(appr)

@@ -27,10 +27,12 @@ from agents.tree.gate import heldout_decision
 from agents.tree.sequential import Plan
 from agents.tree.stats import same_every_seed, summarize
 from agents.tree.status import NodeStatus
+from agents.verify.arex import Decision
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.gitops import Repo
 from backend.core.models import Job, LlmCall, LlmHold, Node, ReceiptRow, Study, Trajectory, TrunkClaim, now
+from backend.core.states import JobKind, JobStatus, RunKind
 from backend.engine import policing
 from backend.services.records import add_event, latest_insight, mark_unsandboxed, spec_of, transition
 from backend.services.storage import experiments_used
@@ -138,9 +140,9 @@ def claim_experiment(
         job = locked_job(s, job_id)
         if (
             job is None
-            or job.kind != "experiment"
+            or job.kind != JobKind.EXPERIMENT
             or not same_token(job.token, token)
-            or job.status not in ("queued", "running")
+            or job.status not in (JobStatus.QUEUED, JobStatus.RUNNING)
         ):
             raise Superseded(f"job {job_id} is not ours to run")
         node = s.get(Node, job.node_id)
@@ -168,7 +170,7 @@ def claim_sealed(settings: Settings, job_id: int, token: str) -> Job | None:
             job is None
             or job.kind not in SEALED
             or not same_token(job.token, token)
-            or job.status not in ("queued", "running")
+            or job.status not in (JobStatus.QUEUED, JobStatus.RUNNING)
         ):
             return None
         tries = int(job.outcome.get("tries", 0)) + 1
@@ -184,7 +186,7 @@ def job_of(settings: Settings, job_id: int, token: str) -> Job | None:
     """Return a job while this token is current and the job is running (a remote worker's right to call)."""
     with db.session(settings.db_url) as s:
         job = s.get(Job, job_id)
-        if job is None or not same_token(job.token, token) or job.status != "running":
+        if job is None or not same_token(job.token, token) or job.status != JobStatus.RUNNING:
             return None
         s.expunge(job)
         return job
@@ -281,7 +283,7 @@ class DbStore:
             better = [
                 number for number, dev_mean, verification in others
                 if dev_mean is not None and sign * dev_mean > sign * mean
-                and (verification or {}).get("decision") == "accept"
+                and (verification or {}).get("decision") == Decision.ACCEPT
             ]  # fmt: skip
             if better:
                 return f"n{better[0]} is better on dev and already a candidate"
@@ -304,7 +306,7 @@ class DbStore:
 
     def _job(self, s: Session) -> Job:
         job = locked_job(s, self.job_id)
-        if job is None or not same_token(job.token, self.token) or job.status != "running":
+        if job is None or not same_token(job.token, self.token) or job.status != JobStatus.RUNNING:
             raise Superseded(f"job {self.job_id} was taken over")
         return job
 
@@ -334,7 +336,7 @@ class DbStore:
             raise Refused(f"an experiment may not set {sorted(set(fields) - allowed)}")
         with db.session(self.settings.db_url) as s:
             job = self._job(s)
-            if job.kind != "experiment":
+            if job.kind != JobKind.EXPERIMENT:
                 raise Refused(f"job {job.id} is a {job.kind} job, not an experiment")
             node = self._node(s, job.node_id)
             for k, v in fields.items():
@@ -361,7 +363,7 @@ class DbStore:
 
     def finish_sealed(self, status: str, outcome: dict[str, Any]) -> str:
         """Record a sealed job's end unless someone else ended it meanwhile (a stop cancels it)."""
-        if status not in ("done", "failed"):
+        if status not in (JobStatus.DONE, JobStatus.FAILED):
             raise Refused(f"a sealed job ends done or failed, not {status!r}")
         with db.session(self.settings.db_url) as s:
             try:
@@ -487,7 +489,9 @@ class DbStore:
         with db.session(self.settings.db_url) as s:
             found = s.exec(
                 select(Job.id).where(
-                    Job.study_id == self.study_id, Job.kind == "baseline", Job.status == "running"
+                    Job.study_id == self.study_id,
+                    Job.kind == JobKind.BASELINE,
+                    Job.status == JobStatus.RUNNING,
                 )
             ).first()
             return found is not None
@@ -504,7 +508,7 @@ class DbStore:
             judged = spec.judged_metrics()
             runs = s.exec(
                 select(ReceiptRow.metrics).where(
-                    ReceiptRow.study_id == self.study_id, ReceiptRow.node_id == root.id, ReceiptRow.kind == "dev",
+                    ReceiptRow.study_id == self.study_id, ReceiptRow.node_id == root.id, ReceiptRow.kind == RunKind.DEV,
                     ReceiptRow.commit == study.base_commit, ReceiptRow.ok == True,  # noqa: E712
                 )
             ).all()  # fmt: skip
@@ -754,7 +758,7 @@ def record_verdict(
     gain: float | None = None,
 ) -> None:
     """Store a node's gate verdict with its event; a failed gate rejects the node (if nothing ended it first)."""
-    node.gated, node.gate_reason, node.gate_commit = True, reason, commit
+    node.gated, node.gate_passed, node.gate_reason, node.gate_commit = True, passed, reason, commit
     node.heldout_values, node.heldout_gain = values or [], gain
     s.add(node)
     add_event(s, node.study_id, "node.gate_passed" if passed else "node.gate_failed", node.id, passed=passed)
@@ -784,7 +788,7 @@ def _unrecorded(
     `latest`, a seed's last run counts (a retried job runs them again); without, any of its runs
     (jobs running side by side each measure trunk's next seeds).
     """
-    where = [which, ReceiptRow.kind == "test", col(ReceiptRow.ok)] + (
+    where = [which, ReceiptRow.kind == RunKind.TEST, col(ReceiptRow.ok)] + (
         [ReceiptRow.commit == commit] if commit else []
     )
     seen: dict[int, list[Any]] = {}

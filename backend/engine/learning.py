@@ -16,14 +16,16 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from sqlmodel import Session, col, delete, func, select
 
+from agents.learning.options import Method, Support, Teacher
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import LearningEvent, LearningJob, Trajectory, now
+from backend.core.states import JobStatus
 from backend.engine import jobstore
 from backend.engine.checker import Checker, TaskError, load_tasks
 from backend.engine.jobstore import Refused, Superseded, Unreachable
@@ -44,8 +46,8 @@ class DistillParams(BaseModel):
     model: str = ""  # a local Hugging Face model folder (config, weights, tokenizer)
     trajectories: str = ""  # a JSONL file from `grove export-trajectories`; empty: the study's own records
     tasks: str = ""  # a JSONL file of tasks with checkers (`backend/engine/checker.py`); on-policy only
-    method: Literal["sdpo", "canon"] = Field(default="sdpo", validation_alias=AliasChoices("method", "mode"))
-    teacher: Literal["ema", "trust_region", "frozen"] | None = None  # None: ema for SDPO, frozen for CANON
+    method: Method = Field(default=Method.SDPO, validation_alias=AliasChoices("method", "mode"))
+    teacher: Teacher | None = None  # None: ema for SDPO, frozen for CANON
     on_policy: bool = False
     rounds: int = Field(default=3, ge=1, le=100_000)
     samples: int = Field(default=4, ge=1, le=1024)
@@ -60,7 +62,7 @@ class DistillParams(BaseModel):
     opsa_a_max: float = Field(default=-0.5, le=0.0)
     rate: float = Field(default=0.05, ge=0.0, le=1.0)
     beta: float = Field(default=0.5, ge=0.0, le=1.0)
-    support: Literal["full", "topk", "sampled"] = "topk"
+    support: Support = Support.TOPK
     topk: int = Field(default=100, ge=1, le=1_000_000)
     steps: int = Field(default=20, ge=1, le=1_000_000)
     batch_size: int = Field(default=4, ge=1, le=1_000_000)
@@ -133,11 +135,11 @@ OPSA_ONLY = ("opsa_weight", "opsa_fraction", "opsa_a_min", "opsa_a_max")
 def _distill_problem(p: DistillParams) -> str:
     """Return why a distillation's parameters do not go together (naming the field), or ''."""
     given = p.model_fields_set
-    if p.method == "canon" and p.teacher not in (None, "frozen"):
+    if p.method == Method.CANON and p.teacher not in (None, Teacher.FROZEN):
         return (
             'params.teacher: CANON distils from a frozen snapshot: leave teacher unset or set it to "frozen"'
         )
-    if p.support == "sampled" and p.beta != 1.0:
+    if p.support == Support.SAMPLED and p.beta != 1.0:
         return (
             "params.beta: the sampled-token support is the reverse KL only: set beta = 1 (or another support)"
         )
@@ -151,7 +153,7 @@ def _distill_problem(p: DistillParams) -> str:
             return f"params.{name}: only an on-policy job samples: set on_policy = true"
     if p.tasks and p.trajectories:
         return "params.tasks: give the prompts as tasks or as trajectories, not both"
-    if p.on_policy and p.method == "canon" and p.samples < 2:
+    if p.on_policy and p.method == Method.CANON and p.samples < 2:
         return "params.samples: CANON's consensus needs at least 2 rollouts of each prompt"
     return ""
 
@@ -215,7 +217,7 @@ def submit(
             raise LearningJobError(
                 "params.trajectories: give a JSONL file, or a study whose trajectories to use"
             )
-        if checked.method == "canon" and not checked.on_policy:
+        if checked.method == Method.CANON and not checked.on_policy:
             if checked.trajectories:
                 groups = _by_prompt(_read_jsonl(Path(checked.trajectories), "trajectories"))
             else:
@@ -309,7 +311,7 @@ def claim(
         job = s.get(LearningJob, job_id)
         if job is None or (token is not None and not jobstore.same_token(job.token, token)):
             return None
-        if job.status not in ("done", "failed"):
+        if job.status not in (JobStatus.DONE, JobStatus.FAILED):
             job.status, job.started_at, job.host = "running", now(), host[:255]
             s.add(job)
             s.add(
@@ -400,7 +402,7 @@ def fail(settings: Settings, job_id: int, reason: str, token: str | None = None)
 
 def holds(job: LearningJob, token: str) -> bool:
     """Return whether a worker presenting `token` runs this job now."""
-    return job.status == "running" and jobstore.same_token(job.token, token)
+    return job.status == JobStatus.RUNNING and jobstore.same_token(job.token, token)
 
 
 def finite(value: Any) -> Any:
@@ -469,7 +471,7 @@ def _distill(settings: Settings, store: LearningStore, job: LearningJob, out: Pa
     model = AutoModelForCausalLM.from_pretrained(p.model, local_files_only=True, dtype=dtype)
     model = model.to(device)  # type: ignore[arg-type]  # transformers types `to` as a wrapped method
     cfg = SdpoConfig(
-        mode=p.method, teacher=p.teacher or ("frozen" if p.method == "canon" else "ema"), rate=p.rate,
+        mode=p.method, teacher=p.teacher or (Teacher.FROZEN if p.method == Method.CANON else Teacher.EMA), rate=p.rate,
         max_tokens=p.max_tokens, opsa_weight=p.opsa_weight if p.opsa else 0.0, opsa_fraction=p.opsa_fraction,
         opsa_a_min=p.opsa_a_min, opsa_a_max=p.opsa_a_max,
         distill=DistillConfig(beta=p.beta, support=p.support, topk=p.topk, is_clip=p.is_clip,
@@ -482,7 +484,7 @@ def _distill(settings: Settings, store: LearningStore, job: LearningJob, out: Pa
         history, result = _on_policy(settings, store, p, distiller, opt)
     else:
         records = [r for r in _records(store, p.trajectories) if r.get("rollout") and r.get("prompt")]
-        if p.method == "canon":
+        if p.method == Method.CANON:
             groups = [g for g in _by_prompt(records) if len(g) > 1]
             if not groups:
                 raise LearningJobError("params.method: CANON needs several rollouts of the same prompt")
@@ -607,7 +609,7 @@ def run(settings: Settings, job_id: int, store: LearningStore | None = None) -> 
     job = store.claim(*jobstore.host())
     if job is None:
         return "unknown job"
-    if job.status in ("done", "failed"):
+    if job.status in (JobStatus.DONE, JobStatus.FAILED):
         return job.status
     out = settings.data_dir / "learning" / f"job-{job_id}"
     out.mkdir(parents=True, exist_ok=True)

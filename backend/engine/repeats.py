@@ -14,9 +14,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from agents.spec import Spec
+from agents.spec import Judge, Spec
 from agents.tree.sequential import Plan, Step, worth_racing
 from agents.tree.stats import same_every_seed
+from agents.tree.status import StudyStatus
 from agents.verify.constraints import ConstraintRule, Verdict, verify_all
 from backend.core.config import Settings
 from backend.core.gitops import Repo
@@ -126,7 +127,7 @@ def _await_baseline(store: JobStore, now: Study, spec: Spec) -> Study:
     slot) is not waited for, nor is a study that stopped.
     """
     deadline = time.monotonic() + spec.evaluate.timeout * spec.evaluate.repeats
-    while not now.baseline_dev and now.status == "running" and time.monotonic() < deadline:
+    while not now.baseline_dev and now.status == StudyStatus.RUNNING and time.monotonic() < deadline:
         if not store.baseline_running():
             return store.study()  # ended just now (read its values), or not running: judge without
         time.sleep(POLL)
@@ -135,7 +136,9 @@ def _await_baseline(store: JobStore, now: Study, spec: Spec) -> Study:
 
 
 def _violates(spec: Spec, receipts: list[evaluation.Receipt]) -> bool:
-    rules = [ConstraintRule(c.name, c.metric, c.min, c.max) for c in spec.constraints if c.judge == "metric"]
+    rules = [
+        ConstraintRule(c.name, c.metric, c.min, c.max) for c in spec.constraints if c.judge == Judge.METRIC
+    ]
     results = verify_all(rules, [(i, r.metrics or {}) for i, r in enumerate(receipts)])
     return any(r.verdict == Verdict.VIOLATED for r in results)
 

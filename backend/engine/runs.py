@@ -9,6 +9,7 @@ from agents.spec import Spec
 from backend.core.config import Settings
 from backend.core.gitops import Repo
 from backend.core.models import Study
+from backend.core.states import RunKind
 from backend.engine import environment, evaluation, twophase
 from backend.engine.jobstore import JobStore
 from backend.engine.workspace import isolation_of, limits_of, output_dir, sealed_paths, worktree_path
@@ -29,16 +30,16 @@ def run_repeats(
     seeds: range | None = None,
 ) -> list[evaluation.Receipt]:
     """Run the dev or test command `repeats` times (GROVE_SEED=0..n-1, or `seeds`) and store the receipts."""
-    if kind == "test" and spec.evaluate.two_phase:
+    if kind == RunKind.TEST and spec.evaluate.two_phase:
         return _run_two_phase(settings, store, repo, study, spec, worktree, commit, label, node_id, seeds)
-    command = spec.evaluate.dev if kind == "dev" else spec.evaluate.test
-    n = spec.evaluate.repeats if kind == "dev" else spec.gate.test_repeats
-    patterns = spec.files.protected + (spec.files.sealed if kind == "test" else [])
+    command = spec.evaluate.dev if kind == RunKind.DEV else spec.evaluate.test
+    n = spec.evaluate.repeats if kind == RunKind.DEV else spec.gate.test_repeats
+    patterns = spec.files.protected + (spec.files.sealed if kind == RunKind.TEST else [])
     fp = evaluation.fingerprint(worktree, patterns)
     # The evaluator's files (and, in a sealed run, the sealed files) are read-only in every run:
     # code under test cannot rewrite the labels, nor the evaluator for the next seed.
     present = repo.files_at(commit) + (
-        sealed_paths(repo, study, spec) if kind == "test" and study.sealed_commit else []
+        sealed_paths(repo, study, spec) if kind == RunKind.TEST and study.sealed_commit else []
     )
     readonly = tuple(globs.select(patterns, present)) if patterns else ()
     iso = environment.ensure(settings, study, spec, repo, commit, isolation_of(settings))
@@ -108,4 +109,4 @@ def _run_two_phase(
     finally:
         repo.remove_worktree(scored)
     store.add_receipts(node_id, [r.to_dict() for r in receipts])
-    return [r for r in receipts if r.kind == "test" or not r.ok]
+    return [r for r in receipts if r.kind == RunKind.TEST or not r.ok]

@@ -33,9 +33,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO
 
 from backend.engine import seccomp
 
@@ -97,11 +98,18 @@ class Limits:
     network: bool = False
 
 
+class Boxing(StrEnum):
+    """Whether commands run in bubblewrap's namespaces or, on a machine without them, unboxed."""
+
+    BWRAP = "bwrap"
+    NONE = "none"
+
+
 @dataclass(frozen=True)
 class Isolation:
     """How commands are boxed on this machine (from Grove's settings, never from a spec)."""
 
-    mode: Literal["bwrap", "none"] = "bwrap"
+    mode: Boxing = Boxing.BWRAP
     bwrap: str = "bwrap"
     binds: tuple[str, ...] = ()  # extra read-only paths (a toolchain outside /usr)
     passthrough: tuple[str, ...] = ()  # extra variable names a box gets (never secret-looking ones)
@@ -130,7 +138,7 @@ class Isolation:
     @property
     def boxed(self) -> bool:
         """Return whether commands run in namespaces."""
-        return self.mode != "none"
+        return self.mode != Boxing.NONE
 
 
 @dataclass

@@ -22,6 +22,7 @@ from agents.coordinator.ports import Pending
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Job, Node, Study
+from backend.core.states import JobKind, JobStatus
 from backend.engine import environment
 from backend.engine.gatekeeper import BaselineError, LocalGatekeeper, SealedRunner
 from backend.engine.jobstore import SEALED, DbStore, Superseded, Unreachable
@@ -52,13 +53,16 @@ def _run(site: Site, job_id: int, token: str) -> str:
     outcome: dict[str, object] = {"tries": tries}
     if tries > MAX_TRIES:
         reason = f"its worker died {MAX_TRIES} times (time limit, memory?)"
-        if job.kind == "gate":
+        if job.kind == JobKind.GATE:
             store.gate_crashed(reason)
         return store.finish_sealed("failed", {**outcome, "reason": reason})
     try:
         runner = SealedRunner(site.settings, store, site.repo(store.study(), job_id, token, sealed=True))
-        if job.kind in ("baseline", "heldout"):  # the dev runs the study waits for; then, beside it, held-out
-            runner.baseline(dev=job.kind == "baseline", heldout=job.kind == "heldout")
+        if job.kind in (
+            JobKind.BASELINE,
+            JobKind.HELDOUT,
+        ):  # the dev runs the study waits for; then, beside it, held-out
+            runner.baseline(dev=job.kind == JobKind.BASELINE, heldout=job.kind == JobKind.HELDOUT)
         else:
             outcome["passed"] = runner.gate(job.node_id)
         status = "done"
@@ -69,7 +73,7 @@ def _run(site: Site, job_id: int, token: str) -> str:
     except Exception as exc:  # recorded with its reason: the coordinator must not wait forever
         traceback.print_exc()
         status, outcome["reason"] = "failed", f"{type(exc).__name__}: {exc}"[:2000]
-        if job.kind == "gate":
+        if job.kind == JobKind.GATE:
             store.gate_crashed(str(outcome["reason"]))
     return store.finish_sealed(status, outcome)
 
@@ -91,7 +95,10 @@ class SealedJobs:
             job = s.exec(select(Job).where(Job.node_id == node_id, Job.kind == kind)).first()
             if job is None:
                 job = Job(
-                    study_id=study_id, node_id=node_id, attempt=-1 if kind == "heldout" else 0, kind=kind
+                    study_id=study_id,
+                    node_id=node_id,
+                    attempt=-1 if kind == JobKind.HELDOUT else 0,
+                    kind=kind,
                 )
                 s.add(job)
                 s.flush()
@@ -117,12 +124,12 @@ class SealedJobs:
                 lifecycle.start(s, study_id)
         kind = "heldout" if st.baseline_dev else "baseline"
         job = self._job(study_id, st.trunk_node_id or 0, kind)
-        if job.status in ("done", "failed"):
+        if job.status in (JobStatus.DONE, JobStatus.FAILED):
             raise BaselineError(str(job.outcome.get("reason") or "the baseline job ended without a baseline"))
         # A running job is the reconciler's, should its worker die.
-        if job.status == "queued" and (kind == "baseline" or send_held_out):
+        if job.status == JobStatus.QUEUED and (kind == JobKind.BASELINE or send_held_out):
             self.submit(job.id or 0)
-        return Pending(job.id or 0, blocking=kind == "baseline")
+        return Pending(job.id or 0, blocking=kind == JobKind.BASELINE)
 
     def gate(self, study_id: int, node_id: int) -> bool | Pending:
         """Gate the node in a job; its verdict once the job has recorded one."""
@@ -136,7 +143,7 @@ class SealedJobs:
         if pending is not None:
             return Pending(pending.job_id)
         job = self._job(study_id, node_id, "gate")
-        if job.status in ("done", "failed"):
+        if job.status in (JobStatus.DONE, JobStatus.FAILED):
             _gate_crashed(
                 self.settings, study_id, node_id, str(job.outcome.get("reason") or "no verdict recorded")
             )

@@ -14,6 +14,7 @@ from backend.core import db
 from backend.core.config import Settings
 from backend.core.gitops import Repo, git
 from backend.core.models import Job, Study
+from backend.core.states import JobKind, JobStatus
 from backend.engine import sandbox
 
 
@@ -112,7 +113,7 @@ def isolation_of(settings: Settings) -> sandbox.Isolation:
         return tuple(p.strip() for p in value.split(",") if p.strip())
 
     return sandbox.Isolation(
-        mode=settings.sandbox,
+        mode=sandbox.Boxing(settings.sandbox),
         bwrap=settings.sandbox_bwrap,
         binds=items(settings.sandbox_bind),
         passthrough=items(settings.sandbox_env_passthrough),
@@ -145,13 +146,15 @@ def janitor(settings: Settings, max_age_hours: float | None = None) -> list[Path
     removed: list[Path] = []
     with db.session(settings.db_url) as s:
         studies = list(s.exec(select(Study)))
-        running = list(s.exec(select(Job).where(Job.status == "running")))
+        running = list(s.exec(select(Job).where(Job.status == JobStatus.RUNNING)))
         live = {f"n{j.node_id}-a{j.attempt}{end}" for j in running for end in ("", "-trunk")}
         # A running sealed job's worktrees (the baseline's dev or held-out one, or a gate's tests).
         live |= {
             {"baseline": "baseline-dev", "heldout": "baseline-test"}.get(j.kind, "") for j in running
         } - {""}
-        live |= {f"gate-n{j.node_id}{end}" for j in running if j.kind == "gate" for end in ("", "-trunk")}
+        live |= {
+            f"gate-n{j.node_id}{end}" for j in running if j.kind == JobKind.GATE for end in ("", "-trunk")
+        }
         live |= {f"{name}-score" for name in live}  # a two-phase test's scoring tree
     for st in studies:
         if not st.repo_path or not (Path(st.repo_path) / ".git").exists():

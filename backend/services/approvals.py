@@ -8,6 +8,7 @@ from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from backend.core.models import Approval, now
+from backend.core.states import ApprovalStatus
 
 
 def _open(node_id: int) -> Any:
@@ -44,7 +45,7 @@ def answer_of(s: Session, node_id: int) -> dict[str, Any] | None:
     if appr is None or not appr.decided_by:
         return None
     return {
-        "approved": appr.status in ("approving", "approved"),
+        "approved": appr.status in (ApprovalStatus.APPROVING, ApprovalStatus.APPROVED),
         "by": appr.decided_by,
         "reason": appr.reason,
     }

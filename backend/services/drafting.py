@@ -17,7 +17,7 @@ from typing import Any
 
 from agents import configfiles, globs, intake
 from agents.policies.llm.answers import json_object
-from agents.spec import SpecError, parse_spec
+from agents.spec import Level, SpecError, parse_spec
 from agents.speccheck import check_against_tree
 from backend.core import gitops
 
@@ -194,6 +194,6 @@ def _problem(c: intake.Choices, files: dict[str, str], key: str) -> str:
     issues = [
         i
         for i in check_against_tree(spec, list(files), files.__getitem__)
-        if i.level == "error" and key in i.key
+        if i.level == Level.ERROR and key in i.key
     ]
     return "; ".join(i.message for i in issues)[:300]

@@ -8,7 +8,8 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from agents.tree.fate import Facts, fate
+from agents.tree.fate import Facts, fate, rejection
+from agents.tree.status import Origin
 from backend.core.models import Node, Study
 from backend.services.records import spec_of
 
@@ -48,24 +49,43 @@ def node_fate(
 ) -> str:
     # refined_as, revisited_as: the numbers of the node's refine children and of the nodes revisiting it
     """Return a node's fate from its columns (a node summary's fields and `fate_columns`)."""
-    return fate(
-        Facts(
-            status=row["status"],
-            reason=row["status_reason"],
-            by=row["status_by"],
-            is_root=row["parent_id"] is None,
-            gain_lcb=row["gain_lcb"],
-            min_gain=min_gain,
-            decision=row["decision"] or "",
-            open_constraints=_names(row["open_constraints"]),
-            refined_as=tuple(refined_as),
-            gated=bool(row["gated"]),
-            gate_reason=row["gate_reason"],
-            failure=row["failure"],
-            on_trunk=row["base_commit"] == trunk_commit,
-            revisited_as=tuple(revisited_as),
-        )
+    return fate(facts(row, refined_as, trunk_commit, min_gain, revisited_as))
+
+
+def node_rejection(row: Mapping[str, Any]) -> str:
+    """Return why a node was rejected, from its columns ('' for a node that was not)."""
+    return str(rejection(facts(row, (), "", 0.0)) or "")
+
+
+def facts(
+    row: Mapping[str, Any],
+    refined_as: Sequence[int],
+    trunk_commit: str,
+    min_gain: float,
+    revisited_as: Sequence[int] = (),
+) -> Facts:
+    """Return what a node's fate is told from, out of its columns."""
+    return Facts(
+        status=row["status"],
+        reason=row["status_reason"],
+        by=row["status_by"],
+        is_root=row["parent_id"] is None,
+        gain_lcb=row["gain_lcb"],
+        min_gain=min_gain,
+        decision=row["decision"] or "",
+        open_constraints=_names(row["open_constraints"]),
+        refined_as=tuple(refined_as),
+        gated=bool(row["gated"]),
+        gate_reason=row["gate_reason"],
+        failure=row["failure"],
+        on_trunk=row["base_commit"] == trunk_commit,
+        revisited_as=tuple(revisited_as),
     )
+
+
+def rejection_of(n: Node) -> str:
+    """Return why one node was rejected ('' for a node that was not)."""
+    return node_rejection(_row(n))
 
 
 def fate_of(s: Session, n: Node) -> str:
@@ -79,8 +99,8 @@ def fate_of(s: Session, n: Node) -> str:
         )
         .order_by(col(Node.id))
     ).all()
-    refined = [num for origin, num in refs if origin == "refine"]
-    revisited = [num for origin, num in refs if origin == "revisit"]
+    refined = [num for origin, num in refs if origin == Origin.REFINE]
+    revisited = [num for origin, num in refs if origin == Origin.REVISIT]
     return node_fate(_row(n), refined, st.trunk_commit, spec_of(st).plateau.min_gain, revisited)
 
 

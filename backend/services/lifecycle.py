@@ -31,6 +31,7 @@ from backend.core.models import (
     Trajectory,
     now,
 )
+from backend.core.states import JobStatus
 from backend.services import memory
 from backend.services.records import add_event
 
@@ -103,7 +104,7 @@ def stop(s: Session, study_id: int, *, by: str) -> list[str]:
         )
         return []
     change(s, study_id, StudyStatus.STOPPING, "stopping", by=by)
-    jobs = s.exec(select(Job).where(Job.study_id == study_id, Job.status == "queued"))
+    jobs = s.exec(select(Job).where(Job.study_id == study_id, Job.status == JobStatus.QUEUED))
     return [j.task_id for j in jobs if j.task_id]
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from rank_bm25 import BM25Okapi  # type: ignore[import-untyped]
 from sqlmodel import Session, col, or_, select
 
+from agents.tree.status import NodeStatus
 from backend.core import gitops
 from backend.core.models import MemoryEntry, Node, Study
 from backend.services.records import latest_insight, spec_of
@@ -55,11 +56,13 @@ def remember(s: Session, study: Study) -> int:
 
     entries = []
     for n in nodes:
-        if n.status == "merged" and n.parent_id is not None:  # the root is the starting point, no finding
+        if (
+            n.status == NodeStatus.MERGED and n.parent_id is not None
+        ):  # the root is the starting point, no finding
             mechanism = str(n.hypothesis.get("mechanism", "")).strip()
             text = n.title + (f" — {mechanism}" if mechanism and mechanism not in n.title else "")
             entries.append(entry("finding", f"merged: {text}", [n.number], n.gain, _diff(n.diff_stats or {})))
-        elif n.status == "pruned":
+        elif n.status == NodeStatus.PRUNED:
             lesson = latest_insight(s, n.id or 0) or n.summary or n.failure
             entries.append(entry("lesson", f"pruned: {n.title}: {lesson[:600]}", [n.number], n.gain))
     for f in study.improvement_state.get("verified_findings", []):

@@ -49,4 +49,4 @@ def approval_opened(settings: Settings, study_id: int, node_id: int) -> None:
         # Only the kind of failure: the URL (in httpx's messages) may hold the webhook's secret.
         outcome = {"error": type(exc).__name__}
     with db.session(settings.db_url) as s:
-        add_event(s, study_id, "notify.failed" if "error" in outcome else "notify.sent", node_id, **outcome)
+        add_event(s, study_id, "notify.failed" if outcome.get("error") else "notify.sent", node_id, **outcome)

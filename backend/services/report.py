@@ -9,6 +9,7 @@ from pathlib import Path
 from sqlmodel import Session, col, select
 
 from agents.spec import Spec
+from agents.tree.status import NodeStatus, StudyStatus
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Event, Node, ReceiptRow, Study
@@ -62,7 +63,7 @@ def ending(st: Study, spec: Spec, events: list[Event], spent: BudgetSpent) -> st
     paused = held[-1].payload if held and held[-1].type == "study.paused" else None
     why = str(paused.get("reason", "")) if paused else ""
     llm = _llm_budget(why, budget.usd, budget.tokens) if why.startswith("LLM budget spent") else ""
-    if st.status == "paused":
+    if st.status == StudyStatus.PAUSED:
         if llm:
             what = f"paused because {llm}"
         elif paused:
@@ -70,7 +71,7 @@ def ending(st: Study, spec: Spec, events: list[Event], spent: BudgetSpent) -> st
         else:
             what = "paused"
         return f"not ended: {what} (resume or stop it)"
-    if st.status not in ("finished", "failed"):
+    if st.status not in (StudyStatus.FINISHED, StudyStatus.FAILED):
         return f"not ended: the study is {st.status}"
     if reason.startswith("experiment budget spent"):
         return f"the experiment budget was spent ({spent.units} of {budget.experiments} units)"
@@ -86,7 +87,7 @@ def ending(st: Study, spec: Spec, events: list[Event], spent: BudgetSpent) -> st
         return f"{who} while paused because {llm}" if llm else who
     if reason.startswith("ideation failed:"):
         return f"a failure: {reason}"
-    if st.status == "failed":
+    if st.status == StudyStatus.FAILED:
         return f"a failure: {reason or 'no reason recorded'}"
     return reason or "no reason recorded"
 
@@ -112,7 +113,7 @@ def render(s: Session, study_id: int) -> str:
     spec = spec_of(st)
     spent = budget_spent(s, study_id, spec.evaluate.repeats)
     metric = spec.objective.metric
-    merged = [n for n in nodes if n.status == "merged" and n.parent_id is not None]
+    merged = [n for n in nodes if n.status == NodeStatus.MERGED and n.parent_id is not None]
     counts = Counter(n.status for n in nodes if n.parent_id is not None)
     dur = (st.finished_at - st.started_at).total_seconds() if st.finished_at and st.started_at else 0.0
     eval_seconds = sum(r.duration for r in receipts)
@@ -187,7 +188,7 @@ def render(s: Session, study_id: int) -> str:
             f"| n{n.number} | n{number.get(n.parent_id, '?')} | {n.title} | {n.dev_mean:.4f} | "
             f"{n.gain:+.4f} ({n.gain_lcb:+.4f}) | {fate[n.id or 0]} |"
         )
-    turned = [n for n in nodes if n.status == "rejected" and n.status_by and n.status_by != "auto"]
+    turned = [n for n in nodes if n.status == NodeStatus.REJECTED and n.status_by and n.status_by != "auto"]
     if turned:
         lines += [
             "",

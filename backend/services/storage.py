@@ -21,9 +21,10 @@ from agents.coordinator.records import RecordIndex, Records
 from agents.policies.base import NodeEvidence, Proposal
 from agents.tree import pruning
 from agents.tree.insights import InsightUpdate
-from agents.tree.status import ACTIVE, TERMINAL, NodeStatus, StudyStatus
+from agents.tree.status import ACTIVE, TERMINAL, NodeStatus, Origin, StudyStatus
 from backend.core import db, gitops
 from backend.core.models import InsightVersion, Job, LlmCall, Node, ReceiptRow, Study, Trajectory, now
+from backend.core.states import JobKind, RunKind
 from backend.services import lifecycle, memory
 from backend.services.records import add_event, add_insight, spec_of, transition
 
@@ -67,14 +68,14 @@ def node_records(s: Session, study_id: int) -> list[NodeRecord]:
     last_job: dict[int, int] = {}  # node -> the job of its latest attempt
     for job_id, node_id, _ in s.exec(
         select(Job.id, Job.node_id, Job.attempt)
-        .where(Job.study_id == study_id, Job.kind == "experiment")
+        .where(Job.study_id == study_id, Job.kind == JobKind.EXPERIMENT)
         .order_by(col(Job.attempt))
     ):
         last_job[node_id] = job_id or 0
     receipts: dict[int, list[tuple[int, dict[str, Any]]]] = {}
     for rid, of_node, of_job, metrics in s.exec(
         select(ReceiptRow.id, ReceiptRow.node_id, ReceiptRow.job_id, ReceiptRow.metrics)
-        .where(ReceiptRow.study_id == study_id, ReceiptRow.kind == "dev", ReceiptRow.ok == True)  # noqa: E712
+        .where(ReceiptRow.study_id == study_id, ReceiptRow.kind == RunKind.DEV, ReceiptRow.ok == True)  # noqa: E712
         .order_by(col(ReceiptRow.id))
     ):
         if of_node is not None and (of_node not in last_job or of_job in (last_job[of_node], None)):
@@ -193,7 +194,7 @@ class RecordCache:
         for jid, nid, attempt in s.exec(
             recent(
                 select(Job.id, Job.node_id, Job.attempt).where(
-                    Job.study_id == study_id, Job.kind == "experiment"
+                    Job.study_id == study_id, Job.kind == JobKind.EXPERIMENT
                 ),
                 Job.created_at,
             )
@@ -208,7 +209,7 @@ class RecordCache:
             recent(
                 select(ReceiptRow.id, ReceiptRow.node_id, ReceiptRow.job_id, ReceiptRow.metrics).where(
                     ReceiptRow.study_id == study_id,
-                    ReceiptRow.kind == "dev",
+                    ReceiptRow.kind == RunKind.DEV,
                     ReceiptRow.ok == True,  # noqa: E712
                 ),
                 ReceiptRow.created_at,
@@ -260,7 +261,7 @@ class RecordCache:
         if own.jobs:
             for jid, nid, attempt in s.exec(
                 select(Job.id, Job.node_id, Job.attempt).where(
-                    col(Job.node_id).in_(sorted(own.jobs)), Job.kind == "experiment"
+                    col(Job.node_id).in_(sorted(own.jobs)), Job.kind == JobKind.EXPERIMENT
                 )
             ):
                 if attempt >= self.last_job.get(nid, (-1, 0))[0]:
@@ -331,9 +332,7 @@ def _record(
     assert node.id is not None
     mine = receipts.get(node.id, []) if node.dev_values else []
     # A node that passed the gate but was not yet moved on is still a candidate (replay).
-    passed_unread = (
-        node.gated and node.status == NodeStatus.EVALUATED and node.gate_reason.startswith("passed")
-    )
+    passed_unread = node.gate_passed and node.status == NodeStatus.EVALUATED
     job = last_job.get(node.id)
     evidence = NodeEvidence(
         id=node.id,
@@ -424,7 +423,7 @@ def inherit(s: Session, st: Study, node: Node) -> dict[str, Any]:
     node it revisits the same way (it hangs under trunk). A conflict with trunk leaves the node on
     trunk, with the conflict told to the executor to resolve.
     """
-    source = node.origin_ref if node.origin == "revisit" else node.parent_id
+    source = node.origin_ref if node.origin == Origin.REVISIT else node.parent_id
     parent = s.get(Node, source) if source is not None else None
     if (
         parent is None
@@ -442,7 +441,7 @@ def inherit(s: Session, st: Study, node: Node) -> dict[str, Any]:
         "diff": repo.diff(parent.base_commit or st.trunk_commit, parent.commit)[:DIFF_CHARS],
         "effect": _effect(parent),
     }
-    if node.origin == "refine":
+    if node.origin == Origin.REFINE:
         out["goal"] = str((parent.verification or {}).get("reason", "")) or "meet its open constraints"
     try:
         out["commit"] = repo.merge_onto(
@@ -483,7 +482,7 @@ def budget_spent(s: Session, study_id: int, repeats: int) -> BudgetSpent:
     """
     jobs, extra = s.exec(
         select(func.count(col(Job.id)), func.coalesce(func.sum(Job.extra_runs), 0)).where(
-            Job.study_id == study_id, Job.kind == "experiment"
+            Job.study_id == study_id, Job.kind == JobKind.EXPERIMENT
         )
     ).one()
     return BudgetSpent(int(jobs), int(extra), max(1, repeats))
@@ -586,7 +585,9 @@ class SqlStorage:
             if key not in self._maps:  # what trunk's dev evaluation printed (dev only: never a sealed run)
                 out = s.exec(
                     select(ReceiptRow.stdout_tail)
-                    .where(ReceiptRow.node_id == st.trunk_node_id, ReceiptRow.kind == "dev", ReceiptRow.ok)
+                    .where(
+                        ReceiptRow.node_id == st.trunk_node_id, ReceiptRow.kind == RunKind.DEV, ReceiptRow.ok
+                    )
                     .order_by(col(ReceiptRow.id).desc())
                     .limit(1)
                 ).first()
@@ -650,7 +651,7 @@ class SqlStorage:
         with db.session(self.url) as s:
             existing = s.exec(
                 select(Node)
-                .where(Node.study_id == study_id, Node.round_no == round_no, Node.origin != "human")
+                .where(Node.study_id == study_id, Node.round_no == round_no, Node.origin != Origin.HUMAN)
                 .where(Node.parent_id != None)  # noqa: E711
             ).all()
             if existing:

@@ -15,7 +15,7 @@ from sqlmodel import Session, select
 
 from agents import globs
 from agents.policies import registry
-from agents.spec import Spec, SpecError, SpecIssue, format_key, parse_spec
+from agents.spec import Level, Spec, SpecError, SpecIssue, format_key, parse_spec
 from agents.speccheck import check_against_tree
 from agents.tree.status import NodeStatus, StudyStatus
 from backend.core import cloning, gitops, localmodel
@@ -53,7 +53,7 @@ def check_spec(
         at = repo.rev("HEAD")
     issues += check_against_tree(spec, repo.files_at(at), lambda p: repo.read_followed(at, p))
     issues += _linked_targets(spec, repo, at)
-    errors = [i for i in issues if i.level == "error"]
+    errors = [i for i in issues if i.level == Level.ERROR]
     if errors:
         raise SpecError(errors, source)
     if warnings is not None:
@@ -157,7 +157,7 @@ def uncommitted(source_repo: str) -> list[SpecIssue]:
     return [
         SpecIssue(
             key="",
-            level="warning",
+            level=Level.WARNING,
             message=f"the working tree differs from the last commit in {shown}: Grove studies the commit "
             "(values, the evaluator and the files all come from it); commit the changes to include them",
         )

@@ -6,6 +6,7 @@ from typing import Any
 
 from sqlmodel import col, select
 
+from agents.tree.status import NodeStatus
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Job, Node, Trajectory
@@ -23,7 +24,7 @@ def export_records(settings: Settings, study_id: int) -> list[dict[str, Any]]:
             assert node is not None and job is not None
             outcome = job.outcome.get("status", job.status)
             result = f"outcome: {outcome}"
-            if node.dev_values and outcome == "evaluated":
+            if node.dev_values and outcome == NodeStatus.EVALUATED:
                 result += f"; dev mean {node.dev_mean:.6g} over {node.dev_n} runs"
             if job.outcome.get("detail") or job.outcome.get("reason"):
                 result += f"; {job.outcome.get('detail') or job.outcome['reason']}"

@@ -13,6 +13,7 @@ from agents.spec import Spec
 from backend.core import db, locks
 from backend.core.config import Settings
 from backend.core.models import Job, Study
+from backend.core.states import JobKind, JobStatus
 from backend.engine import jobstore
 from backend.services.records import spec_of
 
@@ -77,7 +78,7 @@ class CeleryDispatcher:
         """Send the job's task (safe to repeat: an attempt keeps its task id, and the task is idempotent)."""
         with db.session(self.settings.db_url) as s:
             job = jobstore.locked_job(s, job_id)  # two sends of one job at once agree on its token
-            if job is None or job.status not in ("queued", "running"):
+            if job is None or job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
                 return
             study = s.get(Study, job.study_id)
             assert study is not None
@@ -93,7 +94,7 @@ class CeleryDispatcher:
         hard = job_seconds(spec, kind) + self.settings.task_margin_seconds
         soft = hard - min(30, self.settings.task_margin_seconds // 2)
         self.app.send_task(
-            f"{queue}.{'experiment' if kind == 'experiment' else 'sealed'}",
+            f"{queue}.{'experiment' if kind == JobKind.EXPERIMENT else 'sealed'}",
             args=[job_id, token, study_id],
             task_id=task_id,
             time_limit=min(hard, self.settings.visibility_timeout - 60),
@@ -103,7 +104,9 @@ class CeleryDispatcher:
 
 def job_seconds(spec: Spec, kind: str) -> int:
     """Return the longest a job of `kind` may need by its spec, before the margin."""
-    if kind != "experiment":  # baseline: dev and test runs; gate: up to 3x the test seeds, 2x more on trunk
+    if (
+        kind != JobKind.EXPERIMENT
+    ):  # baseline: dev and test runs; gate: up to 3x the test seeds, 2x more on trunk
         return int(spec.evaluate.timeout * (spec.evaluate.repeats + 5 * spec.gate.test_repeats))
     seconds = spec.evaluate.timeout * spec.evaluate.repeats  # the dev runs after the change
     if spec.capabilities.calls_model:

@@ -30,6 +30,7 @@ from backend.core.config import Settings, get_settings
 from backend.core.gitops import GitError
 from backend.core.locks import Busy, client, coalesced, lease
 from backend.core.models import Job, Study, now
+from backend.core.states import JobStatus
 from backend.engine import driver, experiment, housekeeping, learning, sandbox, sealed, workspace
 from backend.engine.driver import Driver
 from backend.engine.jobstore import Superseded, Unreachable
@@ -399,10 +400,12 @@ def reconcile() -> dict[str, int]:
         jobs = list(s.exec(select(Job).where(col(Job.status).in_(["queued", "running"]))))
         # A job is lost only when nothing holds it: no worker's lease, and, while queued, no message
         # of its attempt waiting in a queue (a job waiting for a free slot is not lost, however long).
-        waiting = waiting_tasks(r) if any(j.status == "queued" for j in jobs) else set()
+        waiting = waiting_tasks(r) if any(j.status == JobStatus.QUEUED for j in jobs) else set()
         for job in jobs:
             age = (now() - (job.started_at or job.created_at)).total_seconds()
-            held = r.exists(f"grove:job:{job.id}") or (job.status == "queued" and job.task_id in waiting)
+            held = r.exists(f"grove:job:{job.id}") or (
+                job.status == JobStatus.QUEUED and job.task_id in waiting
+            )
             # A re-sent duplicate is harmless (job lease + status check) but not free: once per 5 min.
             if (
                 not held

@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from client import ApiError, Unreachable
+from client.models import ApprovalStatus
 from frontend import decisions, ui
 
 REFRESH = "5s"
@@ -34,7 +35,7 @@ def page() -> None:
             decisions.card(api, a, names.get(a["study_id"], str(a["study_id"])))
 
     waiting()
-    decided = [a for a in api.approvals(study_id, state="all") if a["status"] != "pending"]
+    decided = [a for a in api.approvals(study_id, state="all") if a["status"] != ApprovalStatus.PENDING]
     if decided:
         st.subheader("Decided")
         st.dataframe(

@@ -8,7 +8,7 @@ from typing import Any
 import streamlit as st
 
 from client import Grove
-from client.models import NodeDetail
+from client.models import NodeDetail, NodeStatus
 from frontend import decisions, timeline, ui, verdicts
 
 
@@ -162,7 +162,7 @@ def curves(api: Grove, n: NodeDetail, sid: int) -> None:
 
 def live_output(api: Grove, n: NodeDetail, sid: int) -> None:
     """While the node runs, tail its newest output every 2 s (its dev runs and executor commands)."""
-    if n["status"] not in ("queued", "running"):
+    if n["status"] not in (NodeStatus.QUEUED, NodeStatus.RUNNING):
         return
 
     @st.fragment(run_every="2s")
@@ -172,7 +172,7 @@ def live_output(api: Grove, n: NodeDetail, sid: int) -> None:
         )
         chosen = stream or "stdout"
         out = api.live(sid, n["id"], chosen)
-        if out["status"] not in ("queued", "running"):
+        if out["status"] not in (NodeStatus.QUEUED, NodeStatus.RUNNING):
             st.rerun()  # it finished: show the whole page as it now is
         if not out["run"]:
             st.caption(out["note"])
@@ -202,7 +202,7 @@ def page() -> None:
     n = api.node(sid, nid)
     header(n, sid)
     ui.recall("decisions")
-    if n["status"] == "awaiting_approval":
+    if n["status"] == NodeStatus.AWAITING_APPROVAL:
         for a in api.approvals(sid):
             if a["node_id"] == nid:
                 st.warning(f"**n{n['number']} waits for your decision**: it passed the held-out gate.")

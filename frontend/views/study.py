@@ -11,7 +11,7 @@ import streamlit as st
 import streamlit.components.v1 as components
 
 from client import ApiError, Grove, Unreachable
-from client.models import NodeSummary, Progress, Study, Tree
+from client.models import NodeStatus, NodeSummary, Progress, RunKind, Study, StudyStatus, Tree
 from frontend import charts, decisions, palette, timeline, tree_explorer, ui, verdicts
 
 REFRESH = "3s"
@@ -49,9 +49,11 @@ def act(action: Callable[[], str], where: str = "controls") -> None:
 def controls(api: Grove, s: Study) -> None:
     sid, status = s["id"], s["status"]
     cols = st.columns(6)
-    if cols[0].button("Pause", key="pause", disabled=status not in ("created", "running")):
+    if cols[0].button(
+        "Pause", key="pause", disabled=status not in (StudyStatus.CREATED, StudyStatus.RUNNING)
+    ):
         act(lambda: f"paused: status is now {api.control(sid, 'pause')['status']}")
-    if cols[1].button("Resume", key="resume", disabled=status != "paused"):
+    if cols[1].button("Resume", key="resume", disabled=status != StudyStatus.PAUSED):
         act(lambda: f"resumed: status is now {api.control(sid, 'resume')['status']}")
     with cols[2].popover("Stop", disabled=status in (*ui.FINISHED, "stopping")):
         st.write("Stop the study? Running experiments are cancelled and it finishes with its trunk as it is.")
@@ -83,11 +85,11 @@ def awaiting(api: Grove, s: Study) -> None:
         spent = s["experiments_used"] >= s["experiments_budget"]
         then = (
             "The study is paused: it explores again once you resume it, decided or not."
-            if s["status"] == "paused"
+            if s["status"] == StudyStatus.PAUSED
             else "Its experiment budget is spent: it finishes once you decide."
-            if spent and s["status"] == "running"
+            if spent and s["status"] == StudyStatus.RUNNING
             else f"The study is {s['status']}: nothing else runs until you decide."
-            if s["status"] != "running"
+            if s["status"] != StudyStatus.RUNNING
             else "The study keeps exploring on the current trunk meanwhile."
         )
         st.warning(
@@ -381,7 +383,7 @@ def steer(api: Grove, s: Study, nodes: list[NodeSummary]) -> None:
     if s["status"] in ui.FINISHED:
         st.caption(f"The study is {s['status']}: nothing more can be added or pruned.")
         return
-    open_nodes = [n for n in nodes if n["status"] not in ("pruned", "cancelled")]
+    open_nodes = [n for n in nodes if n["status"] not in (NodeStatus.PRUNED, NodeStatus.CANCELLED)]
     labels = node_labels(open_nodes)
     with st.expander("Add a hypothesis under a node", expanded="msg:hyp" in st.session_state):
         with st.form("hypothesis", clear_on_submit=False):
@@ -486,7 +488,7 @@ def compare(api: Grove, s: Study, measured: list[NodeSummary]) -> None:
                 f"dev gain {ui.fmt(n['gain'], True)} (LCB {ui.fmt(n['gain_lcb'], True)})  \n"
                 f"held-out gain {ui.fmt(n['heldout_gain'], True)}"
             )
-            runs = [(r["metrics"] or {}).get(s["metric"]) for r in n["receipts"] if r["kind"] == "dev"]
+            runs = [(r["metrics"] or {}).get(s["metric"]) for r in n["receipts"] if r["kind"] == RunKind.DEV]
             st.caption(f"{len(runs)} dev runs: " + ", ".join(ui.fmt(v) for v in runs))
             st.code(n["diff"] or "(no change)", language="diff")
 
@@ -554,7 +556,7 @@ def page() -> None:
     st.caption(
         f"{s['status']}{' — ' + s['stop_reason'] if s['stop_reason'] else ''} · {s['policy']} policy · gate {s['gate_mode']} (margin {s['margin']:g}) · {s['goal']}"
     )
-    if s["status"] == "failed":
+    if s["status"] == StudyStatus.FAILED:
         failed(s)
     controls(api, s)
     ui.recall("decisions")

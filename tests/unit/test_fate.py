@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agents.tree.fate import Facts, fate
+from agents.tree.fate import Facts, Rejection, fate, rejection
 
 
 def test_each_fate_reads_as_one_line() -> None:
@@ -31,3 +31,26 @@ def test_each_fate_reads_as_one_line() -> None:
     for facts, line in cases.items():
         assert fate(facts) == line, facts
         assert "\n" not in line
+
+
+def test_each_rejection_is_told_from_fields_and_agrees_with_the_fate() -> None:
+    cases = {
+        Facts("rejected", reason="too risky", by="ada", gated=True, gate_reason="passed"): Rejection.HUMAN,
+        Facts(
+            "rejected", decision="refine", open_constraints=("size",), refined_as=(7,)
+        ): Rejection.CONSTRAINT,
+        Facts("rejected", decision="restart", open_constraints=("size", "ram")): Rejection.CONSTRAINT,
+        Facts(
+            "rejected", gated=True, gate_reason="failed: held-out gain 0.1 below margin 0.5"
+        ): Rejection.GATE,
+        Facts("rejected", reason="trunk moved since the gate ran"): Rejection.DEV,
+        Facts("rejected", by="auto", failure="a protected file changed"): Rejection.DEV,
+        Facts("rejected"): Rejection.CONSTRAINT,  # its fate: "rejected: constraints not met"
+    }
+    words = {Rejection.HUMAN: "rejected by ", Rejection.CONSTRAINT: "constraint", Rejection.GATE: "held-out gate: ",
+             Rejection.DEV: "rejected: "}  # fmt: skip
+    for facts, want in cases.items():
+        assert rejection(facts) == want, facts
+        assert words[want] in fate(facts), facts
+    assert rejection(Facts("evaluated", gated=True, gate_reason="passed")) is None
+    assert rejection(Facts("rejected", is_root=True)) is None

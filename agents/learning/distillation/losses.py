@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
+
+from agents.learning.options import Support
 
 
 @dataclass(frozen=True)
 class DistillConfig:
     beta: float = 0.5  # 0: forward KL, 1: reverse KL, between: generalised JSD
-    support: Literal["full", "topk", "sampled"] = "topk"
+    support: Support = Support.TOPK
     topk: int = 100
     add_tail: bool = True
     is_clip: float | None = 2.0
@@ -72,12 +73,12 @@ def distill_loss(
     if sample_mask is not None:
         m = m * sample_mask.to(acc)[:, None]
     logp_y = logp.gather(-1, tokens[..., None]).squeeze(-1)
-    if cfg.support == "sampled":
+    if cfg.support == Support.SAMPLED:
         if cfg.beta != 1.0:
             raise ValueError("the sampled-token support is defined for the reverse KL only (beta = 1)")
         logq_y = logq.gather(-1, tokens[..., None]).squeeze(-1)
         per_token = (logp_y - logq_y).detach() * logp_y
-    elif cfg.support == "topk":
+    elif cfg.support == Support.TOPK:
         per_token = divergence(*topk_supports(logp, logq, cfg.topk, cfg.add_tail), cfg.beta)
     else:
         per_token = divergence(logp, logq, cfg.beta)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from agents.learning.distillation.sdpo import SelfDistiller, consensus
+from agents.learning.options import Method
 
 # A prompt's checker: the rollout's text -> (passed, textual feedback); None: use stored feedback.
 Checker = Callable[[str], tuple[bool, str]]
@@ -149,7 +150,7 @@ def run_round(
         temperature,
         chunk=batch_size,
     )
-    give_feedback(rollouts, canon=distiller.cfg.mode == "canon")
+    give_feedback(rollouts, canon=distiller.cfg.mode == Method.CANON)
     batch_all = records(rollouts)
     if not batch_all:
         raise ValueError("every rollout of the round was empty")

@@ -17,7 +17,7 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,6 +25,7 @@ from torch import nn
 from agents.learning.distillation.losses import DistillConfig, distill_loss, divergence
 from agents.learning.distillation.opsa import opsa_advantages, opsa_loss
 from agents.learning.distillation.teacher import EmaTeacher, trust_region_logits
+from agents.learning.options import Method, Teacher
 
 FEEDBACK_HEADER = "\n\nFeedback on an earlier attempt:\n"
 CONSENSUS_HEADER = "\n\nAn answer most attempts agreed on:\n"
@@ -144,8 +145,8 @@ def _rollout_logits(
 
 @dataclass
 class SdpoConfig:
-    mode: Literal["sdpo", "canon"] = "sdpo"
-    teacher: Literal["ema", "trust_region", "frozen"] = "ema"
+    mode: Method = Method.SDPO
+    teacher: Teacher = Teacher.EMA
     rate: float = 0.05  # EMA rate, or the trust-region mixing weight of the current model
     distill: DistillConfig = field(default_factory=DistillConfig)
     opsa_weight: float = 0.0  # > 0 adds OPSA's negative-advantage term on the student's own tokens
@@ -156,7 +157,7 @@ class SdpoConfig:
     header: str | None = None  # text before the privileged context; None: the mode's default
 
     def __post_init__(self) -> None:
-        if self.mode == "canon" and self.teacher != "frozen":
+        if self.mode == Method.CANON and self.teacher != Teacher.FROZEN:
             raise ValueError("CANON uses a frozen teacher snapshot: set teacher = 'frozen'")
 
 
@@ -165,9 +166,9 @@ class SelfDistiller:
 
     def __init__(self, student: nn.Module, tokenizer: Any, cfg: SdpoConfig) -> None:
         self.student, self.tokenizer, self.cfg = student, tokenizer, cfg
-        self.ema = EmaTeacher(student, cfg.rate) if cfg.teacher == "ema" else None
+        self.ema = EmaTeacher(student, cfg.rate) if cfg.teacher == Teacher.EMA else None
         self.reference: nn.Module | None = None
-        if cfg.teacher in ("trust_region", "frozen"):
+        if cfg.teacher in (Teacher.TRUST_REGION, Teacher.FROZEN):
             self.reference = copy.deepcopy(student).eval()
             for p in self.reference.parameters():
                 p.requires_grad_(False)
@@ -180,7 +181,7 @@ class SelfDistiller:
                 )
             assert self.reference is not None
             ref = _rollout_logits(self.reference, batch.teacher_ids, batch.teacher_mask, batch.teacher_pos)
-            if self.cfg.teacher == "frozen":
+            if self.cfg.teacher == Teacher.FROZEN:
                 return ref
             was_training = self.student.training
             self.student.eval()
@@ -191,7 +192,7 @@ class SelfDistiller:
     def _batch(self, records: Sequence[dict[str, Any]]) -> Batch:
         header = self.cfg.header
         if header is None:
-            header = CONSENSUS_HEADER if self.cfg.mode == "canon" else FEEDBACK_HEADER
+            header = CONSENSUS_HEADER if self.cfg.mode == Method.CANON else FEEDBACK_HEADER
         batch = build_batch(self.tokenizer, records, header, self.cfg.max_tokens)
         device = next(self.student.parameters()).device
         for name in batch.__dataclass_fields__:

@@ -42,6 +42,7 @@ from agents.policies.llm.ideas import Identity, identity, same
 from agents.policies.search import SearchPolicy
 from agents.policies.space import Space, fmt
 from agents.tree.insights import INSIGHT_CHARS, bounded
+from agents.tree.status import NodeStatus, Origin
 from agents.verify.state import ImprovementState, renumber
 
 
@@ -277,7 +278,9 @@ def shown_nodes(ctx: IdeationInput, limit: int = SHOWN_NODES) -> list[NodeEviden
     wanted += [n.id for n in measured[: limit // 3]] + [
         n.id for n in sorted(nodes, key=lambda n: -n.id)[: limit // 3]
     ]
-    wanted += [n.id for n in nodes if n.status in ("proposed", "queued", "running")]
+    wanted += [
+        n.id for n in nodes if n.status in (NodeStatus.PROPOSED, NodeStatus.QUEUED, NodeStatus.RUNNING)
+    ]
     keep: dict[int, None] = {}
     for i in wanted:
         for j in (i, by_id[i].parent_id if i in by_id else None):
@@ -549,7 +552,7 @@ class LlmPolicy:
             parents = [
                 n.number
                 for n in ctx.nodes
-                if n.status not in ("pruned", "cancelled") and ctx.takes_children(n)
+                if n.status not in (NodeStatus.PRUNED, NodeStatus.CANCELLED) and ctx.takes_children(n)
             ]
             needed = self.settings_only and space is not None
             schema = schemas.ideator(ctx.k, parents, space, needed)
@@ -561,12 +564,12 @@ class LlmPolicy:
             )
         except Unusable as exc:
             raise ModelError(f"the ideator's answer is not the requested JSON: {exc}") from exc
-        valid = {n.id: n for n in ctx.nodes if n.status not in ("pruned", "cancelled")}
+        valid = {n.id: n for n in ctx.nodes if n.status not in (NodeStatus.PRUNED, NodeStatus.CANCELLED)}
         # What is tried already: every node but the root and those cancelled before they ran.
         known: list[tuple[str, Identity]] = [
             (f"n{n.number} ({cut(n.title, 80)})", identity(n.title, n.mechanism, settings.of(n.id)))
             for n in ctx.nodes
-            if n.parent_id is not None and n.status != "cancelled"
+            if n.parent_id is not None and n.status != NodeStatus.CANCELLED
         ]
         refine = {r.node_id for r in ctx.refine}
         titles = {n.title.strip().lower(): n.number for n in ctx.nodes}
@@ -607,7 +610,7 @@ class LlmPolicy:
                 "expected_gain": f"{c.expected_gain:g}",  # the model's prediction, kept beside the realised gain
             }
             origin, ref = ("refine", c.parent_id) if c.parent_id in refine else ("policy", None)
-            if origin == "policy" and c.parent_id == root and restarts:
+            if origin == Origin.POLICY and c.parent_id == root and restarts:
                 origin, ref = "restart", restarts.pop(0)
             prior = prior_of(c.expected_gain, ctx.nodes, ctx.trunk_dev_mean)
             out.append(Proposal(c.parent_id, c.title, hyp, prior, edits, origin, ref))

@@ -12,13 +12,14 @@ from fastapi.responses import PlainTextResponse, Response
 from sqlmodel import Session, col, select
 
 from agents import configfiles
-from agents.tree.status import STUDY_ENDED, TERMINAL, StudyStatus
+from agents.tree.status import STUDY_ENDED, TERMINAL, NodeStatus, StudyStatus
 from backend.api import schemas, serializers
 from backend.api.deps import MAX_ID, CeleryDep, NodeId, Operator, Reader, SessionDep, SettingsDep, StudyId
 from backend.api.routes.studies import get_study
 from backend.core import gitops
 from backend.core.config import Settings
 from backend.core.models import Event, InsightVersion, Node, ReceiptRow
+from backend.core.states import RunKind
 from backend.engine import evaluation
 from backend.services import fates, treebody
 from backend.services.records import add_event, spec_of
@@ -40,7 +41,7 @@ def get_node(s: Session, study_id: int, node_id: int) -> Node:
 def tree(study_id: StudyId, s: SessionDep, settings: SettingsDep, who: Reader) -> Response:
     """Return every node of the study's tree."""
     st = get_study(s, study_id)
-    fields = [f for f in schemas.NodeSummary.model_fields if f != "fate"]
+    fields = [f for f in schemas.NodeSummary.model_fields if f not in ("fate", "rejection")]
     # Written as JSON directly from the database's tuples, not built into 5,000 models and validated
     # again; kept per node and rebuilt only where a node changed (`services/treebody.py`).
     return Response(treebody.tree_body(s, settings.db_url, st, fields), media_type="application/json")
@@ -71,7 +72,7 @@ def node_detail(study_id: StudyId, node_id: NodeId, s: SessionDep, who: Reader) 
     number = dict(s.exec(select(Node.id, Node.number).where(col(Node.id).in_(cited))).all()) if cited else {}
     history = s.exec(select(Event).where(Event.node_id == node_id).order_by(col(Event.id))).all()
     return schemas.NodeDetail(
-        **serializers.node_summary(n, fates.fate_of(s, n)).model_dump(),
+        **serializers.node_summary(n, fates.fate_of(s, n), fates.rejection_of(n)).model_dump(),
         hypothesis=n.hypothesis,
         edits=n.edits,
         base_commit=n.base_commit,
@@ -178,7 +179,7 @@ def add_hypothesis(
         origin="human",
         by=who.name,
     )
-    out = serializers.node_summary(node, fates.fate_of(s, node))
+    out = serializers.node_summary(node, fates.fate_of(s, node), fates.rejection_of(node))
     s.commit()
     nudge(celery, study_id)
     return out
@@ -231,9 +232,9 @@ def live_output(
     if not files:
         note = (
             "no output yet: the node has not run"
-            if n.status in ("proposed", "queued")
+            if n.status in (NodeStatus.PROPOSED, NodeStatus.QUEUED)
             else "no output here: it ran on a worker on another machine (its output arrives when each run ends)"
-            if n.status == "running"
+            if n.status == NodeStatus.RUNNING
             else "no stored output for this attempt"
         )
         return schemas.LiveOutput(
@@ -271,7 +272,7 @@ def node_curves(
     get_node(s, study_id, node_id)
     rows = s.exec(
         select(ReceiptRow)
-        .where(ReceiptRow.node_id == node_id, ReceiptRow.kind == "dev")
+        .where(ReceiptRow.node_id == node_id, ReceiptRow.kind == RunKind.DEV)
         .order_by(col(ReceiptRow.id))
     ).all()
     curves = []

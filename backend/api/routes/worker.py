@@ -31,6 +31,7 @@ from backend.api.deps import MAX_ID, SettingsDep, Worker
 from backend.core import db, gitops
 from backend.core.models import Node, Study
 from backend.core.security import SEALED_ROLE
+from backend.core.states import JobKind
 from backend.engine import jobstore
 from backend.engine.jobstore import CALLS, SEALED, DbStore, Refused, Superseded
 from backend.services.records import spec_of
@@ -62,12 +63,12 @@ class Held:
 
     def labels(self) -> set[str]:
         """Return the output folders this job's runs write (see `workspace.output_dir`)."""
-        if self.kind == "experiment":
+        if self.kind == JobKind.EXPERIMENT:
             own = f"n{self.node_id}-a{self.attempt}"
             return {own, f"{own}-trunk"}
-        if self.kind == "gate":
+        if self.kind == JobKind.GATE:
             return {f"gate-n{self.node_id}", f"gate-n{self.node_id}-trunk"}
-        return {"baseline-test"} if self.kind == "heldout" else {"baseline"}
+        return {"baseline-test"} if self.kind == JobKind.HELDOUT else {"baseline"}
 
 
 def _dump(row: Any) -> dict[str, Any]:
@@ -117,7 +118,12 @@ _STUDY_SEALED: dict[str, Any] = {
     "baseline_heldout": [],
     "trunk_heldout": [],
 }
-_NODE_SEALED: dict[str, Any] = {"heldout_values": [], "heldout_gain": None, "gate_reason": ""}
+_NODE_SEALED: dict[str, Any] = {
+    "heldout_values": [],
+    "heldout_gain": None,
+    "gate_reason": "",
+    "gate_passed": False,
+}
 
 
 def _public(study: Study, kind: str) -> dict[str, Any]:
