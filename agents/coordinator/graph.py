@@ -29,6 +29,7 @@ from agents.coordinator.configuration import CoordinatorConfig, CoordinatorConte
 from agents.coordinator.ports import Integration, NodeRecord, Pending, Storage, StudyView
 from agents.coordinator.records import RecordIndex, Records, index_of
 from agents.coordinator.state import CoordinatorState, Wait
+from agents.failures import SPENT, Blame
 from agents.llm.model import BudgetExhausted, ModelError
 from agents.policies import widen
 from agents.policies.base import IdeationInput, Judgement, NodeEvidence, Policy, RefineRequest
@@ -39,8 +40,8 @@ from agents.tree.insights import backpropagate
 from agents.tree.model import Tree, TreeNode
 from agents.tree.sequential import Plan
 from agents.tree.stats import gain_over, summarize
-from agents.tree.status import NodeStatus, Origin, StudyStatus
-from agents.verify.arex import Assessment, Decision, assess, blameless
+from agents.tree.status import NodeStatus, Origin, StopRule, StudyStatus
+from agents.verify.arex import Assessment, Decision, assess
 from agents.verify.constraints import ConstraintResult, ConstraintRule, Verdict, all_satisfied, verify_all
 from agents.verify.state import ImprovementState
 
@@ -101,6 +102,7 @@ def observe(
             return Command(goto="observe")  # a decision came in just now: apply it first
         storage.cancel_active(sid)
         stopped: dict[str, Any] = {"pending": [], "awaiting": None, "gating": None, "gate_job": None}
+        stopped["stop_rule"] = StopRule.USER.value
         return Command(update={"stop_reason": "stopped by user", **stopped}, goto="finish")
     if study.status == StudyStatus.PAUSED:
         interrupt({"kind": Wait.RESUME.value, "study_id": sid})
@@ -108,23 +110,26 @@ def observe(
     budget = study.spec.budget
     if study.spec.capabilities.calls_model and 0 < budget.usd <= study.usd_spent:
         storage.event(sid, "budget.exhausted", None, {"usd": study.usd_spent, "budget": budget.usd})
-        storage.pause(sid, f"LLM budget spent: ${study.usd_spent:.4g} of ${budget.usd:.4g}")
+        storage.pause(sid, f"LLM budget spent: ${study.usd_spent:.4g} of ${budget.usd:.4g}", Blame.USD)
         return Command(goto="observe")
-    reason = ""
+    reason, rule = "", ""
     if study.experiments_used >= budget.experiments:
-        reason = f"experiment budget spent ({budget.experiments})"
+        reason, rule = f"experiment budget spent ({budget.experiments})", StopRule.EXPERIMENTS.value
     elif study.elapsed_hours >= budget.hours:
-        reason = f"time budget spent ({budget.hours:g} h)"
+        reason, rule = f"time budget spent ({budget.hours:g} h)", StopRule.TIME.value
     elif study.plateau_level >= plateau.PlateauLevel.STOP:
         reason = f"plateau: {study.spec.plateau.stop} experiments without improvement"
+        rule = StopRule.PLATEAU.value
     if reason:
         if _unsent(state):
             return Command(goto="dispatch")  # nothing more to run but the held-out baseline: send it
         if pending or _sealed_running(state):
             return Command(goto="wait")
         if awaiting is not None:  # the last thing left to do
-            return Command(update={"stop_reason": reason, "awaiting": awaiting}, goto="approve")
-        return Command(update={"stop_reason": reason}, goto="finish")
+            return Command(
+                update={"stop_reason": reason, "stop_rule": rule, "awaiting": awaiting}, goto="approve"
+            )
+        return Command(update={"stop_reason": reason, "stop_rule": rule}, goto="finish")
     slots = min(budget.parallel - len(pending), budget.experiments - study.experiments_used)
     if slots > 0:
         return Command(update={"awaiting": awaiting}, goto="ideate")
@@ -166,7 +171,7 @@ def ideate(
             proposals = runtime.context.policy.ideate(ctx)
         except BudgetExhausted as exc:
             storage.event(sid, "budget.exhausted", None, {"reason": str(exc)})
-            storage.pause(sid, str(exc))
+            storage.pause(sid, str(exc), exc.blame)
             return Command(update={"round_no": round_no + 1}, goto="observe")  # the pause comes first
         except ModelError as exc:
             storage.event(sid, "llm.error", None, {"role": "ideator", "error": str(exc)[:1000]})
@@ -229,13 +234,21 @@ def select(
     if state.get("awaiting") is not None:
         return Command(goto="approve")  # nothing left to explore: the open approval decides what follows
     if state.get("ideation_error"):
-        return Command(update={"stop_reason": f"ideation failed: {state['ideation_error']}"}, goto="finish")
+        failed = {
+            "stop_reason": f"ideation failed: {state['ideation_error']}",
+            "stop_rule": StopRule.IDEATION.value,
+        }
+        return Command(update=failed, goto="finish")
     empty = state.get("empty_rounds", 0)
     if empty < EMPTY_ROUNDS and slots > 0:
         asks = {"round": state.get("round_no", 0), "asks_left": EMPTY_ROUNDS - empty}
         storage.event(sid, "ideation.empty", None, asks)
         return Command(update={"empty_rounds": empty + 1}, goto="observe")
-    return Command(update={"stop_reason": "frontier exhausted: nothing left to try"}, goto="finish")
+    exhausted = {
+        "stop_reason": "frontier exhausted: nothing left to try",
+        "stop_rule": StopRule.FRONTIER.value,
+    }
+    return Command(update=exhausted, goto="finish")
 
 
 def dispatch(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Command[Literal["wait"]]:
@@ -312,9 +325,9 @@ def integrate(
         storage.event(sid, "node.integrated", node_id, {"status": result.status})
         latest = storage.nodes(sid)
         records = index_of(latest).by_id
-        if rec.evidence.failure.startswith("BudgetExhausted:"):  # a call the budget could not cover
+        if rec.evidence.blame in SPENT:  # a call the budget could not cover
             storage.event(sid, "budget.exhausted", node_id, {"reason": rec.evidence.failure})
-            storage.pause(sid, rec.evidence.failure.removeprefix("BudgetExhausted: "))
+            storage.pause(sid, rec.evidence.failure.removeprefix("BudgetExhausted: "), rec.evidence.blame)
     metric = study.spec.objective.metric
     for node_id in sorted(node_ids):
         by_id = index_of(latest).by_id
@@ -472,7 +485,8 @@ def merge(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Comm
 
 def finish(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> dict[str, Any]:
     """Finalize the study with its stop reason; the graph ends here."""
-    runtime.context.gatekeeper.finalize(state["study_id"], state.get("stop_reason", "finished"))
+    rule = StopRule(state["stop_rule"]) if state.get("stop_rule") else None
+    runtime.context.gatekeeper.finalize(state["study_id"], state.get("stop_reason", "finished"), rule)
     return {}
 
 
@@ -595,7 +609,7 @@ def integrate_one(
     spec = study.spec
     if ev.status in (NodeStatus.FAILED, NodeStatus.REJECTED, NodeStatus.CANCELLED) or not rec.dev_values:
         recoverable = ev.status == NodeStatus.FAILED and rec.attempts < attempts_of(rec, config)
-        untested = ev.status == NodeStatus.FAILED and blameless(ev.failure)
+        untested = ev.status == NodeStatus.FAILED and ev.blame != Blame.IDEA
         a = assess(succeeded=False, recoverable=recoverable, improves=False, results=[], mechanism=ev.title,
                    no_evidence=untested)  # fmt: skip
         if not untested:
@@ -610,7 +624,7 @@ def integrate_one(
                 f"restart: n{ev.number} abandoned ({ev.failure[:120]}); exploration re-opens from the root, "
                 f"away from n{ev.number}'s branch"
             )
-        _refine_outcome(ev, "failed: " + (ev.failure[:120] or "no result"), istate, records)
+        _refine_outcome(ev, "failed: " + (ev.failure[:120] or "no result"), istate, records, resolved=False)
         status = ev.status if ev.status != NodeStatus.EVALUATED else NodeStatus.FAILED
         summary = policy.summarise(_with(ev, status=status), spec.objective.metric, None)
         verification: dict[str, Any] = {"decision": str(a.decision), "reason": a.reason}
@@ -678,7 +692,7 @@ def integrate_one(
             Decision.RESTART: "abandoned",
         }.get(a.decision, "gain lost: " + a.reason)
         verification["refine_outcome"] = outcome
-        _refine_outcome(ev, outcome, istate, records)
+        _refine_outcome(ev, outcome, istate, records, resolved=a.decision == Decision.ACCEPT)
     updated = _with(ev, status=status, gain=g.mean, gain_lcb=g.lcb, constraints=cons)
     summary = policy.summarise(updated, spec.objective.metric, records.get(ev.parent_id or -1, rec).evidence)
     return Integration(ev.id, str(status), g.mean, g.lcb, cons, verification, summary)
@@ -694,14 +708,19 @@ def base_dev(study: StudyView, rec: NodeRecord, records: dict[int, NodeRecord]) 
 
 
 def _refine_outcome(
-    ev: NodeEvidence, outcome: str, istate: ImprovementState, records: dict[int, NodeRecord]
+    ev: NodeEvidence,
+    outcome: str,
+    istate: ImprovementState,
+    records: dict[int, NodeRecord],
+    *,
+    resolved: bool,
 ) -> None:
     """Record what a refine child did to its source's open constraints in the improvement state."""
     if ev.origin != Origin.REFINE or ev.origin_ref is None:
         return
     source = records.get(ev.origin_ref)
     text = f"refine of n{source.evidence.number if source else '?'} by n{ev.number}: {outcome}"
-    if outcome.startswith("resolved"):
+    if resolved:
         istate.add_finding(text, [ev.origin_ref, ev.id])
     else:
         istate.concern(text)
@@ -715,7 +734,7 @@ def retries_of(records: list[NodeRecord], config: CoordinatorConfig) -> list[int
 
 def attempts_of(rec: NodeRecord, config: CoordinatorConfig) -> int:
     """Return the attempts a failed node may have: more while its failures are no evidence on its idea."""
-    return config.max_attempts + (config.blameless_attempts if blameless(rec.evidence.failure) else 0)
+    return config.max_attempts + (config.blameless_attempts if rec.evidence.blame != Blame.IDEA else 0)
 
 
 def retryable(rec: NodeRecord, config: CoordinatorConfig) -> bool:
@@ -917,7 +936,7 @@ PRUNED_LESSONS = 30  # the lessons of pruned branches an ideator reads at most
 def pruned_lessons(index: RecordIndex) -> list[str]:
     """Return the lessons of the latest pruned branches (their tops carry one), then other pruned nodes'."""
     pruned = index.status(NodeStatus.PRUNED)
-    chosen = [r for r in pruned if r.evidence.insight.startswith(pruning.LESSON_PREFIX)][-PRUNED_LESSONS:]
+    chosen = [r for r in pruned if r.evidence.lesson][-PRUNED_LESSONS:]
     room = PRUNED_LESSONS - len(chosen)
     if room > 0:
         have = {r.evidence.id for r in chosen}

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agents.failures import Blame
 from agents.policies.base import NodeEvidence, Proposal
 from agents.spec import Spec
 from agents.tree.insights import InsightUpdate
+from agents.tree.status import StopRule
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ class Storage(Protocol):
 
     def cancel_active(self, study_id: int) -> None: ...
 
-    def pause(self, study_id: int, reason: str) -> None: ...
+    def pause(self, study_id: int, reason: str, spent: Blame) -> None: ...
 
 
 class Dispatcher(Protocol):
@@ -128,4 +130,4 @@ class Gatekeeper(Protocol):
 
     def withdraw(self, study_id: int, node_id: int, reason: str) -> bool: ...
 
-    def finalize(self, study_id: int, reason: str) -> None: ...
+    def finalize(self, study_id: int, reason: str, rule: StopRule | None) -> None: ...

@@ -33,6 +33,7 @@ class CoordinatorState(TypedDict, total=False):
     awaiting: int | None  # a gate-passed node whose approval is open while the study explores on
     approved_by: str  # who approved the gate node ("auto" in auto mode)
     stop_reason: str
+    stop_rule: str  # a StopRule's value: the rule that ended the study
     ideation_error: str  # the last ideation failure, reported if nothing is left to run
     empty_rounds: int  # rounds in a row that left nothing to run (asked again up to `EMPTY_ROUNDS`)
     dropped: list[dict[str, Any]]  # the latest dropped proposals: {"title", "reason", "round", "parent_id"}

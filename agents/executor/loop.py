@@ -300,7 +300,7 @@ def _text_turn(toolbox: Toolbox, turn: Turn, tr: Transcript) -> bool:
 
 def _act(toolbox: Toolbox, name: str, args: dict[str, Any], tr: Transcript, call_id: str | None) -> str:
     try:
-        obs = toolbox.call(name, args)
+        obs, ok = toolbox.act(name, args)
     except Submitted:
         tr.messages.append(
             {"role": "tool", "tool_call_id": call_id, "content": "finished"}
@@ -309,10 +309,10 @@ def _act(toolbox: Toolbox, name: str, args: dict[str, Any], tr: Transcript, call
         )
         raise
     if name == "evaluate_dev":
-        tr.dev_ok = obs.startswith("dev evaluation ok")
-    elif name in CHANGES_FILES and not obs.startswith(("error:", "refused:")):
+        tr.dev_ok = ok
+    elif name in CHANGES_FILES and ok:
         tr.dev_ok = False
-    if obs.startswith(("error:", "refused:")) or name in ("evaluate_dev", "run"):
+    if not ok or name in ("evaluate_dev", "run"):
         tr.feedback.append(f"{name}: {obs[:2000]}")
     return obs
 

@@ -11,7 +11,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import regex
 
@@ -37,12 +37,19 @@ class ToolRefused(Exception):
     """A tool call that breaks the rules; the message goes back to the model."""
 
 
+class Observation(NamedTuple):
+    """What a tool call gave back: the text the model reads, and whether the call did what it asked."""
+
+    text: str
+    ok: bool = True  # False: an error, a refusal, or a dev evaluation that failed
+
+
 class Runtime(Protocol):
     """Commands and dev evaluations, run by the host in its sandbox."""
 
     def run(self, command: str, timeout: float) -> tuple[int | None, str]: ...
 
-    def evaluate_dev(self) -> str: ...
+    def evaluate_dev(self) -> Observation: ...
 
     # A runtime may also offer `diff() -> str`: finish() then shows it once and asks for confirmation.
 
@@ -123,24 +130,32 @@ class Toolbox:
     _shown: bool = False  # finish() has shown the change once
 
     def call(self, name: str, args: dict[str, Any]) -> str:
-        """Run one tool and return its observation (refusals included)."""
+        """Run one tool and return the text of its observation (refusals included)."""
+        return self.act(name, args).text
+
+    def act(self, name: str, args: dict[str, Any]) -> Observation:
+        """Run one tool and return its observation, with whether it did what was asked."""
         fn = getattr(self, f"t_{name}", None)
         if fn is None:
-            return f"error: unknown tool {name!r}; tools are " + ", ".join(s["name"] for s in SCHEMAS)
+            return Observation(
+                f"error: unknown tool {name!r}; tools are " + ", ".join(s["name"] for s in SCHEMAS), False
+            )
         problem = check_arguments(name, args)
         if problem:
-            return f"error: bad arguments for {name}: {problem}"
+            return Observation(f"error: bad arguments for {name}: {problem}", False)
         try:
-            # File names need not be UTF-8: escape what would not survive the trip to the model.
-            return str(fn(**args)).encode("utf-8", "backslashreplace").decode("utf-8")
+            out = fn(**args)
         except Submitted:
             raise
         except ToolRefused as exc:
-            return f"refused: {exc}"
+            return Observation(f"refused: {exc}", False)
         except Exception as exc:  # whatever a tool raises is the model's observation, never the node's end
             if fatal(exc):  # but a worker's time limit ends the run
                 raise
-            return f"error: {name} failed: {type(exc).__name__}: {exc}"
+            return Observation(f"error: {name} failed: {type(exc).__name__}: {exc}", False)
+        text, ok = out if isinstance(out, Observation) else (str(out), True)
+        # File names need not be UTF-8: escape what would not survive the trip to the model.
+        return Observation(text.encode("utf-8", "backslashreplace").decode("utf-8"), ok)
 
     def _text(self, target: Path, rel: str) -> str:
         """Return a regular file's text, refusing FIFOs, devices and files too large to read."""
@@ -236,7 +251,7 @@ class Toolbox:
         status = "timed out" if code is None else f"exit code {code}"
         return f"{status}\n{output}"
 
-    def t_evaluate_dev(self) -> str:
+    def t_evaluate_dev(self) -> Observation:
         return self.runtime.evaluate_dev()
 
     def t_finish(self, report: str = "") -> str:

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
+from agents.failures import Blame, NoEvidence
 from agents.llm import decoding
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -30,7 +31,7 @@ _FORMS: dict[tuple[str, str, str | None], list[decoding.Decoding]] = {}  # by (s
 DEFAULT_INPUT_LIMIT = 32_000  # tokens, for a model litellm does not describe
 
 
-class ModelError(RuntimeError):
+class ModelError(RuntimeError, NoEvidence):
     """A model call failed after its retries."""
 
 
@@ -42,8 +43,12 @@ class ToolsUnsupported(ModelError):
     """The server refused a request because it carried native tool definitions."""
 
 
-class BudgetExhausted(RuntimeError):
-    """The study's LLM budget cannot cover another call."""
+class BudgetExhausted(RuntimeError, NoEvidence):
+    """The study's LLM budget cannot cover another call: `blame` says which, dollars or tokens."""
+
+    def __init__(self, message: str, spent: Blame = Blame.USD) -> None:
+        super().__init__(message)
+        self.blame = spent
 
 
 @dataclass(frozen=True)

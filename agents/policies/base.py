@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agents.capabilities import Capabilities
+from agents.failures import Blame, NoEvidence
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class NodeEvidence:
     summary: str
     insight: str
     failure: str = ""
+    blame: Blame = Blame.IDEA  # what the failure says about the idea (machinery failures: nothing)
+    lesson: str = ""  # what pruning its branch taught, on the top of a pruned branch
     report: str = ""  # the executor's own account of what it did (llm policy)
     origin_ref: int | None = None  # the node a refine or restart child answers
     number: int = 0  # the node's place in its study (n1 is the root): what texts call it
@@ -146,7 +149,7 @@ class ImplementationError(RuntimeError):
     """The implementer could not realise the hypothesis in the worktree."""
 
 
-class AnswerFormatError(ImplementationError):
+class AnswerFormatError(ImplementationError, NoEvidence):
     """The model's answers could not be used (no runnable action): a failure of format, not evidence on the idea."""
 
 

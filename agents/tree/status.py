@@ -109,3 +109,14 @@ class Origin(StrEnum):
     RESTART = "restart"  # a fresh idea away from an abandoned branch
     REVISIT = "revisit"  # the same change measured again on a moved trunk
     BASELINE = "baseline"  # trunk's first measurement
+
+
+class StopRule(StrEnum):
+    """The rule that ended a finished study (its `stop_reason` says it in words)."""
+
+    EXPERIMENTS = "experiments"  # the experiment budget was spent
+    TIME = "time"  # the time budget was spent
+    PLATEAU = "plateau"  # `plateau.stop` experiments in a row without improvement
+    FRONTIER = "frontier"  # nothing left to try
+    IDEATION = "ideation"  # ideation failed and nothing was left to run
+    USER = "user"  # a person stopped it

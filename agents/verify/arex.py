@@ -24,20 +24,6 @@ class Assessment:
     refine_goal: str = ""
 
 
-# What a failed attempt's reason starts with when it says nothing about its idea: the model's answers
-# could not be used, or the machinery (model server, budget, sandbox, git, disk) failed.
-BLAMELESS = frozenset({
-    "AnswerFormatError", "ModelError", "ContextTooLong", "ToolsUnsupported", "BudgetExhausted",
-    "SandboxUnavailable", "GitError", "OSError", "PermissionError", "FileNotFoundError", "ConnectionError",
-    "TimeoutError",
-})  # fmt: skip
-
-
-def blameless(failure: str) -> bool:
-    """Return whether a failed attempt's reason (`Type: message`) is no evidence against its idea."""
-    return failure.split(":", 1)[0].strip() in BLAMELESS
-
-
 def assess(
     *,
     succeeded: bool,

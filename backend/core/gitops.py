@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from agents.failures import NoEvidence
 from backend.core import libgit
 
 GIT_ENV = {
@@ -102,7 +103,7 @@ def git_env(extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
     return env
 
 
-class GitError(RuntimeError):
+class GitError(RuntimeError, NoEvidence):
     """A git command failed; the message carries its stderr."""
 
     def __init__(self, args: list[str], code: int, stderr: str) -> None:

@@ -50,6 +50,7 @@ class Study(SQLModel, table=True):
     improvement_state: dict[str, Any] = _json({})
     plateau_level: int = 0
     stop_reason: str = ""
+    stop_rule: str = Field(default="", sa_column_kwargs={"server_default": ""})  # a StopRule once finished
     report_path: str = ""
     # "bwrap"; "none" once any run went unsandboxed (GROVE_SANDBOX=none); "unknown" from before sandboxing.
     sandbox: str = "bwrap"
@@ -104,6 +105,10 @@ class Node(SQLModel, table=True):
     attempts: int = 0
     reflection: str = ""
     failure: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
+    # What the failure says about the idea (an `agents.failures.Blame`); "idea" unless told otherwise.
+    blame: str = Field(default="idea", sa_column_kwargs={"server_default": "idea"})
+    # What pruning its branch taught, on the top of a pruned branch (the ideator reads these first).
+    lesson: str = Field(default="", sa_column=Column(Text, nullable=False, default="", server_default=""))
     gate_commit: str = ""
     gated: bool = False
     gate_passed: bool = Field(default=False, sa_column_kwargs={"server_default": false()})

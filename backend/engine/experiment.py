@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from agents import configfiles, globs
+from agents.executor.tools import Observation
+from agents.failures import Blame, blame_of
 from agents.llm.model import BudgetExhausted, ModelError
 from agents.policies.base import ImplementationError, ImplementInput
 from agents.policies.registry import make_policy
@@ -61,8 +63,8 @@ def _run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], No
     inp: ImplementInput | None = None
     policy: object = None
 
-    def finish(status: str, extra_runs: int = 0, **fields: object) -> str:
-        store.finish(status, extra_runs, fields)
+    def finish(status: str, extra_runs: int = 0, blame: Blame = Blame.IDEA, **fields: object) -> str:
+        store.finish(status, extra_runs, {**fields, "blame": blame})
         # Not a failed attempt: its retry may start at once on the node's branch, which this
         # worktree holds until it is removed.
         if stored is not None and status != NodeStatus.FAILED:
@@ -172,7 +174,7 @@ def _run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], No
         environment.SetupFailed,
     ) as exc:  # fmt: skip
         failure = f"{type(exc).__name__}: {exc}"[:2000]
-        return finish(NodeStatus.FAILED, failure=failure, reflection=reflection(failure))
+        return finish(NodeStatus.FAILED, failure=failure, blame=blame_of(exc), reflection=reflection(failure))
     finally:
         try:
             if repo is not None:
@@ -231,7 +233,7 @@ class SandboxRuntime:
             )
         return text
 
-    def evaluate_dev(self) -> str:
+    def evaluate_dev(self) -> Observation:
         """Run the dev evaluation once (seed 0) and describe the result."""
         self.calls += 1
         r = evaluation.evaluate(
@@ -241,8 +243,8 @@ class SandboxRuntime:
             disk_base=self.disk_base,
         )  # fmt: skip
         if r.ok:
-            return f"dev evaluation ok: {json.dumps(r.metrics)}"
-        return f"dev evaluation failed: {r.reason}\n{r.stderr_tail[-2000:]}"
+            return Observation(f"dev evaluation ok: {json.dumps(r.metrics)}")
+        return Observation(f"dev evaluation failed: {r.reason}\n{r.stderr_tail[-2000:]}", ok=False)
 
 
 def summary_of(values: list[float]) -> str:

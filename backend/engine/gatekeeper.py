@@ -13,7 +13,7 @@ from sqlmodel import select
 from agents.spec import Spec
 from agents.tree.gate import heldout_decision
 from agents.tree.sequential import Plan, Step
-from agents.tree.status import NodeStatus
+from agents.tree.status import NodeStatus, StopRule
 from agents.verify.state import ImprovementState
 from backend.core import db
 from backend.core.config import Settings
@@ -305,14 +305,14 @@ class LocalGatekeeper:
                 appr.decided_by, appr.reason = appr.decided_by or by, appr.reason or reason
                 s.add(appr)
 
-    def finalize(self, study_id: int, reason: str) -> None:
+    def finalize(self, study_id: int, reason: str, rule: StopRule | None) -> None:
         """Close the study and write REPORT.md (trunk's held-out score is already measured)."""
         with db.session(self.settings.db_url) as s:
             for n in s.exec(
                 select(Node).where(Node.study_id == study_id, Node.status == NodeStatus.PROPOSED)
             ):
                 transition(s, n, NodeStatus.CANCELLED, reason="study finished")
-            lifecycle.finish(s, study_id, reason)
+            lifecycle.finish(s, study_id, reason, rule)
         # A process killed between a job's last write and its cleanup can leave a worktree behind.
         workspace.remove_study_worktrees(self.settings, self._load(study_id))
         path = report.write(self.settings, study_id)

@@ -23,6 +23,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
+from agents.failures import Blame
 from agents.tree.gate import heldout_decision
 from agents.tree.sequential import Plan
 from agents.tree.stats import same_every_seed, summarize
@@ -324,6 +325,7 @@ class DbStore:
             "commit",
             "diff_stats",
             "failure",
+            "blame",
             "reflection",
             "dev_values",
             "dev_mean",
@@ -355,7 +357,7 @@ class DbStore:
     def crash(self, reason: str) -> None:
         """Mark an experiment whose process died (or ran out of time) as failed."""
         with contextlib.suppress(Superseded):
-            self.finish(NodeStatus.FAILED, 0, {"failure": reason})
+            self.finish(NodeStatus.FAILED, 0, {"failure": reason, "blame": Blame.IDEA})
         with db.session(self.settings.db_url) as s:
             job = s.get(Job, self.job_id)
             if job is not None:
@@ -675,20 +677,23 @@ class DbStore:
                     func.coalesce(func.sum(LlmHold.usd), 0.0), func.coalesce(func.sum(LlmHold.tokens), 0)
                 ).where(LlmHold.study_id == self.study_id, col(LlmHold.created_at) >= now() - HOLD_LIFETIME)
             ).one()
-            why = ""
+            why, spent = "", Blame.USD
             if budget.usd > 0 and float(spent_usd) + float(held_usd) > budget.usd:
                 why = (
                     f"LLM budget spent: ${float(spent_usd):.4g} of ${budget.usd:.4g} charged, "
                     f"${float(held_usd) - usd:.4g} held by calls in flight, and this call may cost ${usd:.4g}"
                 )
             elif budget.tokens and int(spent_tokens) + int(held_tokens) > budget.tokens:
-                why = (
-                    f"LLM budget spent: {int(spent_tokens)} of {budget.tokens} tokens used, "
-                    f"{int(held_tokens) - tokens} held by calls in flight, and this call may take {tokens}"
+                why, spent = (
+                    (
+                        f"LLM budget spent: {int(spent_tokens)} of {budget.tokens} tokens used, "
+                        f"{int(held_tokens) - tokens} held by calls in flight, and this call may take {tokens}"
+                    ),
+                    Blame.TOKENS,
                 )
             if why:
                 s.delete(hold)
-                return {"refused": why}
+                return {"refused": why, "budget": spent}
             return {"hold": hold.id}
 
     def llm_release(self, hold: int) -> None:

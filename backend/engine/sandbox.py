@@ -38,6 +38,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import IO
 
+from agents.failures import NoEvidence
 from backend.engine import seccomp
 
 SAFE_ENV = (
@@ -82,7 +83,7 @@ FIX = (
 )
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(RuntimeError, NoEvidence):
     """This machine cannot create the namespaces the sandbox needs."""
 
 

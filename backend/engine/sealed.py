@@ -19,6 +19,7 @@ from typing import Any
 from sqlmodel import select
 
 from agents.coordinator.ports import Pending
+from agents.tree.status import StopRule
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Job, Node, Study
@@ -171,6 +172,6 @@ class SealedJobs:
         """Record a human rejection."""
         self.local.reject(study_id, node_id, reason, by)
 
-    def finalize(self, study_id: int, reason: str) -> None:
+    def finalize(self, study_id: int, reason: str, rule: StopRule | None) -> None:
         """Close the study and write its report."""
-        self.local.finalize(study_id, reason)
+        self.local.finalize(study_id, reason, rule)

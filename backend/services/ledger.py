@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from sqlmodel import Session
 
+from agents.failures import Blame
 from agents.llm.model import BudgetExhausted, Turn
 from backend.core.models import LlmCall
 
@@ -31,7 +32,7 @@ class StoreLedger:
         """Hold a call's worst case against the study's budgets, or raise BudgetExhausted."""
         answer = self.store.llm_reserve(usd, tokens)
         if answer.get("refused"):
-            raise BudgetExhausted(str(answer["refused"]))
+            raise BudgetExhausted(str(answer["refused"]), Blame(answer.get("budget") or Blame.USD))
         return int(answer["hold"])
 
     def release(self, hold: int | None) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
-from agents.tree.status import StudyStatus, check_study_transition
+from agents.tree.status import StopRule, StudyStatus, check_study_transition
 from backend.core.config import Settings
 from backend.core.models import (
     Approval,
@@ -57,6 +57,7 @@ def change(s: Session, study_id: int, new: StudyStatus, event: str | None = None
         st.started_at = now()
     if status in (StudyStatus.FINISHED, StudyStatus.FAILED):
         st.stop_reason, st.finished_at = str(payload.get("reason", "")), now()
+        st.stop_rule = str(payload.get("rule", ""))
     s.add(st)
     add_event(s, study_id, f"study.{event or status}", None, **payload)
     return st
@@ -82,9 +83,9 @@ def start(s: Session, study_id: int) -> bool:
     return True
 
 
-def pause(s: Session, study_id: int, *, by: str = "", reason: str = "") -> Study:
-    """Pause a study: running experiments finish, nothing new starts."""
-    payload = {k: v for k, v in (("by", by), ("reason", reason)) if v}
+def pause(s: Session, study_id: int, *, by: str = "", reason: str = "", budget: str = "") -> Study:
+    """Pause a study: running experiments finish, nothing new starts (`budget`: the LLM budget spent)."""
+    payload = {k: v for k, v in (("by", by), ("reason", reason), ("budget", str(budget))) if v}
     return change(s, study_id, StudyStatus.PAUSED, **payload)
 
 
@@ -114,10 +115,10 @@ def fail(s: Session, study_id: int, reason: str) -> None:
         change(s, study_id, StudyStatus.FAILED, reason=reason[:2000])
 
 
-def finish(s: Session, study_id: int, reason: str) -> None:
-    """End a study as finished (idempotent)."""
+def finish(s: Session, study_id: int, reason: str, rule: StopRule | None = None) -> None:
+    """End a study as finished (idempotent), by the rule that ended it."""
     if load(s, study_id).status != StudyStatus.FINISHED:
-        change(s, study_id, StudyStatus.FINISHED, reason=reason)
+        change(s, study_id, StudyStatus.FINISHED, reason=reason, **({"rule": str(rule)} if rule else {}))
         memory.remember(s, load(s, study_id))
 
 

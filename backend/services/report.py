@@ -8,8 +8,9 @@ from pathlib import Path
 
 from sqlmodel import Session, col, select
 
+from agents.failures import Blame
 from agents.spec import Spec
-from agents.tree.status import NodeStatus, StudyStatus
+from agents.tree.status import NodeStatus, StopRule, StudyStatus
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Event, Node, ReceiptRow, Study
@@ -62,7 +63,7 @@ def ending(st: Study, spec: Spec, events: list[Event], spent: BudgetSpent) -> st
     held = [e for e in sorted(events, key=lambda e: e.id or 0) if e.type in ("study.paused", "study.resumed")]
     paused = held[-1].payload if held and held[-1].type == "study.paused" else None
     why = str(paused.get("reason", "")) if paused else ""
-    llm = _llm_budget(why, budget.usd, budget.tokens) if why.startswith("LLM budget spent") else ""
+    llm = _llm_budget(str(paused.get("budget", "")), budget.usd, budget.tokens) if paused else ""
     if st.status == StudyStatus.PAUSED:
         if llm:
             what = f"paused because {llm}"
@@ -73,34 +74,35 @@ def ending(st: Study, spec: Spec, events: list[Event], spent: BudgetSpent) -> st
         return f"not ended: {what} (resume or stop it)"
     if st.status not in (StudyStatus.FINISHED, StudyStatus.FAILED):
         return f"not ended: the study is {st.status}"
-    if reason.startswith("experiment budget spent"):
-        return f"the experiment budget was spent ({spent.units} of {budget.experiments} units)"
-    if reason.startswith("time budget spent"):
-        return f"the time budget was spent ({budget.hours:g} h)"
-    if reason.startswith("plateau:"):
-        return f"the plateau stop: {spec.plateau.stop} experiments in a row without improvement"
-    if reason.startswith("frontier exhausted"):
-        return "the frontier was exhausted (no hypothesis left to try)"
-    if reason == "stopped by user":
+    if st.stop_rule == StopRule.USER:
         stopper = next((e.payload.get("by") for e in events if e.type == "study.stopping"), None)
         who = f"stopped by a user ({stopper})" if stopper else "stopped by a user"
         return f"{who} while paused because {llm}" if llm else who
-    if reason.startswith("ideation failed:"):
-        return f"a failure: {reason}"
+    told = {
+        StopRule.EXPERIMENTS: f"the experiment budget was spent ({spent.units} of {budget.experiments} units)",
+        StopRule.TIME: f"the time budget was spent ({budget.hours:g} h)",
+        StopRule.PLATEAU: f"the plateau stop: {spec.plateau.stop} experiments in a row without improvement",
+        StopRule.FRONTIER: "the frontier was exhausted (no hypothesis left to try)",
+        StopRule.IDEATION: f"a failure: {reason}",
+    }
+    if st.stop_rule in told:
+        return told[StopRule(st.stop_rule)]
     if st.status == StudyStatus.FAILED:
         return f"a failure: {reason or 'no reason recorded'}"
     return reason or "no reason recorded"
 
 
-def _llm_budget(why: str, usd: float, tokens: int | None) -> str:
-    """Name the LLM budget a pause's reason says was spent."""
-    if "tokens" in why.split(",")[0]:
+def _llm_budget(spent: str, usd: float, tokens: int | None) -> str:
+    """Name the LLM budget a pause says was spent ('' for a pause of another kind)."""
+    if spent == Blame.TOKENS:
         return (
             f"the LLM token budget ({tokens} tokens) was spent"
             if tokens
             else "the LLM token budget was spent"
         )
-    return f"the LLM budget (${usd:.4g}) was spent"
+    if spent == Blame.USD:
+        return f"the LLM budget (${usd:.4g}) was spent"
+    return ""
 
 
 def render(s: Session, study_id: int) -> str:

@@ -18,6 +18,7 @@ from sqlmodel import Session, col, func, or_, select
 from agents import globs
 from agents.coordinator.ports import Integration, NodeRecord, StudyView
 from agents.coordinator.records import RecordIndex, Records
+from agents.failures import Blame
 from agents.policies.base import NodeEvidence, Proposal
 from agents.tree import pruning
 from agents.tree.insights import InsightUpdate
@@ -352,6 +353,8 @@ def _record(
         summary=node.summary,
         insight=insight.get(node.id, ""),
         failure=node.failure,
+        blame=Blame(node.blame or Blame.IDEA),
+        lesson=node.lesson,
         report=reports.get(job, "") if job is not None else "",
         origin_ref=node.origin_ref,
         number=node.number,
@@ -399,7 +402,9 @@ def prune_subtree(s: Session, study_id: int, node_id: int, reason: str, lesson: 
         if n.status == NodeStatus.EVALUATED and nid != node_id:
             continue
         transition(s, n, NodeStatus.PRUNED, reason=reason, by=by)
-    add_insight(s, study_id, node_id, f"{pruning.LESSON_PREFIX}{reason}). Lesson: {lesson}", [node_id])
+    top.lesson = f"{pruning.LESSON_PREFIX}{reason}). Lesson: {lesson}"
+    s.add(top)
+    add_insight(s, study_id, node_id, top.lesson, [node_id])
 
 
 DIFF_CHARS = 6000  # of a parent's diff shown to its child's executor
@@ -787,12 +792,12 @@ class SqlStorage:
         with db.session(self.url) as s:
             add_event(s, study_id, type_, node_id, **payload)
 
-    def pause(self, study_id: int, reason: str) -> None:
-        """Pause a running study with a reason (e.g. its LLM budget is spent)."""
+    def pause(self, study_id: int, reason: str, spent: Blame) -> None:
+        """Pause a running study whose LLM budget (`spent`: dollars or tokens) cannot cover a call."""
         self.forget(nodes=False)
         with db.session(self.url) as s:
             if lifecycle.load(s, study_id).status == StudyStatus.RUNNING:
-                lifecycle.pause(s, study_id, reason=reason)
+                lifecycle.pause(s, study_id, reason=reason, budget=spent)
 
     def cancel_active(self, study_id: int, reason: str = "study stopped") -> None:
         """Cancel proposed, queued and running nodes (and their jobs) of a study that stops or failed."""

@@ -156,3 +156,65 @@ def test_existing_nodes_are_numbered_within_their_study_and_new_ones_follow(
         engine.dispose()
         if backend == "postgres":
             drop_postgres_database(name)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_gate_verdicts_and_failure_blame_are_read_off_old_sentences_once(
+    backend: str, tmp_path: Path
+) -> None:
+    from sqlalchemy import text
+
+    name = f"grove_verdicts_{os.getpid()}"
+    url = postgres_database(name) if backend == "postgres" else f"sqlite:///{tmp_path / 'v.db'}"
+    engine = create_engine(url)
+    cfg = alembic_config(url)
+    rows = [  # (gated, gate_reason, failure) -> (gate_passed, blame)
+        ((True, "passed: held-out gain +0.02", ""), (True, "idea")),
+        ((True, "failed: held-out gain 0.1 below margin 0.5", ""), (False, "idea")),
+        ((False, "", "AnswerFormatError: 3 answers in a row held no action"), (False, "machinery")),
+        ((False, "", "GitError: git worktree add failed"), (False, "machinery")),
+        ((False, "", "BudgetExhausted: LLM budget spent: $0.04 of $0.04 charged"), (False, "usd")),
+        ((False, "", "BudgetExhausted: LLM budget spent: 120 of 1000 tokens used"), (False, "tokens")),
+        ((False, "", "dev evaluation seed 0: exit code 1 (GitError: nothing)"), (False, "idea")),
+    ]
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "0019")
+            insert_old_study(conn, id=1, name="s1")
+            for number, ((gated, reason, failure), _) in enumerate(rows, 1):
+                conn.execute(
+                    text(
+                        "INSERT INTO node (study_id, number, depth, round_no, title, hypothesis, origin, status, "
+                        'prior, edits, base_commit, branch, "commit", diff_stats, dev_values, dev_n, constraints, '
+                        "verification, summary, attempts, reflection, failure, gate_commit, gated, "
+                        "heldout_values, gate_reason, completed_order, cost, created_at, updated_at) VALUES "
+                        "(1, :number, 0, 0, '', '{}', 'policy', 'failed', 0, '{}', '', '', '', '{}', '[]', 0, '[]', '{}', "
+                        "'', 1, '', :failure, '', :gated, '[]', :reason, 0, '{}', '2026-11-01 00:00:00', "
+                        "'2026-11-01 00:00:00')"
+                    ),
+                    {"number": number, "failure": failure, "gated": gated, "reason": reason},
+                )
+            # Node 1 becomes the top of a pruned branch whose lesson a newer version restates; node 2 a
+            # pruned node below it, whose insight says nothing of a lesson.
+            conn.execute(text("UPDATE node SET status = 'pruned' WHERE id IN (1, 2)"))
+            for node_id, version, said in ((1, 1, "x helps"), (1, 2, "PRUNED (no gain). Lesson: x hurts"),
+                                           (2, 1, "PRUNED? no")):  # fmt: skip
+                conn.execute(
+                    text(
+                        "INSERT INTO insightversion (study_id, node_id, version, text, cites, created_at) "
+                        "VALUES (1, :node, :version, :said, '[]', '2026-11-01 00:00:00')"
+                    ),
+                    {"node": node_id, "version": version, "said": said},
+                )
+            command.upgrade(cfg, "head")
+            got = conn.execute(text("SELECT gate_passed, blame FROM node ORDER BY id")).all()
+            assert [(bool(p), b) for p, b in got] == [want for _, want in rows]
+            lessons = conn.execute(text("SELECT lesson FROM node ORDER BY id")).scalars().all()
+            assert lessons == ["PRUNED (no gain). Lesson: x hurts"] + [""] * (len(rows) - 1)
+            command.downgrade(cfg, "0019")
+            assert conn.execute(text("SELECT COUNT(*) FROM node")).scalar_one() == len(rows)
+    finally:
+        engine.dispose()
+        if backend == "postgres":
+            drop_postgres_database(name)

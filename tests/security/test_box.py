@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from agents.executor.tools import Observation
 from backend.core import gitops
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.models import Study
@@ -232,7 +233,7 @@ class _NoRuntime:
     def run(self, command: str, timeout: float) -> tuple[int | None, str]:
         raise AssertionError("not used")
 
-    def evaluate_dev(self) -> str:
+    def evaluate_dev(self) -> Observation:
         raise AssertionError("not used")
 
 

@@ -13,10 +13,12 @@ from agents.capabilities import SEARCH
 from agents.coordinator.configuration import CoordinatorContext
 from agents.coordinator.graph import build_graph
 from agents.coordinator.ports import Integration, NodeRecord, Pending, StudyView
+from agents.failures import Blame
 from agents.policies.base import IdeationInput, NodeEvidence, Proposal
 from agents.policies.search import SearchPolicy
 from agents.spec import parse_spec
 from agents.tree.insights import InsightUpdate
+from agents.tree.status import StopRule
 from tests.conftest import tiny_files
 
 # Half steps: enough untried values that exploring never runs out before the budget (the sampler
@@ -121,7 +123,7 @@ class Memory:
             if n["status"] in ("queued", "running", "proposed"):
                 n["status"] = "cancelled"
 
-    def pause(self, study_id: int, reason: str) -> None:
+    def pause(self, study_id: int, reason: str, spent: Blame) -> None:
         self.status = "paused"
         self.events.append(f"paused: {reason}")
 
@@ -172,7 +174,7 @@ class Memory:
         self.rows[node_id]["status"] = "rejected"
         self.events.append(f"rejected: {reason}")
 
-    def finalize(self, study_id: int, reason: str) -> None:
+    def finalize(self, study_id: int, reason: str, rule: StopRule | None) -> None:
         self.status = "finished"
         self.events.append(f"finished: {reason}")
 
@@ -706,17 +708,17 @@ def test_an_ideator_reads_the_latest_pruned_branches_lessons_first() -> None:
 
     base = _record(1, [1.0])
 
-    def pruned(i: int, insight: str) -> NodeRecord:
-        return replace(
-            base, evidence=replace(base.evidence, id=i, number=i, status="pruned", insight=insight)
-        )
+    def pruned(i: int, insight: str, lesson: str = "") -> NodeRecord:
+        ev = replace(base.evidence, id=i, number=i, status="pruned", insight=insight, lesson=lesson)
+        return replace(base, evidence=ev)
 
     # Two pruned branches with lessons at their tops, then one big branch of descendants without.
     tops = [
-        pruned(10, "PRUNED (no gain). Lesson: x above 4 hurts"),
-        pruned(20, "PRUNED (broke size). Lesson: keep x small"),
+        pruned(10, "PRUNED (no gain). Lesson: x above 4 hurts", "PRUNED (no gain). Lesson: x above 4 hurts"),
+        pruned(20, "PRUNED (broke size). Lesson: keep x small", "PRUNED (broke size). Lesson: keep x small"),
     ]
-    below = [pruned(100 + i, "") for i in range(2 * PRUNED_LESSONS)]
+    # Below them, nodes whose insight reads like a lesson but whose branch was pruned above them.
+    below = [pruned(100 + i, "PRUNED (x). Lesson: y") for i in range(2 * PRUNED_LESSONS)]
     got = pruned_lessons(RecordIndex([*tops, *below]))
     assert len(got) == PRUNED_LESSONS
     assert got[0].startswith("n10 ") and got[1].startswith("n20 ")  # kept, in node order

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agents.executor import loop
-from agents.executor.tools import Toolbox, check_arguments
+from agents.executor.tools import Observation, Toolbox, check_arguments
 from agents.llm.model import (
     ContextTooLong,
     ToolCall,
@@ -23,15 +23,15 @@ from agents.llm.model import (
 
 
 class Runtime:
-    def __init__(self, dev: str = 'dev evaluation ok: {"score": 10}') -> None:
-        self.dev, self.commands = dev, []  # type: ignore[var-annotated]
+    def __init__(self, dev: str = 'dev evaluation ok: {"score": 10}', dev_ok: bool = True) -> None:
+        self.dev, self.dev_ok, self.commands = dev, dev_ok, []  # type: ignore[var-annotated]
 
     def run(self, command: str, timeout: float) -> tuple[int | None, str]:
         self.commands.append((command, timeout))
         return 0, "ran"
 
-    def evaluate_dev(self) -> str:
-        return self.dev
+    def evaluate_dev(self) -> Observation:
+        return Observation(self.dev, self.dev_ok)
 
 
 class Scripted:
@@ -98,7 +98,7 @@ def test_a_cut_off_call_and_a_wrong_typed_argument_become_observations(box: Tool
 
 def test_a_tool_that_raises_anything_is_an_observation(tmp_path: Path) -> None:
     class Broken(Runtime):
-        def evaluate_dev(self) -> str:
+        def evaluate_dev(self) -> Observation:
             raise LookupError("the evaluator vanished")
 
     model = Scripted([call("evaluate_dev"), call("finish", report="ok")])
@@ -290,3 +290,18 @@ def test_the_scripted_server_fails_a_test_whose_prompt_held_a_sealed_number() ->
         llm.answer({"model": "m", "messages": [{"role": "user", "content": "dev 9.5, held-out 768.125"}]})
     with FakeLLM({}) as llm:  # dev numbers and counts pass
         llm.answer({"model": "m", "messages": [{"role": "user", "content": "dev 9.5 over 1779 tokens"}]})
+
+
+def test_what_a_tool_call_did_is_its_flag_not_its_words(tmp_path: Path) -> None:
+    (tmp_path / "config.toml").write_text("x = 0\n")
+    (tmp_path / "notes.txt").write_text("error: this line is the file's own text\n")
+    # A dev evaluation whose words read like a pass but that failed, and one read of a file whose
+    # text reads like a tool error: the flags decide, never the words.
+    box = Toolbox(tmp_path, ["config.toml"], Runtime(dev="dev evaluation ok (so the evaluator claims)", dev_ok=False))
+    model = Scripted([call("read", path="notes.txt"), call("evaluate_dev"), call("finish", report="done")])
+    tr = loop.Transcript()
+    loop.run(model, box, "s", "t", tr=tr)
+    assert tr.dev_ok is False
+    assert [f.split(":", 1)[0] for f in tr.feedback] == ["evaluate_dev"]
+    assert box.act("read", {"path": "missing.txt"}).ok is False
+    assert box.act("read", {"path": "notes.txt"}) == ("1\terror: this line is the file's own text", True)

@@ -1,8 +1,13 @@
 from __future__ import annotations
 
-from agents.verify.arex import Decision, assess, blameless
+from agents.failures import Blame, blame_of
+from agents.llm.model import BudgetExhausted, ContextTooLong, ModelError
+from agents.policies.base import AnswerFormatError, ImplementationError
+from agents.verify.arex import Decision, assess
 from agents.verify.constraints import ConstraintRule, Verdict, check, verify_all
 from agents.verify.state import ImprovementState
+from backend.core.gitops import GitError
+from backend.engine.sandbox import SandboxUnavailable
 
 SIZE = ConstraintRule("size", "n_params", max=100)
 FLOOR = ConstraintRule("floor", "recall", min=0.5)
@@ -52,10 +57,25 @@ def test_improvement_state_roundtrip_and_updates() -> None:
 
 
 def test_a_format_or_infrastructure_failure_is_no_evidence_and_never_restarts() -> None:
-    assert blameless("AnswerFormatError: 3 answers in a row held no action that could run")
-    assert blameless("ModelError: APIConnectionError: refused") and blameless("GitError: worktree add failed")
-    assert not blameless("dev evaluation seed 0: exit code 1") and not blameless("the change is empty")
-    assert not blameless("ImplementationError: turn limit (30) reached before finish()")
+    machinery = [
+        AnswerFormatError("3 answers in a row held no action that could run"),
+        ModelError("APIConnectionError: refused"),
+        ContextTooLong("too long"),
+        GitError(["worktree", "add"], 128, "fatal: no space"),
+        SandboxUnavailable("no user namespaces"),
+        ConnectionRefusedError("refused"),
+        FileNotFoundError("gone"),
+    ]
+    assert [blame_of(e) for e in machinery] == [Blame.MACHINERY] * len(machinery)
+    assert blame_of(BudgetExhausted("the study's $5 are spent")) == Blame.USD
+    assert blame_of(BudgetExhausted("5000 of 5000 tokens", Blame.TOKENS)) == Blame.TOKENS
+    # The words do not decide: an idea's own failure that names a machinery error is still its own.
+    idea = [
+        ImplementationError("turn limit (30) reached before finish()"),
+        ValueError("GitError: x"),
+        RuntimeError(),
+    ]
+    assert [blame_of(e) for e in idea] == [Blame.IDEA] * len(idea)
     spent = assess(
         succeeded=False, recoverable=False, improves=False, results=[], mechanism="m", no_evidence=True
     )
