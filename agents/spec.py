@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from agents import capabilities, configfiles
 
@@ -410,12 +411,12 @@ class Spec(_Section):
                     split_search_key(key)
                     continue
                 if not isinstance(targets, list):
-                    raise ValueError(f"key {key!r}: targets must be a list of 'FILE:dotted.key' strings")
+                    raise _bad_key(key, "targets must be a list of 'FILE:dotted.key' strings")
                 for i, target in enumerate(targets):
                     try:
                         split_search_key(str(target))
                     except ValueError as exc:
-                        raise ValueError(f"key {key!r}: targets[{i}]: {exc}") from None
+                        raise _bad_key(key, f"targets[{i}]: {exc}") from None
         return v
 
     @field_validator("search", mode="after")
@@ -425,14 +426,14 @@ class Spec(_Section):
             for parent, allowed in dim.when.items():
                 other = v.get(parent)
                 if other is None:
-                    raise ValueError(f"key {key!r}: when names {parent!r}, which is not a [search] key")
+                    raise _bad_key(key, f"when names {parent!r}, which is not a [search] key")
                 if other.values is None:
-                    raise ValueError(f"key {key!r}: when names {parent!r}, which must be a list of values")
+                    raise _bad_key(key, f"when names {parent!r}, which must be a list of values")
                 if other.when:
-                    raise ValueError(f"key {key!r}: when names {parent!r}, which is conditional itself")
+                    raise _bad_key(key, f"when names {parent!r}, which is conditional itself")
                 for value in allowed if isinstance(allowed, list) else [allowed]:
                     if not any(value == c and type(value) is type(c) for c in other.values):
-                        raise ValueError(f"key {key!r}: when: {value!r} is not one of {parent!r}'s values")
+                        raise _bad_key(key, f"when: {value!r} is not one of {parent!r}'s values")
         return v
 
     def targets(self, key: str) -> list[tuple[str, str]]:
@@ -482,9 +483,9 @@ def split_search_key(key: str) -> tuple[str, str]:
     """Split a `[search]` key `FILE:DOTTED.KEY` into its file and key."""
     file, sep, dotted = key.rpartition(":")
     if not sep or not file or not dotted:
-        raise ValueError(f"key {key!r}: expected 'FILE:dotted.key', e.g. 'config.toml:model.hidden'")
+        raise _bad_key(key, "expected 'FILE:dotted.key', e.g. 'config.toml:model.hidden'")
     if file.startswith("/") or ".." in file.split("/"):
-        raise ValueError(f"key {key!r}: the file must be a path inside the repository")
+        raise _bad_key(key, "the file must be a path inside the repository")
     return file, dotted
 
 
@@ -500,6 +501,14 @@ def format_key(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+BAD_KEY = "bad_key"  # the error type of a problem of one key inside a table (its name in `ctx`)
+
+
+def _bad_key(key: str, detail: str) -> PydanticCustomError:
+    """Return the validation error of one key of a table, located at the key, not the table."""
+    return PydanticCustomError(BAD_KEY, "key '{key}': {detail}", {"key": key, "detail": detail})
+
+
 def _issues_from(err: ValidationError) -> list[SpecIssue]:
     out: list[SpecIssue] = []
     for e in err.errors():
@@ -508,12 +517,11 @@ def _issues_from(err: ValidationError) -> list[SpecIssue]:
             msg = "unknown key"
         elif e["type"] == "missing":
             msg = "required key is missing"
-        elif e["type"] != "value_error":
+        elif e["type"] not in ("value_error", BAD_KEY):
             msg = f"{msg} (got {e['input']!r})"
         loc = tuple(e["loc"])
-        m = re.match(r"key '(.+?)': (.*)$", msg, re.S)
-        if loc == ("search",) and m:
-            loc, msg = ("search", m.group(1)), m.group(2)
+        if e["type"] == BAD_KEY:  # a [search] key's own problem, located at the key
+            loc, msg = (*loc, e["ctx"]["key"]), e["ctx"]["detail"]
         out.append(SpecIssue(key=format_key(loc), message=msg))
     return out
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from agents.tree.status import NodeStatus as NodeStatus
+from agents.tree.status import StopRule as StopRule
 from agents.tree.status import StudyStatus as StudyStatus
 from agents.verify.arex import Decision as Decision
 from agents.verify.constraints import Verdict as Verdict
@@ -28,6 +29,7 @@ class Study(TypedDict):
     goal: str
     status: str
     stop_reason: str
+    stop_rule: str
     source: str
     policy: str
     reads_memory: bool
@@ -79,6 +81,7 @@ class NodeSummary(TypedDict):
     attempts: int
     fate: str
     rejection: str  # human, constraint, gate or dev ('' unless rejected)
+    candidate: bool  # a gate candidate: what its fate calls one
 
 
 class NodeRef(TypedDict):
@@ -117,7 +120,10 @@ class NodeDetail(NodeSummary):
     failure: str
     reflection: str
     heldout_values: list[float]
+    heldout_lcb: float | None
+    heldout_level: float | None
     gate_reason: str
+    refined_as: list[int]
     cost: dict[str, Any]
     receipts: list[dict[str, Any]]
     insights: list[dict[str, Any]]

@@ -30,8 +30,8 @@ def arex(n: NodeDetail) -> str:
         v.get("open_constraints") or []
     )
     if decision == Decision.REFINE:
-        refined = re.search(r"refined as (n\d+(?:, n\d+)*)", str(n.get("fate") or ""))
-        head = f"refined as {refined.group(1)}" if refined else "to be refined"
+        refined = ", ".join(f"n{i}" for i in n.get("refined_as") or [])
+        head = f"refined as {refined}" if refined else "to be refined"
         return f"{head} because {why}" if why else head
     if decision == Decision.RESTART:
         return f"abandoned, exploration restarts elsewhere, because {why}" if why else "abandoned"
@@ -49,11 +49,11 @@ def gate(n: NodeDetail) -> str:
 
 
 def heldout_lcb(n: NodeDetail) -> tuple[str, float] | None:
-    """Return the held-out gain's lower bound the gate recorded in its reason, with its level ('97.3%')."""
-    m = re.search(
-        r"([\d.]+%) lower bound ([+\-\u2212]?[\d.]+(?:e[+\-]?\d+)?)", str(n.get("gate_reason") or "")
-    )
-    return (m.group(1), float(m.group(2).replace("\u2212", "-"))) if m else None
+    """Return the held-out gain's lower bound the gate recorded, with its level ('97.3%')."""
+    lcb, level = n.get("heldout_lcb"), n.get("heldout_level")
+    if lcb is None or level is None:
+        return None
+    return f"{100 * level:.3g}%", lcb
 
 
 def diff_summary(n: NodeDetail) -> str:
@@ -79,7 +79,7 @@ def in_play(nodes: list[NodeSummary]) -> NodeSummary | None:
         if n["parent_id"] is not None
         and n["status"] == NodeStatus.EVALUATED
         and n.get("gain_lcb") is not None
-        and str(n.get("fate") or "").startswith("gate candidate")
+        and n.get("candidate")
     ]
     return max(live, key=lambda n: n["gain_lcb"] or 0.0) if live else None
 

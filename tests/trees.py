@@ -23,6 +23,7 @@ def grow(
     seed: int = 0,
     status: str = "",
     stop_reason: str = "",
+    stop_rule: str = "",
 ) -> int:
     """Create a study whose tree has `size` nodes with a realistic mix of statuses; return its id.
 
@@ -64,6 +65,6 @@ def grow(
         assert st is not None
         st.trunk_node_id, st.baseline_dev, st.trunk_dev = trunk.id, [0.9] * 3, [0.95] * 3
         if status:
-            st.status, st.stop_reason = status, stop_reason
+            st.status, st.stop_reason, st.stop_rule = status, stop_reason, stop_rule
         s.add(st)
     return study.id or 0

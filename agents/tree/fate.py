@@ -50,6 +50,20 @@ def rejection(f: Facts) -> Rejection | None:
     return Rejection.DEV if f.reason or f.failure else Rejection.CONSTRAINT
 
 
+def candidate(f: Facts) -> bool:
+    """Return whether a node is a gate candidate, as `fate` words it: a dev gain above the bar on trunk."""
+    bar = max(f.min_gain, 0.0)
+    return (
+        f.status == NodeStatus.EVALUATED
+        and not f.is_root
+        and not f.gated
+        and f.gain_lcb is not None
+        and f.gain_lcb > bar
+        and f.decision in ("", Decision.ACCEPT)
+        and f.on_trunk
+    )
+
+
 def _lcb(x: float) -> str:
     return f"{x:+.3g}".replace("-", "\u2212")
 

@@ -112,7 +112,7 @@ class Origin(StrEnum):
 
 
 class StopRule(StrEnum):
-    """The rule that ended a finished study (its `stop_reason` says it in words)."""
+    """The rule that ended a study, or the step a failed one failed on (`stop_reason` says it in words)."""
 
     EXPERIMENTS = "experiments"  # the experiment budget was spent
     TIME = "time"  # the time budget was spent
@@ -120,3 +120,8 @@ class StopRule(StrEnum):
     FRONTIER = "frontier"  # nothing left to try
     IDEATION = "ideation"  # ideation failed and nothing was left to run
     USER = "user"  # a person stopped it
+    # What a failed study failed on, where a known step did:
+    CLONE = "clone"  # cloning its repository from a URL
+    SETUP = "setup"  # `[environment] setup`
+    BASELINE_DEV = "baseline_dev"  # the dev evaluation of the unchanged repository
+    BASELINE_TEST = "baseline_test"  # the sealed test evaluation of the unchanged repository

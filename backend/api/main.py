@@ -77,7 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(SourceRefused)
     async def refused(request: Request, exc: SourceRefused) -> JSONResponse:
-        error = {"key": "repository", "message": str(exc).removeprefix("repository: ")}
+        error = {"key": exc.key, "message": exc.detail}
         return JSONResponse(
             {"detail": {"message": str(exc), "errors": [error]}}, status.HTTP_422_UNPROCESSABLE_CONTENT
         )

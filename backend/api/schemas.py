@@ -49,6 +49,7 @@ class StudyPublic(BaseModel):
     goal: str
     status: str
     stop_reason: str
+    stop_rule: str  # the StopRule that ended it, or the step a failed study failed on ('' if none)
     source: str
     policy: str
     reads_memory: bool  # its policy reads the lab memory of earlier studies
@@ -100,6 +101,7 @@ class NodeSummary(BaseModel):
     attempts: int
     fate: str  # what became of the node, in one line (agents/tree/fate.py)
     rejection: str = ""  # who or what rejected it: human, constraint, gate or dev ('' unless rejected)
+    candidate: bool = False  # a gate candidate: a dev gain above the bar, on trunk, verified
 
 
 class NodeRef(BaseModel):
@@ -154,7 +156,10 @@ class NodeDetail(NodeSummary):
     failure: str
     reflection: str
     heldout_values: list[float]
+    heldout_lcb: float | None  # the gate's lower bound on the held-out gain
+    heldout_level: float | None  # that bound's one-sided confidence
     gate_reason: str
+    refined_as: list[int]  # the numbers of the refine children that took up its open constraints
     cost: dict[str, Any]
     receipts: list[ReceiptPublic]
     insights: list[InsightPublic]

@@ -90,6 +90,7 @@ def study_publics(s: Session, studies: list[Study]) -> list[schemas.StudyPublic]
                 goal=st.goal,
                 status=st.status,
                 stop_reason=st.stop_reason,
+                stop_rule=st.stop_rule,
                 source=st.source,
                 policy=spec.policy_kind,
                 reads_memory=spec.capabilities.reads_context,
@@ -128,7 +129,7 @@ def study_publics(s: Session, studies: list[Study]) -> list[schemas.StudyPublic]
     return out
 
 
-def node_summary(n: Node, fate: str, rejection: str) -> schemas.NodeSummary:
+def node_summary(n: Node, fate: str, rejection: str, candidate: bool) -> schemas.NodeSummary:
     """Return the tree view of a node."""
     return schemas.NodeSummary(
         id=n.id or 0,
@@ -146,6 +147,7 @@ def node_summary(n: Node, fate: str, rejection: str) -> schemas.NodeSummary:
         attempts=n.attempts,
         fate=fate,
         rejection=rejection,
+        candidate=candidate,
     )
 
 

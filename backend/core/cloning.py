@@ -31,6 +31,7 @@ from pathlib import Path
 
 from backend.core import gitops
 from backend.core.config import Settings
+from backend.core.errors import FieldError
 from backend.core.gitops import GitError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -52,8 +53,8 @@ INSIDE = (
 )
 
 
-class HostRefused(ValueError):
-    """A repository URL this server will not clone from; the message names the `repository` field."""
+class HostRefused(FieldError):
+    """A repository URL this server will not clone from (`key`: `repository`, or `study.base`)."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def parse(source: str) -> Remote:
     if "://" in source:
         scheme = source.split("://", 1)[0].lower()
         if scheme not in SCHEMES:
-            raise HostRefused(f"repository: scheme {scheme!r} is not allowed (use https, ssh or git)")
+            raise HostRefused("repository", f"scheme {scheme!r} is not allowed (use https, ssh or git)")
         start = len(scheme) + 3
         end = len(source)
         for sep in "/?#":
@@ -94,21 +95,22 @@ def parse(source: str) -> Remote:
         m = _NETLOC.fullmatch(source, start, end)
         if m is None or "\\" in source:
             raise HostRefused(
-                "repository: cannot read the host of this URL (give [user@]host[:port] with a plain host "
-                "name or address; percent-encode other characters of a user name)"
+                "repository",
+                "cannot read the host of this URL (give [user@]host[:port] with a plain host "
+                "name or address; percent-encode other characters of a user name)",
             )
         port = int(m["port"]) if m["port"] else SCHEMES[scheme]
         if not 0 < port < 65536:
-            raise HostRefused(f"repository: port {port} is not a port")
+            raise HostRefused("repository", f"port {port} is not a port")
         host_span = m.span("host")
     else:
         m = _SCP.match(source)
         if m is None:
-            raise HostRefused("repository: cannot read the host of this address (use user@host:path)")
+            raise HostRefused("repository", "cannot read the host of this address (use user@host:path)")
         scheme, port, host_span = "ssh", SCHEMES["ssh"], m.span("host")
     host = source[host_span[0] : host_span[1]].strip("[]").lower().rstrip(".")
     if not host:
-        raise HostRefused("repository: the URL names no host")
+        raise HostRefused("repository", "the URL names no host")
     return Remote(source, scheme, host, port, host_span)
 
 
@@ -160,14 +162,14 @@ def resolve(remote: Remote) -> tuple[IPAddress, ...]:
     try:
         infos = socket.getaddrinfo(remote.host, remote.port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
-        raise HostRefused(f"repository: cannot resolve host {remote.host!r} on this server") from None
+        raise HostRefused("repository", f"cannot resolve host {remote.host!r} on this server") from None
     found: list[IPAddress] = []
     for info in infos:
         a = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
         if a not in found:
             found.append(a)
     if not found:
-        raise HostRefused(f"repository: cannot resolve host {remote.host!r} on this server")
+        raise HostRefused("repository", f"cannot resolve host {remote.host!r} on this server")
     return tuple(found)
 
 
@@ -177,12 +179,12 @@ def check(settings: Settings, source: str) -> Checked:
     names, nets = allowed(settings)
     named = remote.host in names
     if (names or nets) and not named and not nets:
-        raise HostRefused(f"repository: host {remote.host!r} is not in GROVE_REPO_HOSTS")
+        raise HostRefused("repository", f"host {remote.host!r} is not in GROVE_REPO_HOSTS")
     addresses = resolve(remote)
     if (names or nets) and not named and not all(_listed(a, nets) for a in addresses):
-        raise HostRefused(f"repository: host {remote.host!r} is not in GROVE_REPO_HOSTS")
+        raise HostRefused("repository", f"host {remote.host!r} is not in GROVE_REPO_HOSTS")
     if not named and any(inside(a) and not _listed(a, nets) for a in addresses):
-        raise HostRefused(f"repository: host {remote.host!r} resolves to {INSIDE}")
+        raise HostRefused("repository", f"host {remote.host!r} resolves to {INSIDE}")
     return Checked(remote, addresses)
 
 
@@ -341,14 +343,16 @@ def reachable(checked: Checked, base: str, timeout: float) -> None:
     try:
         proc = gitops.run_captured(["git", *args], cwd=None, env=gitops.git_env(config), timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise HostRefused(f"repository: {checked.remote.host} did not answer within {timeout:g} s") from None
+        raise HostRefused(
+            "repository", f"{checked.remote.host} did not answer within {timeout:g} s"
+        ) from None
     if proc.returncode != 0:
-        said = failure(checked.remote.url, GitError(args, proc.returncode, proc.stderr[-4000:]))
-        raise HostRefused(said.replace("could not clone from", "cannot read the repository at"))
+        said = _failed(checked.remote.url, GitError(args, proc.returncode, proc.stderr[-4000:]))
+        raise HostRefused("repository", said.replace("could not clone from", "cannot read the repository at"))
     refs = {line.split("\t", 1)[1] for line in proc.stdout.splitlines()[:100] if "\t" in line}
     if named and not set(wanted) & refs:
         raise HostRefused(
-            f"study.base: the repository at {checked.remote.host} has no branch or tag {base!r}"
+            "study.base", f"the repository at {checked.remote.host} has no branch or tag {base!r}"
         )
 
 
@@ -385,13 +389,16 @@ _TRUST = ("ssl", "certificate", "host key verification failed", "gnutls")
 
 def failure(source: str, exc: BaseException) -> str:
     """Return the `stop_reason` of a study whose clone failed: what happened, in plain terms."""
-    if isinstance(exc, HostRefused):
-        return str(exc)
+    return str(exc) if isinstance(exc, HostRefused) else f"repository: {_failed(source, exc)}"
+
+
+def _failed(source: str, exc: BaseException) -> str:
+    """Return what went wrong with a clone, in plain terms (without the field it names)."""
     try:
         host = parse(source).host
     except HostRefused:
         host = ""
-    where = f"repository: could not clone from {host}" if host else "repository: could not clone it"
+    where = f"could not clone from {host}" if host else "could not clone it"
     if isinstance(exc, CloneStalled):
         if exc.first_byte:
             return f"{where}: the host did not send anything within {exc.seconds:g} s"

@@ -114,6 +114,8 @@ class Node(SQLModel, table=True):
     gate_passed: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
     heldout_values: list[float] = _json([])
     heldout_gain: float | None = None
+    heldout_lcb: float | None = None  # the gate's lower bound on the held-out gain
+    heldout_level: float | None = None  # that bound's confidence (1 - alpha)
     gate_reason: str = ""
     completed_order: int = 0
     cost: dict[str, Any] = _json({})

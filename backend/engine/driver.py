@@ -28,7 +28,7 @@ from agents.coordinator.ports import Dispatcher, Gatekeeper
 from agents.coordinator.state import Wait
 from agents.policies.base import Policy
 from agents.policies.registry import make_policy
-from agents.tree.status import StudyStatus
+from agents.tree.status import StopRule, StudyStatus
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Job, Study
@@ -238,14 +238,14 @@ class Driver:
                 try:
                     graph.invoke(inp, cfg, context=self.context, durability="sync", version="v2")
                 except BaselineError as exc:
-                    self._fail(str(exc))
+                    self._fail(str(exc), exc.step)
                     return Waiting(True, [], None, False)
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str, step: StopRule | None = None) -> None:
         # Experiments may run beside the baseline's held-out job: nothing of a failed study goes on.
         self.storage.cancel_active(self.study_id, reason="the study failed")
         with db.session(self.settings.db_url) as s:
-            lifecycle.fail(s, self.study_id, reason)
+            lifecycle.fail(s, self.study_id, reason, step)
 
     @staticmethod
     def _waiting(interrupts: tuple[Interrupt, ...]) -> Waiting:

@@ -30,6 +30,10 @@ from backend.services.records import add_event, spec_of, transition
 class BaselineError(RuntimeError):
     """The unchanged repository does not evaluate cleanly, so no gain can be measured."""
 
+    def __init__(self, message: str, step: StopRule) -> None:
+        super().__init__(message)
+        self.step = step
+
 
 class SealedRunner:
     """Runs a study's sealed evaluations (the baseline, a gate) wherever its job landed."""
@@ -61,19 +65,22 @@ class SealedRunner:
                     commit=st.base_commit, label="baseline", node_id=st.trunk_node_id,
                 )  # fmt: skip
             except environment.SetupFailed as exc:
-                raise BaselineError(str(exc)) from None
+                raise BaselineError(str(exc), StopRule.SETUP) from None
             finally:
                 self.repo.remove_worktree(path)
             if not all(r.ok for r in rs):
                 bad = next(r for r in rs if not r.ok)
                 raise BaselineError(
-                    f"the dev evaluation fails on the unchanged repository: {bad.reason}\n{bad.stderr_tail[-1500:]}"
+                    f"the dev evaluation fails on the unchanged repository: {bad.reason}\n{bad.stderr_tail[-1500:]}",
+                    StopRule.BASELINE_DEV,
                 )
             self.store.baseline_dev([r.objective(spec.objective.metric) or 0.0 for r in rs])
         if heldout:
             values_t = self._heldout(st, spec, st.base_commit, "baseline-test", node_id=st.trunk_node_id)
             if values_t is None:
-                raise BaselineError("the sealed test evaluation fails on the unchanged repository")
+                raise BaselineError(
+                    "the sealed test evaluation fails on the unchanged repository", StopRule.BASELINE_TEST
+                )
             self.store.baseline_heldout(values_t)
 
     def _heldout(

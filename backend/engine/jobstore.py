@@ -15,6 +15,7 @@ import math
 import os
 import secrets
 import socket
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -576,9 +577,11 @@ class DbStore:
             if passed and self._trunk_moved(study, commit):  # stale, not forged: it could not merge anyway
                 record_verdict(s, node, False, "failed: trunk moved while the gate ran", "", values, None)
                 return
-            why, gain = self._judge(s, study, node, spec, values, passed, commit)
+            why, bound = self._judge(
+                s, study, node, spec, values, passed, commit
+            )  # the worker's gain is not kept
             if not why:
-                record_verdict(s, node, passed, reason, commit if passed else "", values, gain)
+                record_verdict(s, node, passed, reason, commit if passed else "", values, bound)
                 return
             refused = f"failed: the server refused the gate's result: {why}"[:2000]
             record_verdict(s, node, False, refused, "", [], None)
@@ -601,7 +604,7 @@ class DbStore:
 
     def _judge(
         self, s: Session, study: Study, node: Node, spec: Any, values: list[float], passed: bool, commit: str
-    ) -> tuple[str, float | None]:
+    ) -> tuple[str, Bound | None]:
         """Return why a reported gate result cannot be kept ('' if it can) and the held-out gain recomputed."""
         if why := _out_of_bounds(spec, values):
             return why, None
@@ -613,11 +616,11 @@ class DbStore:
         gain = None
         if values and len(trunk) >= len(values):
             plan = Plan(spec.gate.test_repeats, 3 * spec.gate.test_repeats)
+            alpha = plan.alpha_at(len(values))
             d = heldout_decision(
-                values, trunk[: len(values)], maximize=spec.maximize, margin=spec.gate.margin,
-                alpha=plan.alpha_at(len(values)),
-            )  # fmt: skip
-            gain = d.gain
+                values, trunk[: len(values)], maximize=spec.maximize, margin=spec.gate.margin, alpha=alpha
+            )
+            gain = Bound(d.gain, d.gain_lcb, 1 - alpha)
             if passed and not d.passed:
                 return f"the reported values do not pass the held-out rule ({d.reason})", gain
         elif passed:
@@ -753,6 +756,15 @@ class DbStore:
         """Make a commit made in `repo` reachable in Grove's clone (it already is: the same repository)."""
 
 
+@dataclass(frozen=True)
+class Bound:
+    """A held-out gain with its lower confidence bound, at the level the gate judged it."""
+
+    gain: float
+    lcb: float
+    level: float  # the bound's one-sided confidence, 1 - alpha (0.95 at the first look)
+
+
 def record_verdict(
     s: Any,
     node: Node,
@@ -760,11 +772,14 @@ def record_verdict(
     reason: str,
     commit: str = "",
     values: list[float] | None = None,
-    gain: float | None = None,
+    gain: Bound | None = None,
 ) -> None:
     """Store a node's gate verdict with its event; a failed gate rejects the node (if nothing ended it first)."""
     node.gated, node.gate_passed, node.gate_reason, node.gate_commit = True, passed, reason, commit
-    node.heldout_values, node.heldout_gain = values or [], gain
+    node.heldout_values = values or []
+    node.heldout_gain, node.heldout_lcb, node.heldout_level = (
+        (gain.gain, gain.lcb, gain.level) if gain else (None, None, None)
+    )
     s.add(node)
     add_event(s, node.study_id, "node.gate_passed" if passed else "node.gate_failed", node.id, passed=passed)
     if not passed and node.status == NodeStatus.EVALUATED:

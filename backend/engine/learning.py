@@ -24,6 +24,7 @@ from sqlmodel import Session, col, delete, func, select
 from agents.learning.options import Method, Support, Teacher
 from backend.core import db
 from backend.core.config import Settings
+from backend.core.errors import FieldError
 from backend.core.models import LearningEvent, LearningJob, Trajectory, now
 from backend.core.states import JobStatus
 from backend.engine import jobstore
@@ -46,8 +47,9 @@ class DistillParams(BaseModel):
     model: str = ""  # a local Hugging Face model folder (config, weights, tokenizer)
     trajectories: str = ""  # a JSONL file from `grove export-trajectories`; empty: the study's own records
     tasks: str = ""  # a JSONL file of tasks with checkers (`backend/engine/checker.py`); on-policy only
-    method: Method = Field(default=Method.SDPO, validation_alias=AliasChoices("method", "mode"))
-    teacher: Teacher | None = None  # None: ema for SDPO, frozen for CANON
+    # The enum fields take their values as strings (strict mode would ask for the enum's members).
+    method: Method = Field(default=Method.SDPO, validation_alias=AliasChoices("method", "mode"), strict=False)
+    teacher: Teacher | None = Field(default=None, strict=False)  # None: ema for SDPO, frozen for CANON
     on_policy: bool = False
     rounds: int = Field(default=3, ge=1, le=100_000)
     samples: int = Field(default=4, ge=1, le=1024)
@@ -62,7 +64,7 @@ class DistillParams(BaseModel):
     opsa_a_max: float = Field(default=-0.5, le=0.0)
     rate: float = Field(default=0.05, ge=0.0, le=1.0)
     beta: float = Field(default=0.5, ge=0.0, le=1.0)
-    support: Support = Support.TOPK
+    support: Support = Field(default=Support.TOPK, strict=False)
     topk: int = Field(default=100, ge=1, le=1_000_000)
     steps: int = Field(default=20, ge=1, le=1_000_000)
     batch_size: int = Field(default=4, ge=1, le=1_000_000)
@@ -123,8 +125,8 @@ PARAMS: dict[str, type[BaseModel]] = {
 }
 
 
-class LearningJobError(ValueError):
-    """A learning job was asked for with bad parameters (the message names the field)."""
+class LearningJobError(FieldError):
+    """A learning job was asked for with bad parameters (`key` names the field)."""
 
 
 PATHS = ("model", "trajectories", "tasks")  # the distillation parameters that name files on the server
@@ -132,39 +134,47 @@ ON_POLICY_ONLY = ("tasks", "rounds", "samples", "max_new_tokens", "temperature",
 OPSA_ONLY = ("opsa_weight", "opsa_fraction", "opsa_a_min", "opsa_a_max")
 
 
-def _distill_problem(p: DistillParams) -> str:
-    """Return why a distillation's parameters do not go together (naming the field), or ''."""
+def _distill_problem(p: DistillParams) -> LearningJobError | None:
+    """Return why a distillation's parameters do not go together (naming the field), or None."""
     given = p.model_fields_set
     if p.method == Method.CANON and p.teacher not in (None, Teacher.FROZEN):
-        return (
-            'params.teacher: CANON distils from a frozen snapshot: leave teacher unset or set it to "frozen"'
+        return LearningJobError(
+            "params.teacher",
+            'CANON distils from a frozen snapshot: leave teacher unset or set it to "frozen"',
         )
     if p.support == Support.SAMPLED and p.beta != 1.0:
-        return (
-            "params.beta: the sampled-token support is the reverse KL only: set beta = 1 (or another support)"
+        return LearningJobError(
+            "params.beta",
+            "the sampled-token support is the reverse KL only: set beta = 1 (or another support)",
         )
     for name in OPSA_ONLY:
         if name in given and not p.opsa:
-            return f"params.{name}: set opsa = true to use it"
+            return LearningJobError(f"params.{name}", "set opsa = true to use it")
     if p.opsa_a_min > p.opsa_a_max:
-        return "params.opsa_a_min: must not be above opsa_a_max (advantages lie in [opsa_a_min, opsa_a_max])"
+        return LearningJobError(
+            "params.opsa_a_min", "must not be above opsa_a_max (advantages lie in [opsa_a_min, opsa_a_max])"
+        )
     for name in ON_POLICY_ONLY:
         if name in given and not p.on_policy:
-            return f"params.{name}: only an on-policy job samples: set on_policy = true"
+            return LearningJobError(f"params.{name}", "only an on-policy job samples: set on_policy = true")
     if p.tasks and p.trajectories:
-        return "params.tasks: give the prompts as tasks or as trajectories, not both"
+        return LearningJobError("params.tasks", "give the prompts as tasks or as trajectories, not both")
     if p.on_policy and p.method == Method.CANON and p.samples < 2:
-        return "params.samples: CANON's consensus needs at least 2 rollouts of each prompt"
-    return ""
+        return LearningJobError(
+            "params.samples", "CANON's consensus needs at least 2 rollouts of each prompt"
+        )
+    return None
 
 
-def _describe(kind: str, err: Any) -> str:
+def _describe(kind: str, err: Any) -> LearningJobError:
     key = "params." + ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
-        return f"{key}: unknown for a {kind} job (known: {', '.join(PARAMS[kind].model_fields)})"
+        return LearningJobError(
+            key, f"unknown for a {kind} job (known: {', '.join(PARAMS[kind].model_fields)})"
+        )
     if err["type"].endswith("_type"):
-        return f"{key}: expected {err['type'].removesuffix('_type')}, got {err['input']!r}"
-    return f"{key}: {err['msg']}"
+        return LearningJobError(key, f"expected {err['type'].removesuffix('_type')}, got {err['input']!r}")
+    return LearningJobError(key, str(err["msg"]))
 
 
 def submit(
@@ -185,15 +195,15 @@ def submit(
     are checked before anything looks at them.
     """
     if kind not in PARAMS:
-        raise LearningJobError(f"kind: {kind!r} is not one of {', '.join(PARAMS)}")
+        raise LearningJobError("kind", f"{kind!r} is not one of {', '.join(PARAMS)}")
     try:
         checked = PARAMS[kind].model_validate(params)
     except ValidationError as exc:
-        raise LearningJobError(_describe(kind, exc.errors()[0])) from None
+        raise _describe(kind, exc.errors()[0]) from None
     if isinstance(checked, DistillParams):
         problem = _distill_problem(checked)
-        if problem:
-            raise LearningJobError(problem)
+        if problem is not None:
+            raise problem
         if settings is not None:
             for name in PATHS:
                 path = getattr(checked, name)
@@ -201,21 +211,21 @@ def submit(
                     try:
                         check_local_path(settings, path, f"params.{name}")
                     except SourceRefused as exc:
-                        raise LearningJobError(str(exc)) from None
+                        raise LearningJobError(exc.key, exc.detail) from None
         if not (Path(checked.model) / "config.json").is_file():
             raise LearningJobError(
-                f"params.model: {checked.model!r} is not a local Hugging Face model folder"
+                "params.model", f"{checked.model!r} is not a local Hugging Face model folder"
             )
         if checked.trajectories and not Path(checked.trajectories).is_file():
-            raise LearningJobError(f"params.trajectories: {checked.trajectories!r} does not exist")
+            raise LearningJobError("params.trajectories", f"{checked.trajectories!r} does not exist")
         if checked.tasks:
             try:
                 load_tasks(Path(checked.tasks))
             except (OSError, UnicodeDecodeError, TaskError) as exc:
-                raise LearningJobError(f"params.tasks: {checked.tasks}: {exc}") from None
+                raise LearningJobError("params.tasks", f"{checked.tasks}: {exc}") from None
         elif not checked.trajectories and study_id is None:
             raise LearningJobError(
-                "params.trajectories: give a JSONL file, or a study whose trajectories to use"
+                "params.trajectories", "give a JSONL file, or a study whose trajectories to use"
             )
         if checked.method == Method.CANON and not checked.on_policy:
             if checked.trajectories:
@@ -225,8 +235,9 @@ def submit(
                 groups = _by_prompt([{"prompt": messages[:2]} for messages in rows])
             if not any(len(g) > 1 for g in groups):
                 raise LearningJobError(
-                    "params.method: CANON needs several rollouts of the same prompt, and every record's "
-                    "prompt is different (sample them: on_policy = true)"
+                    "params.method",
+                    "CANON needs several rollouts of the same prompt, and every record's "
+                    "prompt is different (sample them: on_policy = true)",
                 )
     token = token or secrets.token_hex(16)
     job = LearningJob(
@@ -428,7 +439,7 @@ def _read_jsonl(path: Path, field: str) -> list[dict[str, Any]]:
     try:
         lines = path.read_text("utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise LearningJobError(f"params.{field}: {path}: cannot be read as UTF-8 text ({exc})") from None
+        raise LearningJobError(f"params.{field}", f"{path}: cannot be read as UTF-8 text ({exc})") from None
     records = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -436,9 +447,9 @@ def _read_jsonl(path: Path, field: str) -> list[dict[str, Any]]:
         try:
             record = json.loads(line)
         except ValueError as exc:  # JSON's own errors, and a number past the int-string limit
-            raise LearningJobError(f"params.{field}: {path}: line {n} is not JSON ({exc})") from None
+            raise LearningJobError(f"params.{field}", f"{path}: line {n} is not JSON ({exc})") from None
         if not isinstance(record, dict):
-            raise LearningJobError(f"params.{field}: {path}: line {n} is not a JSON object")
+            raise LearningJobError(f"params.{field}", f"{path}: line {n} is not a JSON object")
         records.append(record)
     return records
 
@@ -487,10 +498,10 @@ def _distill(settings: Settings, store: LearningStore, job: LearningJob, out: Pa
         if p.method == Method.CANON:
             groups = [g for g in _by_prompt(records) if len(g) > 1]
             if not groups:
-                raise LearningJobError("params.method: CANON needs several rollouts of the same prompt")
+                raise LearningJobError("params.method", "CANON needs several rollouts of the same prompt")
             records = canon_records(groups)
         if not records:
-            raise LearningJobError("params.trajectories: no record has both a prompt and a rollout")
+            raise LearningJobError("params.trajectories", "no record has both a prompt and a rollout")
         history = []
         steps, size = p.steps, p.batch_size
         for step in range(steps):
@@ -513,12 +524,12 @@ def _files_here(p: DistillParams) -> None:
     where = jobstore.host()[0]
     if not (Path(p.model) / "config.json").is_file():
         raise LearningJobError(
-            f"params.model: {p.model!r} is not a local Hugging Face model folder on {where}"
+            "params.model", f"{p.model!r} is not a local Hugging Face model folder on {where}"
         )
     for name in ("trajectories", "tasks"):
         path = getattr(p, name)
         if path and not Path(path).is_file():
-            raise LearningJobError(f"params.{name}: {path!r} does not exist on {where}")
+            raise LearningJobError(f"params.{name}", f"{path!r} does not exist on {where}")
 
 
 def _on_policy(
@@ -540,7 +551,7 @@ def _on_policy(
             for g in _by_prompt([r for r in _records(store, p.trajectories) if r.get("prompt")])
         ]
     if not prompts:
-        raise LearningJobError("params.trajectories: no record has a prompt")
+        raise LearningJobError("params.trajectories", "no record has a prompt")
     history = []
     for n in range(1, p.rounds + 1):
         row = run_round(distiller, opt, prompts, samples=p.samples, steps=p.steps, batch_size=p.batch_size,

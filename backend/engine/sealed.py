@@ -68,7 +68,7 @@ def _run(site: Site, job_id: int, token: str) -> str:
             outcome["passed"] = runner.gate(job.node_id)
         status = "done"
     except BaselineError as exc:
-        status, outcome["reason"] = "failed", str(exc)
+        status, outcome["reason"], outcome["step"] = "failed", str(exc), str(exc.step)
     except (Unreachable, Superseded):
         raise  # the API is out of reach (tried again later), or the job is no longer ours
     except Exception as exc:  # recorded with its reason: the coordinator must not wait forever
@@ -123,10 +123,13 @@ class SealedJobs:
         if not st.baseline_dev:
             with db.session(self.settings.db_url) as s:
                 lifecycle.start(s, study_id)
-        kind = "heldout" if st.baseline_dev else "baseline"
+        kind = JobKind.HELDOUT if st.baseline_dev else JobKind.BASELINE
         job = self._job(study_id, st.trunk_node_id or 0, kind)
         if job.status in (JobStatus.DONE, JobStatus.FAILED):
-            raise BaselineError(str(job.outcome.get("reason") or "the baseline job ended without a baseline"))
+            step = StopRule(job.outcome.get("step") or StopRule.BASELINE_DEV)
+            raise BaselineError(
+                str(job.outcome.get("reason") or "the baseline job ended without a baseline"), step
+            )
         # A running job is the reconciler's, should its worker die.
         if job.status == JobStatus.QUEUED and (kind == JobKind.BASELINE or send_held_out):
             self.submit(job.id or 0)

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from agents.tree.fate import Facts, fate, rejection
+from agents.tree.fate import Facts, candidate, fate, rejection
 from agents.tree.status import Origin
 from backend.core.models import Node, Study
 from backend.services.records import spec_of
@@ -57,6 +57,11 @@ def node_rejection(row: Mapping[str, Any]) -> str:
     return str(rejection(facts(row, (), "", 0.0)) or "")
 
 
+def node_candidate(row: Mapping[str, Any], trunk_commit: str, min_gain: float) -> bool:
+    """Return whether a node is a gate candidate, from its columns."""
+    return candidate(facts(row, (), trunk_commit, min_gain))
+
+
 def facts(
     row: Mapping[str, Any],
     refined_as: Sequence[int],
@@ -88,10 +93,20 @@ def rejection_of(n: Node) -> str:
     return node_rejection(_row(n))
 
 
-def fate_of(s: Session, n: Node) -> str:
-    """Return one node's fate (its refine children and its study's trunk are looked up)."""
+def candidate_of(s: Session, n: Node) -> bool:
+    """Return whether one node is a gate candidate (its study's trunk and plateau bar are looked up)."""
     st = s.get(Study, n.study_id)
     assert st is not None
+    return node_candidate(_row(n), st.trunk_commit, spec_of(st).plateau.min_gain)
+
+
+def refined_as(s: Session, n: Node) -> list[int]:
+    """Return the numbers of a node's refine children."""
+    return _refs(s, n)[0]
+
+
+def _refs(s: Session, n: Node) -> tuple[list[int], list[int]]:
+    """Return the numbers of a node's refine children and of the nodes that measure it again."""
     refs = s.exec(
         select(Node.origin, Node.number)
         .where(
@@ -101,6 +116,14 @@ def fate_of(s: Session, n: Node) -> str:
     ).all()
     refined = [num for origin, num in refs if origin == Origin.REFINE]
     revisited = [num for origin, num in refs if origin == Origin.REVISIT]
+    return refined, revisited
+
+
+def fate_of(s: Session, n: Node) -> str:
+    """Return one node's fate (its refine children and its study's trunk are looked up)."""
+    st = s.get(Study, n.study_id)
+    assert st is not None
+    refined, revisited = _refs(s, n)
     return node_fate(_row(n), refined, st.trunk_commit, spec_of(st).plateau.min_gain, revisited)
 
 

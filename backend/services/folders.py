@@ -13,11 +13,11 @@ def check_local_path(settings: Settings, path: str, field: str) -> None:
     The rules are `check_source`'s for local paths (under `GROVE_REPO_ROOTS`, never inside Grove's own
     data or worktree folders), checked before anything looks at the path, so that a refusal says
     nothing about what exists on the server. A URL is no local path. Raises SourceRefused, its
-    message starting with `field:`.
+    `key` the field.
     """
     if not path.strip() or gitops.is_url(path) or path.lower().startswith("file:"):
-        raise SourceRefused(f"{field}: must be a local path on the server")
+        raise SourceRefused(f"{field}", "must be a local path on the server")
     try:
         check_source(settings, path)
     except SourceRefused as exc:
-        raise SourceRefused(f"{field}: {str(exc).removeprefix('repository:').strip()}") from None
+        raise SourceRefused(field, exc.detail) from None

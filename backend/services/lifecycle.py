@@ -109,10 +109,10 @@ def stop(s: Session, study_id: int, *, by: str) -> list[str]:
     return [j.task_id for j in jobs if j.task_id]
 
 
-def fail(s: Session, study_id: int, reason: str) -> None:
-    """End a study as failed (idempotent)."""
+def fail(s: Session, study_id: int, reason: str, step: StopRule | None = None) -> None:
+    """End a study as failed (idempotent), naming the step it failed on where one is known."""
     if load(s, study_id).status != StudyStatus.FAILED:
-        change(s, study_id, StudyStatus.FAILED, reason=reason[:2000])
+        change(s, study_id, StudyStatus.FAILED, reason=reason[:2000], **({"rule": str(step)} if step else {}))
 
 
 def finish(s: Session, study_id: int, reason: str, rule: StopRule | None = None) -> None:

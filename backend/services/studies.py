@@ -20,6 +20,7 @@ from agents.speccheck import check_against_tree
 from agents.tree.status import NodeStatus, StudyStatus
 from backend.core import cloning, gitops, localmodel
 from backend.core.config import Settings
+from backend.core.errors import FieldError
 from backend.core.models import Node, Study
 from backend.services import lifecycle, memory
 from backend.services.records import add_event, spec_of
@@ -180,8 +181,8 @@ def check_new(s: Session, spec: Spec, source_repo: str, allow_plain_folder: bool
         raise StudyExists(f"study {spec.study.name!r} already exists")
 
 
-class SourceRefused(ValueError):
-    """A repository source the server's settings do not allow over the API."""
+class SourceRefused(FieldError):
+    """A repository source the server's settings do not allow over the API (`key`: the field, `repository`)."""
 
 
 def check_source(settings: Settings, source: str) -> None:
@@ -192,18 +193,18 @@ def check_source(settings: Settings, source: str) -> None:
     `GROVE_REPO_HOSTS` lists (only those when it is set: `backend.core.cloning`).
     """
     if not source.strip() or any(ord(c) < 32 or ord(c) == 127 for c in source):
-        raise SourceRefused("repository: must be a path or URL without control characters")
+        raise SourceRefused("repository", "must be a path or URL without control characters")
     if source.startswith("-"):
-        raise SourceRefused("repository: must not start with '-'")
+        raise SourceRefused("repository", "must not start with '-'")
     if source.lower().startswith("file:"):
         # git decodes %2F and reads a host part; a plain path is checked as it will be cloned.
-        raise SourceRefused("repository: file: URLs are not accepted over the API; give the folder's path")
+        raise SourceRefused("repository", "file: URLs are not accepted over the API; give the folder's path")
     if not gitops.is_url(source):
         try:
             path = Path(source).expanduser().resolve()
         except RuntimeError:  # `~name` of a user this machine does not know
             raise SourceRefused(
-                f"repository: cannot expand {source.split('/', 1)[0]!r} on this server"
+                "repository", f"cannot expand {source.split('/', 1)[0]!r} on this server"
             ) from None
         _allowed_folder(settings, path)
         # What git reads is judged too: a gitfile, `commondir`, alternates or a linked pack may lead
@@ -212,22 +213,23 @@ def check_source(settings: Settings, source: str) -> None:
         try:
             folders = gitops.git_data_folders(path)
         except gitops.TooManyObjects as exc:
-            raise SourceRefused(f"repository: {exc}; pack it first (git gc)") from None
+            raise SourceRefused("repository", f"{exc}; pack it first (git gc)") from None
         except (OSError, gitops.GitError) as exc:
-            raise SourceRefused(f"repository: git cannot read {path}: {str(exc)[:300]}") from None
+            raise SourceRefused("repository", f"git cannot read {path}: {str(exc)[:300]}") from None
         for folder in folders:
             try:
                 _allowed_folder(settings, folder)
             except SourceRefused as exc:
                 raise SourceRefused(
-                    f"repository: its git data is read from {folder} (through a gitfile, commondir, "
-                    f"alternates or a link), which is not allowed: {str(exc).removeprefix('repository: ')}"
+                    "repository",
+                    f"its git data is read from {folder} (through a gitfile, commondir, "
+                    f"alternates or a link), which is not allowed: {exc.detail}",
                 ) from None
         return
     try:
         cloning.check(settings, source)
     except cloning.HostRefused as exc:
-        raise SourceRefused(str(exc)) from None
+        raise SourceRefused(exc.key, exc.detail) from None
 
 
 def _allowed_folder(settings: Settings, path: Path) -> None:
@@ -235,14 +237,14 @@ def _allowed_folder(settings: Settings, path: Path) -> None:
     roots = [Path(r).expanduser().resolve() for r in settings.repo_roots.split(",") if r.strip()]
     if not any(path.is_relative_to(r) for r in roots):
         where = ", ".join(str(r) for r in roots) if roots else "no folder (GROVE_REPO_ROOTS is not set)"
-        raise SourceRefused(f"repository: local paths over the API must lie under {where}")
+        raise SourceRefused("repository", f"local paths over the API must lie under {where}")
     # Grove's own clones and worktrees hold other studies' histories, sealed files included; only
     # the snapshots `grove submit` makes of plain folders (its imports) may be given from there.
     data = settings.data_dir.expanduser().resolve()
     imported = path.is_relative_to(data / "imports") and path != data / "imports"
     for own in (data, settings.worktrees_dir.expanduser().resolve()):
         if path.is_relative_to(own) and not imported:
-            raise SourceRefused(f"repository: {path} is inside Grove's own folder {own}; give the original")
+            raise SourceRefused("repository", f"{path} is inside Grove's own folder {own}; give the original")
 
 
 def check_study(

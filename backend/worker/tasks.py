@@ -24,7 +24,7 @@ from sqlmodel import col, select
 from agents.policies import optuna_bridge
 from agents.policies.registry import PolicyUnavailable
 from agents.spec import SpecError
-from agents.tree.status import StudyStatus
+from agents.tree.status import StopRule, StudyStatus
 from backend.core import cloning, db, fanout, gitops
 from backend.core.config import Settings, get_settings
 from backend.core.gitops import GitError
@@ -173,11 +173,12 @@ def clone(study_id: int) -> str:
     except Busy:
         return "busy"
     except Exception as exc:  # any failure ends the study with its reason; none leaves it cloning
+        step: StopRule | None = None
         if isinstance(exc, SpecError):
             reason = str(exc)
         elif gitops.is_url(source):
             # Viewers read the reason: what happened in plain words. The full error goes to this log.
-            reason = cloning.failure(source, exc)
+            reason, step = cloning.failure(source, exc), StopRule.CLONE
             log.warning("study %s: clone of %s failed: %s", study_id, source, exc)
         else:
             reason = str(repository_error(exc)["message"])
@@ -185,7 +186,7 @@ def clone(study_id: int) -> str:
             traceback.print_exc()
         with db.session(settings.db_url) as s:
             if s.get(Study, study_id) is not None:
-                lifecycle.fail(s, study_id, reason)
+                lifecycle.fail(s, study_id, reason, step)
         return "failed"
     enqueue_advance(app, study_id)
     return "created"

@@ -11,7 +11,7 @@ import streamlit as st
 import streamlit.components.v1 as components
 
 from client import ApiError, Grove, Unreachable
-from client.models import NodeStatus, NodeSummary, Progress, RunKind, Study, StudyStatus, Tree
+from client.models import NodeStatus, NodeSummary, Progress, RunKind, StopRule, Study, StudyStatus, Tree
 from frontend import charts, decisions, palette, timeline, tree_explorer, ui, verdicts
 
 REFRESH = "3s"
@@ -493,21 +493,20 @@ def compare(api: Grove, s: Study, measured: list[NodeSummary]) -> None:
             st.code(n["diff"] or "(no change)", language="diff")
 
 
-FIXES = (
-    ("dev evaluation fails on the unchanged repository",
-     "Run `grove validate` on the repository: the dev command must print its metrics as JSON on the base commit."),
-    ("sealed test evaluation fails", "Run the test command by hand on the base commit, with the sealed files present."),
-    ("environment setup", "Check `[environment] setup` (its log is named above), then submit the study again."),
-    ("clone", "Check that the repository's URL is reachable from the server and the branch exists."),
-)  # fmt: skip
+FIXES = {
+    StopRule.BASELINE_DEV:
+        "Run `grove validate` on the repository: the dev command must print its metrics as JSON on the base commit.",
+    StopRule.BASELINE_TEST: "Run the test command by hand on the base commit, with the sealed files present.",
+    StopRule.SETUP: "Check `[environment] setup` (its log is named above), then submit the study again.",
+    StopRule.CLONE: "Check that the repository's URL is reachable from the server and the branch exists.",
+}  # fmt: skip
 
 
 def failed(s: Study) -> None:
     """Say, at the top, why the study failed and what fixes it."""
     reason = s["stop_reason"] or "no reason was recorded"
-    fix = next(
-        (f for words, f in FIXES if words in reason), "Fix what the reason names and submit the study again."
-    )
+    fix = next((f for step, f in FIXES.items() if step == s["stop_rule"]), "")
+    fix = fix or "Fix what the reason names and submit the study again."
     st.error(f"**This study failed.** {ui.words(reason)}\n\n**What to do:** {fix}")
 
 

@@ -577,7 +577,15 @@ def test_a_500_node_tree_reads_after_a_zoom_and_a_search_centres_the_node(
 def test_a_finished_study_shows_parallel_coordinates_importance_and_its_report(
     stack: dict[str, str], browser: Browser, tmp_path: Path
 ) -> None:
-    sid = grown(stack, tmp_path, "charted", 40, status="finished", stop_reason="experiment budget spent")
+    sid = grown(
+        stack,
+        tmp_path,
+        "charted",
+        40,
+        status="finished",
+        stop_reason="experiment budget spent",
+        stop_rule="experiments",
+    )
     headers = {"Authorization": f"Bearer {stack['token']}"}
     measured = httpx.get(f"{stack['api']}/studies/{sid}/search", headers=headers).json()["points"]
     page = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -601,7 +609,7 @@ def test_a_failed_study_opens_with_a_banner_giving_the_reason_and_the_fix(
     stack: dict[str, str], browser: Browser, tmp_path: Path
 ) -> None:
     reason = "dev evaluation fails on the unchanged repository: eval.py exited 1"
-    sid = grown(stack, tmp_path, "broken", 3, status="failed", stop_reason=reason)
+    sid = grown(stack, tmp_path, "broken", 3, status="failed", stop_reason=reason, stop_rule="baseline_dev")
     page = browser.new_page(viewport={"width": 1280, "height": 800})
     # The studies list: a click on a study's row opens it.
     page.goto(stack["dashboard"])

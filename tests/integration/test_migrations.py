@@ -169,8 +169,18 @@ def test_gate_verdicts_and_failure_blame_are_read_off_old_sentences_once(
     engine = create_engine(url)
     cfg = alembic_config(url)
     rows = [  # (gated, gate_reason, failure) -> (gate_passed, blame)
-        ((True, "passed: held-out gain +0.02", ""), (True, "idea")),
-        ((True, "failed: held-out gain 0.1 below margin 0.5", ""), (False, "idea")),
+        (
+            (True, "passed: held-out gain +0.02 (97.3% lower bound +0.004, n=3) > margin 0", ""),
+            (True, "idea"),
+        ),
+        (
+            (
+                True,
+                "failed: held-out gain -0.01 (95% lower bound \u22120.03, n=3) does not clear margin 0",
+                "",
+            ),
+            (False, "idea"),
+        ),
         ((False, "", "AnswerFormatError: 3 answers in a row held no action"), (False, "machinery")),
         ((False, "", "GitError: git worktree add failed"), (False, "machinery")),
         ((False, "", "BudgetExhausted: LLM budget spent: $0.04 of $0.04 charged"), (False, "usd")),
@@ -210,6 +220,10 @@ def test_gate_verdicts_and_failure_blame_are_read_off_old_sentences_once(
             command.upgrade(cfg, "head")
             got = conn.execute(text("SELECT gate_passed, blame FROM node ORDER BY id")).all()
             assert [(bool(p), b) for p, b in got] == [want for _, want in rows]
+            bounds = conn.execute(text("SELECT heldout_lcb, heldout_level FROM node ORDER BY id")).all()
+            assert [tuple(b) for b in bounds] == [(0.004, 0.973), (-0.03, 0.95)] + [(None, None)] * (
+                len(rows) - 2
+            )
             lessons = conn.execute(text("SELECT lesson FROM node ORDER BY id")).scalars().all()
             assert lessons == ["PRUNED (no gain). Lesson: x hurts"] + [""] * (len(rows) - 1)
             command.downgrade(cfg, "0019")

@@ -215,6 +215,7 @@ def test_a_job_that_is_not_sealed_reads_no_sealed_commit_and_no_held_out_number(
         node = s.get(Node, study.trunk_node_id)
         assert node is not None
         node.heldout_values, node.heldout_gain, node.gate_reason = [0.5], 0.25, "passed: LCB 0.1"
+        node.gate_passed, node.heldout_lcb, node.heldout_level = True, 0.1, 0.95
         s.add_all([study, node])
     got = {}
     for kind, token in (("experiment", site.plain), ("gate", site.trusted)):
@@ -228,11 +229,14 @@ def test_a_job_that_is_not_sealed_reads_no_sealed_commit_and_no_held_out_number(
         assert st.status_code == nd.status_code == 200, (st.text, nd.text)
         got[kind] = st.json() | nd.json()
     seen = {k: got["experiment"][k] for k in ("sealed_commit", "repository_key", "trunk_heldout",
-                                               "baseline_heldout", "heldout_values", "heldout_gain", "gate_reason")}  # fmt: skip
+                                               "baseline_heldout", "heldout_values", "heldout_gain", "gate_reason",
+                                               "gate_passed", "heldout_lcb", "heldout_level")}  # fmt: skip
     assert seen == {"sealed_commit": "", "repository_key": "", "trunk_heldout": [], "baseline_heldout": [],
-                    "heldout_values": [], "heldout_gain": None, "gate_reason": ""}  # fmt: skip
+                    "heldout_values": [], "heldout_gain": None, "gate_reason": "", "gate_passed": False,
+                    "heldout_lcb": None, "heldout_level": None}  # fmt: skip
     # A sealed job (on a sealed-role token) reads them all.
     assert got["gate"]["trunk_heldout"] == [0.5] and got["gate"]["heldout_gain"] == 0.25
+    assert got["gate"]["heldout_lcb"] == 0.1 and got["gate"]["gate_passed"] is True
     assert got["gate"]["sealed_commit"] == site.study.sealed_commit
 
 

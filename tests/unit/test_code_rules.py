@@ -98,3 +98,119 @@ def test_the_readme_is_an_entry_point_whose_links_lead_somewhere() -> None:
     for doc in sorted((ROOT / "docs").glob("*.md")):
         for page in re.findall(r"\]\(([\w./-]+\.md)\)", doc.read_text("utf-8")):
             assert (doc.parent / page).resolve().is_file(), f"{doc.name}: {page}"
+
+
+# Fields that hold a state or a kind: compared with a member of its enum, never with a string literal.
+STATE_FIELDS = frozenset({"status", "kind", "origin", "judge", "mode", "decision", "verdict", "outcome", "level",
+                          "stop_rule", "blame", "rejection", "step", "teacher", "support", "method"})  # fmt: skip
+# Protocol words that share a field's name: an HTTP request's method.
+PROTOCOL = frozenset({"request.method"})
+# Fields that hold sentences written for people: no decision is read from their words.
+SENTENCES = frozenset({"reason", "fate", "failure", "insight", "gate_reason", "stop_reason", "status_reason",
+                       "why", "summary", "lesson", "refine_outcome", "obs", "detail"})  # fmt: skip
+
+
+def _field(node: ast.AST) -> tuple[str, str]:
+    """Return the field an expression reads (a name, an attribute, a `[key]` or `.get(key)`) and its path."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+        key = node.args[0] if node.args else None
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            return key.value, f"{_dotted(node.func.value)}[{key.value}]"
+        return "", ""
+    name = _dotted(node)
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        return str(node.slice.value), name
+    return (name.rsplit(".", 1)[-1], name) if name else ("", "")
+
+
+def _words(node: ast.AST) -> bool:
+    """Return whether an expression is a string literal or a tuple, list or set of them ('' is no words)."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str) and node.value != ""
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return bool(node.elts) and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
+    return False
+
+
+def state_literals(source: str) -> list[int]:
+    """Return the lines that compare a state-like field with a string literal."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        for op, a, b in zip(node.ops, sides, sides[1:], strict=False):
+            if not isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn):
+                continue
+            for x, y in ((a, b), (b, a)):
+                field, path = _field(x)
+                if field in STATE_FIELDS and path not in PROTOCOL and _words(y):
+                    lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def sentence_reads(source: str) -> list[int]:
+    """Return the lines that decide something from the words of a sentence meant for people."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            method, target = node.func.attr, node.func.value
+            if method in ("startswith", "endswith") and _field(target)[0] in SENTENCES:
+                lines.append(node.lineno)
+            if _dotted(node.func) in ("re.search", "re.match", "re.fullmatch") and len(node.args) > 1:
+                if _field(node.args[1])[0] in SENTENCES:
+                    lines.append(node.lineno)
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            for op, a, b in zip(node.ops, sides, sides[1:], strict=False):
+                words_in = isinstance(op, ast.In | ast.NotIn) and _words(a) and _field(b)[0] in SENTENCES
+                equal = isinstance(op, ast.Eq | ast.NotEq) and any(
+                    _words(x) and _field(y)[0] in SENTENCES for x, y in ((a, b), (b, a))
+                )
+                if words_in or equal:
+                    lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_no_state_is_compared_with_a_string() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in product_files()
+        for line in state_literals(path.read_text("utf-8"))
+    ]
+    assert found == [], "compare with the state's enum member (agents/tree/status.py, backend/core/states.py)"
+
+
+def test_no_decision_is_read_from_a_sentence() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in product_files()
+        for line in sentence_reads(path.read_text("utf-8"))
+    ]
+    assert found == [], "record what the decision needs as a field beside the sentence"
+
+
+@pytest.mark.parametrize(
+    ("source", "states", "sentences"),
+    [
+        ('if job.status == "done": pass', True, False),
+        ('ok = n["status"] in ("merged", "awaiting_approval")', True, False),
+        ('x = [j for j in jobs if j.kind != "gate"]', True, False),
+        ('if c.get("verdict") == "satisfied": pass', True, False),
+        ('if "pending" == appr.status: pass', True, False),
+        ("if job.status == JobStatus.DONE: pass", False, False),
+        ('if request.method == "GET": pass', False, False),
+        ('if m["role"] == "tool": pass', False, False),
+        ('if node.gate_reason.startswith("passed"): pass', False, True),
+        ('if "constraint" in n["fate"]: pass', False, True),
+        ('if st.stop_reason == "stopped by user": pass', False, True),
+        ('m = re.search(r"refined as (n\\d+)", fate)', False, True),
+        ('if r.evidence.insight.startswith(PREFIX): pass', False, True),
+        ("if node.gate_passed: pass", False, False),
+        ('ok = reason == ""', False, False),
+        ('label = f"held-out gate: {n.gate_reason}"', False, False),
+    ],
+)
+def test_the_checks_tell_a_string_compared_from_a_field(source: str, states: bool, sentences: bool) -> None:
+    assert bool(state_literals(source)) is states
+    assert bool(sentence_reads(source)) is sentences

@@ -297,7 +297,9 @@ def test_what_a_tool_call_did_is_its_flag_not_its_words(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("error: this line is the file's own text\n")
     # A dev evaluation whose words read like a pass but that failed, and one read of a file whose
     # text reads like a tool error: the flags decide, never the words.
-    box = Toolbox(tmp_path, ["config.toml"], Runtime(dev="dev evaluation ok (so the evaluator claims)", dev_ok=False))
+    box = Toolbox(
+        tmp_path, ["config.toml"], Runtime(dev="dev evaluation ok (so the evaluator claims)", dev_ok=False)
+    )
     model = Scripted([call("read", path="notes.txt"), call("evaluate_dev"), call("finish", report="done")])
     tr = loop.Transcript()
     loop.run(model, box, "s", "t", tr=tr)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agents.tree.fate import Facts, Rejection, fate, rejection
+from agents.tree.fate import Facts, Rejection, candidate, fate, rejection
 
 
 def test_each_fate_reads_as_one_line() -> None:
@@ -31,6 +31,10 @@ def test_each_fate_reads_as_one_line() -> None:
     for facts, line in cases.items():
         assert fate(facts) == line, facts
         assert "\n" not in line
+        # The flag the dashboard reads agrees with the words, on every case.
+        assert candidate(facts) == line.startswith("gate candidate"), facts
+    assert candidate(Facts("evaluated", gain_lcb=0.2, decision="", min_gain=0.1))
+    assert not candidate(Facts("evaluated", gain_lcb=0.2, gated=True, gate_reason="failed"))
 
 
 def test_each_rejection_is_told_from_fields_and_agrees_with_the_fate() -> None:

@@ -13,7 +13,8 @@ from frontend import charts, tree_explorer, verdicts
 
 def node(i: int, parent: int | None, status: str = "evaluated", **kw: Any) -> dict[str, Any]:
     row = {"id": i, "parent_id": parent, "number": i, "status": status, "title": f"change {i}", "gain": None,
-           "gain_lcb": None, "heldout_gain": None, "fate": "", "rejection": ""}  # fmt: skip
+           "gain_lcb": None, "heldout_gain": None, "fate": "", "rejection": "",
+           "candidate": False}  # fmt: skip
     return {**row, **kw}
 
 
@@ -42,17 +43,26 @@ def test_the_page_flags_the_trunk_path_and_a_hostile_title_stays_data() -> None:
 def test_verification_in_words() -> None:
     accepted = node(5, 1, "merged", verification={"decision": "accept"},
                     constraints=[{"name": "size", "verdict": "satisfied", "detail": "1536 <= 2048"}],
-                    gate_reason="held-out gain +0.0123 (95% lower bound +0.00412, n=3) > margin 0")  # fmt: skip
+                    gate_reason="held-out gain +0.0123 (95% lower bound +0.00412, n=3) > margin 0",
+                    heldout_lcb=0.00412, heldout_level=0.95)  # fmt: skip
     assert verdicts.arex(accepted) == "accepted: every constraint holds (size); gain kept"
     assert verdicts.gate(accepted).startswith("passed the held-out gate: held-out gain +0.0123")
     assert verdicts.heldout_lcb(accepted) == ("95%", 0.00412)
+    assert verdicts.heldout_lcb({**accepted, "heldout_lcb": 0.02, "heldout_level": 0.973}) == ("97.3%", 0.02)
+    assert (
+        verdicts.heldout_lcb({**accepted, "heldout_lcb": None, "heldout_level": None}) is None
+    )  # words alone
     assert verdicts.gate({**accepted, "gate_reason": "passed: held-out gain +0.4"}) == (
         "passed the held-out gate: held-out gain +0.4"
     )
     refined = node(6, 1, "rejected", verification={"decision": "refine", "open_constraints": ["size"]},
                    constraints=[{"name": "size", "verdict": "violated", "detail": "4608 > 2048"}],
-                   fate="constraint size open \u2192 refined as n8")  # fmt: skip
-    assert verdicts.arex(refined) == "refined as n8 because size: 4608 > 2048"
+                   refined_as=[8, 9])  # fmt: skip
+    assert verdicts.arex(refined) == "refined as n8, n9 because size: 4608 > 2048"
+    assert (
+        verdicts.arex({**refined, "refined_as": [], "fate": "refined as n8"})
+        == "to be refined because size: 4608 > 2048"
+    )
     assert verdicts.arex(node(7, 1)) == "" and verdicts.gate(node(7, 1)) == ""
 
 
@@ -61,9 +71,11 @@ def test_the_change_summary_and_the_candidate_in_play() -> None:
     assert verdicts.diff_summary(
         {"diff_stats": {"files": 1, "insertions": 1, "deletions": 1}, "diff": diff}
     ) == ("1 file, +1 \u22121: config.toml")
-    nodes = [node(1, None, "merged"), node(2, 1, gain=0.2, gain_lcb=0.1, fate="gate candidate: dev LCB +0.1 > 0"),
-             node(3, 1, gain=0.3, gain_lcb=0.2, fate="gate candidate: dev LCB +0.2 > 0"),
-             node(4, 1, gain=0.5, gain_lcb=-0.1, fate="not a gate candidate")]  # fmt: skip
+    nodes = [node(1, None, "merged"), node(2, 1, gain=0.2, gain_lcb=0.1, candidate=True),
+             node(3, 1, gain=0.3, gain_lcb=0.2, candidate=True),
+             node(4, 1, gain=0.5, gain_lcb=-0.1, fate="not a gate candidate"),
+             # The flag decides, not the words: a higher bound whose fate reads like a candidate's.
+             node(6, 1, gain=0.9, gain_lcb=0.8, fate="gate candidate: dev LCB +0.8 > 0")]  # fmt: skip
     assert verdicts.in_play(nodes)["id"] == 3  # type: ignore[index]
     nodes.append(node(5, 1, "awaiting_approval", gain=0.05, heldout_gain=0.04))
     best = verdicts.in_play(nodes)

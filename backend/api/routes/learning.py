@@ -38,9 +38,8 @@ def create(
     try:
         job = learning.submit(s, body.kind, body.params, body.study_id, settings=settings, token=token)
     except learning.LearningJobError as exc:
-        key = str(exc).split(":", 1)[0]
         raise HTTPException(
-            422, {"message": str(exc), "errors": [{"key": key, "message": str(exc)}]}
+            422, {"message": str(exc), "errors": [{"key": exc.key, "message": str(exc)}]}
         ) from None
     s.commit()
     try:

@@ -137,10 +137,10 @@ def reach(settings: Settings, source: str, base: str) -> None:
     try:
         cloning.reachable(cloning.check(settings, source), base, min(settings.clone_first_byte_timeout, 20.0))
     except cloning.HostRefused as exc:
-        if str(exc).startswith("study.base: "):
-            error = {"key": "study.base", "message": str(exc).removeprefix("study.base: ")}
+        if exc.key != "repository":  # study.base: a field of the spec, not of the request
+            error = {"key": exc.key, "message": exc.detail}
             raise HTTPException(422, {"message": str(exc), "errors": [error]}) from None
-        raise SourceRefused(str(exc)) from None
+        raise SourceRefused(exc.key, exc.detail) from None
 
 
 @router.get("", response_model=schemas.Page[schemas.StudyPublic])

@@ -41,7 +41,7 @@ def get_node(s: Session, study_id: int, node_id: int) -> Node:
 def tree(study_id: StudyId, s: SessionDep, settings: SettingsDep, who: Reader) -> Response:
     """Return every node of the study's tree."""
     st = get_study(s, study_id)
-    fields = [f for f in schemas.NodeSummary.model_fields if f not in ("fate", "rejection")]
+    fields = [f for f in schemas.NodeSummary.model_fields if f not in ("fate", "rejection", "candidate")]
     # Written as JSON directly from the database's tuples, not built into 5,000 models and validated
     # again; kept per node and rebuilt only where a node changed (`services/treebody.py`).
     return Response(treebody.tree_body(s, settings.db_url, st, fields), media_type="application/json")
@@ -72,7 +72,9 @@ def node_detail(study_id: StudyId, node_id: NodeId, s: SessionDep, who: Reader) 
     number = dict(s.exec(select(Node.id, Node.number).where(col(Node.id).in_(cited))).all()) if cited else {}
     history = s.exec(select(Event).where(Event.node_id == node_id).order_by(col(Event.id))).all()
     return schemas.NodeDetail(
-        **serializers.node_summary(n, fates.fate_of(s, n), fates.rejection_of(n)).model_dump(),
+        **serializers.node_summary(
+            n, fates.fate_of(s, n), fates.rejection_of(n), fates.candidate_of(s, n)
+        ).model_dump(),
         hypothesis=n.hypothesis,
         edits=n.edits,
         base_commit=n.base_commit,
@@ -88,7 +90,10 @@ def node_detail(study_id: StudyId, node_id: NodeId, s: SessionDep, who: Reader) 
         failure=n.failure,
         reflection=n.reflection,
         heldout_values=n.heldout_values,
+        heldout_lcb=n.heldout_lcb,
+        heldout_level=n.heldout_level,
         gate_reason=n.gate_reason,
+        refined_as=fates.refined_as(s, n),
         cost=n.cost,
         receipts=[schemas.ReceiptPublic.model_validate(r, from_attributes=True) for r in receipts],
         insights=[
@@ -179,7 +184,9 @@ def add_hypothesis(
         origin="human",
         by=who.name,
     )
-    out = serializers.node_summary(node, fates.fate_of(s, node), fates.rejection_of(node))
+    out = serializers.node_summary(
+        node, fates.fate_of(s, node), fates.rejection_of(node), fates.candidate_of(s, node)
+    )
     s.commit()
     nudge(celery, study_id)
     return out

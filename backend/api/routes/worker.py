@@ -121,6 +121,8 @@ _STUDY_SEALED: dict[str, Any] = {
 _NODE_SEALED: dict[str, Any] = {
     "heldout_values": [],
     "heldout_gain": None,
+    "heldout_lcb": None,
+    "heldout_level": None,
     "gate_reason": "",
     "gate_passed": False,
 }

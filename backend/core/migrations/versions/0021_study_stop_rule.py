@@ -1,6 +1,7 @@
-"""study.stop_rule: the rule that ended a finished study, as a field beside its words
+"""study.stop_rule: the rule that ended a study, or the step a failed one failed on, as a field
 
-Studies finished before this revision take the rule their `stop_reason` named.
+Studies that ended before this revision take the rule or step their `stop_reason` named (the
+words the dashboard matched to say what fixes a failure).
 
 Revision ID: 0021
 Revises: 0020
@@ -20,18 +21,21 @@ depends_on: str | Sequence[str] | None = None
 # How each rule's `stop_reason` began before this revision.
 WORDS = {"experiments": "experiment budget spent%", "time": "time budget spent%", "plateau": "plateau:%",
          "frontier": "frontier exhausted%", "ideation": "ideation failed:%", "user": "stopped by user"}  # fmt: skip
+FAILED = {"baseline_dev": "%dev evaluation fails on the unchanged repository%",
+          "baseline_test": "%sealed test evaluation fails%", "setup": "%environment setup%", "clone": "%clone%"}  # fmt: skip
 
 
 def upgrade() -> None:
     op.add_column("study", sa.Column("stop_rule", sa.String(), nullable=False, server_default=""))
     study = sa.table("study", sa.column("status", sa.String()), sa.column("stop_reason", sa.Text()),
                      sa.column("stop_rule", sa.String()))  # fmt: skip
-    for rule, words in WORDS.items():
-        op.execute(
-            study.update()
-            .where(study.c.status == "finished", study.c.stop_reason.like(words))
-            .values(stop_rule=rule)
-        )
+    for status, rules in (("finished", WORDS), ("failed", FAILED)):
+        for rule, words in rules.items():
+            op.execute(
+                study.update()
+                .where(study.c.status == status, study.c.stop_rule == "", study.c.stop_reason.like(words))
+                .values(stop_rule=rule)
+            )
 
 
 def downgrade() -> None:
