@@ -128,7 +128,9 @@ def _words(node: ast.AST) -> bool:
     if isinstance(node, ast.Constant):
         return isinstance(node.value, str) and node.value != ""
     if isinstance(node, ast.Tuple | ast.List | ast.Set):
-        return bool(node.elts) and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
+        return bool(node.elts) and all(
+            isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
+        )
     return False
 
 
@@ -157,9 +159,9 @@ def sentence_reads(source: str) -> list[int]:
             method, target = node.func.attr, node.func.value
             if method in ("startswith", "endswith") and _field(target)[0] in SENTENCES:
                 lines.append(node.lineno)
-            if _dotted(node.func) in ("re.search", "re.match", "re.fullmatch") and len(node.args) > 1:
-                if _field(node.args[1])[0] in SENTENCES:
-                    lines.append(node.lineno)
+            pattern = _dotted(node.func) in ("re.search", "re.match", "re.fullmatch") and len(node.args) > 1
+            if pattern and _field(node.args[1])[0] in SENTENCES:
+                lines.append(node.lineno)
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             for op, a, b in zip(node.ops, sides, sides[1:], strict=False):
@@ -205,7 +207,7 @@ def test_no_decision_is_read_from_a_sentence() -> None:
         ('if "constraint" in n["fate"]: pass', False, True),
         ('if st.stop_reason == "stopped by user": pass', False, True),
         ('m = re.search(r"refined as (n\\d+)", fate)', False, True),
-        ('if r.evidence.insight.startswith(PREFIX): pass', False, True),
+        ("if r.evidence.insight.startswith(PREFIX): pass", False, True),
         ("if node.gate_passed: pass", False, False),
         ('ok = reason == ""', False, False),
         ('label = f"held-out gate: {n.gate_reason}"', False, False),
