@@ -302,6 +302,7 @@ class DbStore:
         if kind not in EVENTS or set(payload) & {"s", "study_id", "type_", "node_id"}:
             raise Refused(f"a job may not write a {kind!r} event with keys {sorted(payload)}")
         with db.session(self.settings.db_url) as s:
+            self._current(s)  # as the API refuses it: a job no longer running writes no event
             if node_id is not None:
                 self._node(s, node_id)
             add_event(s, self.study_id, kind, node_id, **payload)
