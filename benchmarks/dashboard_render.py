@@ -26,7 +26,7 @@ from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.security import create_token
 
 sys.path.insert(0, str(PROJECT_ROOT))
-from tests.trees import grow
+from tests.support.trees import grow
 
 
 def first_render(page: Page, url: str, size: int, unfold: bool = False) -> float:

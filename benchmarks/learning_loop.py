@@ -25,7 +25,7 @@ from backend.core.models import LearningJob
 from backend.engine import learning
 
 sys.path.insert(0, str(PROJECT_ROOT))
-from tests.learning_fixtures import tiny_model_dir
+from tests.support.learning import tiny_model_dir
 
 TASKS = [
     {"prompt": "add two and two:", "check": "grep -q 4 answer.txt"},

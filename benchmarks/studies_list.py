@@ -47,7 +47,7 @@ def main() -> None:
         from backend.core.config import get_settings
         from backend.core.models import Approval, Job, LlmCall, Node, Study
         from backend.core.security import create_token
-        from tests.conftest import tiny_files
+        from tests.support.repos import tiny_files
 
         settings = get_settings()
         settings.ensure_dirs()

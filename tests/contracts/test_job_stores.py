@@ -27,7 +27,7 @@ from backend.engine.site import LocalSite, Site
 from backend.services.storage import SqlStorage
 from backend.services.studies import create_study
 from backend.worker.remote import WORKER_PREFIX, RemoteSite
-from tests.conftest import make_repo, tiny_files
+from tests.support.repos import make_repo, tiny_files
 
 TOKEN = "job-contract-0123456789abcdef"
 

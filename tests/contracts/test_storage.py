@@ -23,8 +23,8 @@ from backend.core.models import Job, Node
 from backend.services import lifecycle
 from backend.services.storage import SqlStorage
 from backend.services.studies import create_study
-from tests.conftest import make_repo, tiny_files
 from tests.support.memory import Memory
+from tests.support.repos import make_repo, tiny_files
 
 
 @dataclass

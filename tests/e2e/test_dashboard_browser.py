@@ -28,9 +28,11 @@ from playwright.sync_api import Browser, Frame, Page, Playwright, Route, expect,
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from backend.core.config import PROJECT_ROOT, Settings
-from tests.conftest import free_port, git, make_repo, spawn_up, tiny_files, wait_for
-from tests.fake_llm import FakeLLM
-from tests.trees import grow
+from tests.support.fake_llm import FakeLLM
+from tests.support.repos import git, make_repo, tiny_files
+from tests.support.services import spawn_up
+from tests.support.trees import grow
+from tests.support.waiting import free_port, wait_for
 
 ARTIFACTS = Path(os.environ.get("GROVE_TEST_ARTIFACTS", PROJECT_ROOT / "test-artifacts"))
 # The stack runs the digits study on the same 2 cores the browser uses: a page may take seconds.

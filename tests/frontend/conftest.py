@@ -12,7 +12,8 @@ from streamlit.testing.v1 import AppTest
 from backend.api.main import create_app
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.security import create_token
-from tests.conftest import Service, free_port, serve, sqlite_service
+from tests.support.services import Service, serve, sqlite_service
+from tests.support.waiting import free_port
 
 APP = str(PROJECT_ROOT / "frontend" / "app.py")
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import free_port, make_repo, tiny_files
 from tests.frontend.conftest import Api, app_test, right_after, texts
+from tests.support.repos import make_repo, tiny_files
+from tests.support.waiting import free_port
 
 
 def count(api: Api) -> int:

@@ -13,8 +13,9 @@ from streamlit.testing.v1.element_tree import Block
 
 from backend.core import db
 from backend.services.studies import create_study
-from tests.conftest import make_repo, tiny_files, wait_for
 from tests.frontend.conftest import Api, app_test, texts
+from tests.support.repos import make_repo, tiny_files
+from tests.support.waiting import wait_for
 
 
 class Study:

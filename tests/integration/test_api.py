@@ -21,7 +21,9 @@ from fastapi.testclient import TestClient
 from backend.api.main import create_app
 from backend.core.config import PROJECT_ROOT
 from backend.core.security import create_token
-from tests.conftest import Service, free_port, make_repo, serve, tiny_files, wait_for
+from tests.support.repos import make_repo, tiny_files
+from tests.support.services import Service, serve
+from tests.support.waiting import free_port, wait_for
 
 API = "/api/v1"
 

@@ -14,7 +14,9 @@ from backend.core.models import Event, Job, Node, ReceiptRow, Study, now
 from backend.services import lifecycle
 from backend.services.studies import create_study
 from backend.worker.celery_app import make_app
-from tests.conftest import Service, make_repo, sqlite_service, tiny_files, wait_for
+from tests.support.repos import make_repo, tiny_files
+from tests.support.services import Service, sqlite_service
+from tests.support.waiting import wait_for
 
 
 def study_status(svc: Service, study_id: int) -> str:

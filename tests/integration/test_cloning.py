@@ -14,7 +14,9 @@ import pytest
 
 from backend.api.main import create_app
 from backend.core.security import create_token
-from tests.conftest import Service, free_port, make_repo, serve, sqlite_service, tiny_files, wait_for
+from tests.support.repos import make_repo, tiny_files
+from tests.support.services import Service, serve, sqlite_service
+from tests.support.waiting import free_port, wait_for
 
 
 @pytest.fixture

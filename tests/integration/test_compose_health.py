@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from backend.core.config import PROJECT_ROOT
-from tests.conftest import sqlite_service
+from tests.support.services import sqlite_service
 
 SERVICES = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())["services"]
 PODS = {

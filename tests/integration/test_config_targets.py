@@ -19,7 +19,7 @@ from backend.core import db, gitops
 from backend.core.config import Settings
 from backend.core.models import Node, Study
 from backend.services.studies import create_study, validate
-from tests.conftest import make_repo
+from tests.support.repos import make_repo
 
 MLPROJECT = """\
 name: wine-quality

@@ -21,7 +21,7 @@ from backend.core.config import Settings
 from backend.core.models import Node, Study
 from backend.engine import environment
 from backend.services.studies import create_study
-from tests.conftest import make_repo, tiny_files
+from tests.support.repos import make_repo, tiny_files
 
 WHEEL = "wheels/tinypkg-0.1-py3-none-any.whl"
 

@@ -9,7 +9,7 @@ from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Study
 from backend.services.records import add_event
-from tests.conftest import drop_postgres_database, postgres_database
+from tests.support.services import drop_postgres_database, postgres_database
 
 
 def test_an_event_committed_after_a_later_one_is_sent_when_it_appears(tmp_path: Path) -> None:

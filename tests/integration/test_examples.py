@@ -14,7 +14,7 @@ import pytest
 from backend.core import gitops
 from backend.core.config import PROJECT_ROOT
 from backend.services.studies import check_spec, parse_spec
-from tests.conftest import git
+from tests.support.repos import git
 
 EXAMPLES = PROJECT_ROOT / "examples"
 

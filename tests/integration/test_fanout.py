@@ -12,7 +12,7 @@ from backend.core import db, fanout
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.services.records import add_event
 from backend.services.studies import create_study
-from tests.conftest import tiny_files
+from tests.support.repos import tiny_files
 
 
 def _ping(pubsub: redis.client.PubSub, timeout: float = 10.0) -> dict[str, object] | None:

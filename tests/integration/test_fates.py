@@ -18,7 +18,8 @@ from backend.core.config import Settings
 from backend.core.models import Node, Study
 from backend.core.security import create_token
 from backend.services.studies import create_study
-from tests.conftest import drop_postgres_database, make_repo, postgres_database, tiny_files
+from tests.support.repos import make_repo, tiny_files
+from tests.support.services import drop_postgres_database, postgres_database
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -19,7 +19,9 @@ from backend.core.models import Event, Job, Node, Study
 from backend.core.security import create_token
 from backend.services.studies import create_study
 from backend.worker.celery_app import make_app
-from tests.conftest import Service, free_port, make_repo, tiny_files, wait_for
+from tests.support.repos import make_repo, tiny_files
+from tests.support.services import Service
+from tests.support.waiting import free_port, wait_for
 
 
 class RedisServer:

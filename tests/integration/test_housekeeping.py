@@ -10,8 +10,8 @@ from pathlib import Path
 
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.engine import housekeeping
-from tests.conftest import make_repo
 from tests.integration.test_environment import SETUP, WHEEL, build_wheel, run_to_end, study_files
+from tests.support.repos import make_repo
 
 HOLD = """
 import fcntl, sys

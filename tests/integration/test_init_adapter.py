@@ -11,8 +11,8 @@ import tomllib
 from pathlib import Path
 
 from backend.core.config import Settings
-from tests.conftest import make_repo
 from tests.integration.test_study import grove
+from tests.support.repos import make_repo
 
 ROWS = "".join(f"{7 + i % 5}.{i % 10},{5 + i % 3}\n" for i in range(30))
 

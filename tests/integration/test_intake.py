@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from backend.core.config import Settings
-from tests.conftest import make_repo
 from tests.integration.test_study import grove
+from tests.support.repos import make_repo
 
 EVALUATE = """\
 import argparse, json, os, re

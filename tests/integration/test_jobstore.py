@@ -14,7 +14,7 @@ from backend.engine.jobstore import DbStore, Superseded, claim_sealed, token_has
 from backend.engine.site import LocalSite
 from backend.services.storage import SqlStorage
 from backend.services.studies import create_study
-from tests.conftest import make_repo, tiny_files
+from tests.support.repos import make_repo, tiny_files
 
 
 def test_a_gate_job_cancelled_by_a_stop_writes_no_verdict_or_query(
@@ -98,7 +98,8 @@ def test_a_claim_that_races_a_cancellation_sees_it_and_runs_nothing(claim: str, 
     import psycopg
 
     from backend.engine.jobstore import claim_experiment
-    from tests.conftest import PG_ADMIN, drop_postgres_database, postgres_database, wait_for
+    from tests.support.services import PG_ADMIN, drop_postgres_database, postgres_database
+    from tests.support.waiting import wait_for
 
     name = f"grove_test_claim_race_{claim}"
     settings = Settings(

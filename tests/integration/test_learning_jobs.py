@@ -21,8 +21,9 @@ from backend.core.models import LearningJob
 from backend.core.security import create_token
 from backend.engine import learning
 from backend.worker.celery_app import make_app
-from tests.conftest import Service, sqlite_service, wait_for
-from tests.learning_fixtures import records, tiny_model_dir
+from tests.support.learning import records, tiny_model_dir
+from tests.support.services import Service, sqlite_service
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +110,8 @@ def test_the_task_module_imports_no_torch_before_the_fork() -> None:
 
 
 def test_grove_learn_queues_and_follows_a_job(gpu_queue: Service) -> None:
-    from tests.conftest import free_port
     from tests.frontend.conftest import serve
+    from tests.support.waiting import free_port
 
     settings = gpu_queue.settings
     port = free_port()

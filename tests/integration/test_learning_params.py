@@ -12,7 +12,7 @@ import pytest
 from backend.core import db
 from backend.core.config import Settings
 from backend.engine import learning
-from tests.learning_fixtures import records, tiny_model_dir
+from tests.support.learning import records, tiny_model_dir
 
 
 @pytest.fixture(scope="module")

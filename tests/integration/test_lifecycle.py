@@ -17,7 +17,9 @@ from backend.core import db
 from backend.core.config import PROJECT_ROOT
 from backend.core.models import Event
 from backend.core.security import create_token
-from tests.conftest import Service, free_port, make_repo, serve, tiny_files, wait_for
+from tests.support.repos import make_repo, tiny_files
+from tests.support.services import Service, serve
+from tests.support.waiting import free_port, wait_for
 
 
 def listen(url: str, token: str, until: str, out: list[dict[str, Any]]) -> None:

@@ -17,8 +17,8 @@ import pytest
 
 from backend.core.config import Settings
 from backend.core.models import Event, Node, Study
-from tests.fake_llm import FakeLLM
 from tests.integration.test_llm_policy import grove_run, llm_repo, rows, tool
+from tests.support.fake_llm import FakeLLM
 
 
 def refusals(settings: Settings, role: str) -> list[Event]:
@@ -101,8 +101,9 @@ def test_answers_in_the_forms_open_models_write_complete_a_node(settings: Settin
     # The node's page shows the refusal among its events.
     from backend.api.main import create_app
     from backend.core.security import create_token
-    from tests.conftest import free_port, serve
     from tests.frontend.conftest import app_test
+    from tests.support.services import serve
+    from tests.support.waiting import free_port
 
     token = create_token(settings, ["viewer"], "v")
     port = free_port()

@@ -12,8 +12,8 @@ from backend.core.config import Settings
 from backend.core.models import Event, InsightVersion, Node, Study
 from backend.services.records import add_insight
 from backend.services.studies import create_study
-from tests.fake_llm import FakeLLM
 from tests.integration.test_llm_policy import IDEA, grove_run, llm_repo, rows, tool
+from tests.support.fake_llm import FakeLLM
 
 
 def child(title: str, mechanism: str, parent: int = 1, gain: float = 1.0) -> dict[str, Any]:

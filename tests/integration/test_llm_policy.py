@@ -18,8 +18,8 @@ from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.models import LlmCall, Node, ReceiptRow, Study, Trajectory
 from backend.services.fates import fate_of
 from backend.services.ledger import prompt_of
-from tests.conftest import TINY_EVAL, git, make_repo, tiny_files
-from tests.fake_llm import FakeLLM
+from tests.support.fake_llm import FakeLLM
+from tests.support.repos import TINY_EVAL, git, make_repo, tiny_files
 
 LLM_POLICY = """\
 [policy]

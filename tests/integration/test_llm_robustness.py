@@ -15,9 +15,10 @@ import pytest
 from agents.executor.tools import TOOLS
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.models import Event, LlmCall, Node, Study, Trajectory
-from tests.conftest import git, wait_for
-from tests.fake_llm import FakeLLM
 from tests.integration.test_llm_policy import IDEA, grove_run, llm_repo, prompt, rows, tool
+from tests.support.fake_llm import FakeLLM
+from tests.support.repos import git
+from tests.support.waiting import wait_for
 
 
 def db_session(settings: Settings) -> Any:
@@ -144,7 +145,7 @@ def test_calls_in_flight_together_cannot_overshoot_the_usd_budget(tmp_path: Path
     from backend.core.models import LlmHold
     from backend.engine.jobstore import DbStore
     from backend.services.ledger import StoreLedger
-    from tests.conftest import drop_postgres_database, postgres_database
+    from tests.support.services import drop_postgres_database, postgres_database
 
     name = f"grove_holds_{os.getpid()}"
     url = postgres_database(name) if backend == "postgres" else None
@@ -264,8 +265,9 @@ def test_an_executor_longer_than_the_evaluations_but_within_its_minutes_complete
     from backend.core import db
     from backend.services.studies import create_study
     from backend.worker.celery_app import make_app
-    from tests.conftest import Service, free_port
     from tests.integration.test_faults import RedisServer
+    from tests.support.services import Service
+    from tests.support.waiting import free_port
 
     server = RedisServer(free_port(), tmp_path)
     server.start()
@@ -394,8 +396,9 @@ def test_a_second_study_of_the_same_repository_gets_the_first_ones_findings_with
         knew = client.get(f"/api/v1/studies/{again.id}/memory", headers=viewer).json()
         assert merged["id"] in [e["id"] for e in knew]
         # The dashboard's study page shows it as what Grove already knew.
-        from tests.conftest import free_port, serve
         from tests.frontend.conftest import app_test, texts
+        from tests.support.services import serve
+        from tests.support.waiting import free_port
 
         port = free_port()
         server, thread = serve(create_app(settings), port)
@@ -440,7 +443,7 @@ def test_a_second_study_of_the_same_repository_gets_the_first_ones_findings_with
 def test_the_repository_map_shows_files_symbols_and_editable_text_but_nothing_sealed(tmp_path: Path) -> None:
     from backend.core import gitops
     from backend.services.storage import repository_map
-    from tests.conftest import make_repo
+    from tests.support.repos import make_repo
 
     repo = make_repo(tmp_path / "r", {
         "model.py": "import os\n\nclass Net:\n    pass\n\ndef train(lr):\n    return lr\n",

@@ -11,7 +11,7 @@ from alembic import command
 from sqlalchemy import create_engine, inspect
 
 from backend.core.migrate import alembic_config, upgrade
-from tests.conftest import drop_postgres_database, postgres_database
+from tests.support.services import drop_postgres_database, postgres_database
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -74,7 +74,7 @@ def test_stored_review_specs_read_approve_after_upgrade(tmp_path: Path) -> None:
     from sqlalchemy import text
 
     from agents.spec import parse_spec
-    from tests.conftest import tiny_files
+    from tests.support.repos import tiny_files
 
     url = f"sqlite:///{tmp_path / 'm.db'}"
     engine = create_engine(url)

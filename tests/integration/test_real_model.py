@@ -21,7 +21,7 @@ import tomlkit
 
 from backend.core import localmodel
 from backend.core.config import PROJECT_ROOT
-from tests.conftest import git
+from tests.support.repos import git
 
 EXPERIMENTS = 3
 

@@ -18,8 +18,10 @@ from backend.core.config import PROJECT_ROOT
 from backend.core.models import Event, Job, Node, Study, Trajectory
 from backend.services.studies import create_study
 from backend.worker.celery_app import make_app
-from tests.conftest import Service, free_port, make_repo, sqlite_service, tiny_files, wait_for
-from tests.learning_fixtures import records, tiny_model_dir
+from tests.support.learning import records, tiny_model_dir
+from tests.support.repos import make_repo, tiny_files
+from tests.support.services import Service, sqlite_service
+from tests.support.waiting import free_port, wait_for
 
 FAST = {"GROVE_LEASE_SECONDS": "4", "GROVE_RECONCILE_SECONDS": "2"}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from backend.engine import sandbox
-from tests.conftest import wait_for
+from tests.support.waiting import wait_for
 
 BOXED = sandbox.Isolation()
 NONE = sandbox.Isolation(mode="none")

@@ -11,7 +11,7 @@ from backend.core import db
 from backend.core.config import Settings
 from backend.core.security import create_token
 from backend.services.studies import create_study
-from tests.conftest import make_repo, tiny_files
+from tests.support.repos import make_repo, tiny_files
 
 
 @pytest.fixture(scope="module")

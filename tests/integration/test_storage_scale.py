@@ -21,7 +21,7 @@ from backend.core.config import Settings
 from backend.core.models import InsightVersion, Job, Node, ReceiptRow, Trajectory
 from backend.services.storage import SqlStorage
 from backend.services.studies import create_study
-from tests.conftest import tiny_files
+from tests.support.repos import tiny_files
 
 
 @contextmanager

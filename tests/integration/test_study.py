@@ -25,7 +25,8 @@ from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.models import Event, Job, Node, ReceiptRow, Study
 from backend.services import notify
 from backend.services.studies import create_study
-from tests.conftest import git, make_repo, tiny_files, wait_for
+from tests.support.repos import git, make_repo, tiny_files
+from tests.support.waiting import wait_for
 
 
 def grove_env(settings: Settings) -> dict[str, str]:

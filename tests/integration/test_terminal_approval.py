@@ -16,7 +16,8 @@ from sqlmodel import select as sql_select
 from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.models import Approval, Event, Node
-from tests.conftest import make_repo, tiny_files, wait_for
+from tests.support.repos import make_repo, tiny_files
+from tests.support.waiting import wait_for
 
 
 class Terminal:

@@ -14,7 +14,9 @@ from typing import Any
 import httpx
 
 from backend.core.config import PROJECT_ROOT
-from tests.conftest import free_port, make_repo, spawn_up, tiny_files, wait_for
+from tests.support.repos import make_repo, tiny_files
+from tests.support.services import spawn_up
+from tests.support.waiting import free_port, wait_for
 
 
 def listening(port: int) -> bool:

@@ -19,8 +19,9 @@ from backend.core.config import PROJECT_ROOT
 from backend.core.models import Job, Study
 from backend.services.studies import create_study
 from backend.worker.celery_app import make_app
-from tests.conftest import free_port, make_repo, tiny_files, wait_for
 from tests.integration.test_remote_workers import FAST, Stack, rows
+from tests.support.repos import make_repo, tiny_files
+from tests.support.waiting import free_port, wait_for
 
 
 class OwnRedis:

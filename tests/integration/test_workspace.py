@@ -14,7 +14,8 @@ from backend.core import db, gitops
 from backend.core.config import Settings
 from backend.engine import policing, workspace
 from backend.services.studies import create_study
-from tests.conftest import git, tiny_files, wait_for
+from tests.support.repos import git, tiny_files
+from tests.support.waiting import wait_for
 
 
 def test_clone_leaves_the_users_repository_alone(tmp_path: Path, tiny_repo: Path) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import TINY_SPEC, make_repo
+from tests.support.repos import TINY_SPEC, make_repo
 
 ATTACK = r"""
 import base64, json, os, socket, subprocess, sys

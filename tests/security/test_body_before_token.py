@@ -16,7 +16,7 @@ import pytest
 
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.security import create_token
-from tests.conftest import free_port, wait_for
+from tests.support.waiting import free_port, wait_for
 
 MB = 1_000_000
 

@@ -18,7 +18,8 @@ from backend.core import gitops
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.models import Study
 from backend.engine import evaluation, sandbox, workspace
-from tests.conftest import make_repo, wait_for
+from tests.support.repos import make_repo
+from tests.support.waiting import wait_for
 
 SEALED = "SEALED-BYTES-" + uuid.uuid4().hex
 

@@ -23,7 +23,9 @@ from backend.core import cloning, db
 from backend.core.config import Settings
 from backend.core.models import Job, Study
 from backend.core.security import create_token
-from tests.conftest import Service, free_port, make_repo, serve, sqlite_service, tiny_files, wait_for
+from tests.support.repos import make_repo, tiny_files
+from tests.support.services import Service, serve, sqlite_service
+from tests.support.waiting import free_port, wait_for
 
 
 class Silent:

@@ -15,7 +15,8 @@ import pytest
 from backend.api.main import create_app
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.security import create_token
-from tests.conftest import free_port, serve, wait_for
+from tests.support.services import serve
+from tests.support.waiting import free_port, wait_for
 
 
 def mode(path: Path) -> int:

@@ -12,7 +12,7 @@ from backend.core import db, gitops
 from backend.core.config import Settings
 from backend.engine import environment, sandbox, workspace
 from backend.services.studies import create_study
-from tests.conftest import make_repo, tiny_files
+from tests.support.repos import make_repo, tiny_files
 
 SEALED = "SEALED-BYTES-" + uuid.uuid4().hex
 KEY = "sk-canary-" + uuid.uuid4().hex

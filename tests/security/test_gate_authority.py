@@ -28,7 +28,7 @@ from backend.core.security import create_token
 from backend.engine.gatekeeper import LocalGatekeeper
 from backend.engine.jobstore import token_hash
 from backend.services.studies import create_study
-from tests.conftest import git, make_repo, tiny_files
+from tests.support.repos import git, make_repo, tiny_files
 
 W = "/api/v1/worker"
 TRUNK_HELDOUT = [768.125, 768.135]  # the tiny study's held-out score at x = 0, seeds 0 and 1

@@ -18,7 +18,9 @@ from backend.core.models import Job, Node, Study
 from backend.core.security import create_token
 from backend.engine.jobstore import token_hash
 from backend.services.studies import create_study
-from tests.conftest import free_port, make_repo, serve, tiny_files
+from tests.support.repos import make_repo, tiny_files
+from tests.support.services import serve
+from tests.support.waiting import free_port
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 

@@ -15,9 +15,11 @@ from backend.core.models import Event, LlmCall, Node, ReceiptRow, Study
 from backend.services.ledger import prompt_of
 from backend.services.studies import create_study
 from backend.worker.celery_app import make_app
-from tests.conftest import TINY_SPEC, Service, git, sqlite_service, wait_for
-from tests.fake_llm import FakeLLM
 from tests.security.hostile import Hostile, attack_lines, expected, hostile_repo
+from tests.support.fake_llm import FakeLLM
+from tests.support.repos import TINY_SPEC, git
+from tests.support.services import Service, sqlite_service
+from tests.support.waiting import wait_for
 
 SPEC = f"""\
 {TINY_SPEC.split("[[constraints]]")[0].format(name="hostile-llm")}

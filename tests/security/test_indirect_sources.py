@@ -17,7 +17,9 @@ from backend.core.config import Settings
 from backend.core.models import Study
 from backend.core.security import create_token
 from backend.services.studies import create_study
-from tests.conftest import free_port, make_repo, serve, tiny_files
+from tests.support.repos import make_repo, tiny_files
+from tests.support.services import serve
+from tests.support.waiting import free_port
 
 
 def grove_with_a_victim(tmp_path: Path) -> tuple[Settings, Study]:

@@ -8,9 +8,9 @@ import tomllib
 from pathlib import Path
 
 from backend.core.config import Settings
-from tests.conftest import make_repo, tiny_files
 from tests.integration.test_init_adapter import SCRIPT
 from tests.integration.test_study import grove
+from tests.support.repos import make_repo, tiny_files
 
 
 def test_init_commit_runs_no_filter_signing_program_or_hook_of_the_repository(

@@ -27,7 +27,9 @@ from backend.services import lifecycle
 from backend.services.studies import create_study
 from backend.worker.celery_app import make_app
 from backend.worker.dispatch import CeleryDispatcher
-from tests.conftest import free_port, make_repo, serve, tiny_files
+from tests.support.repos import make_repo, tiny_files
+from tests.support.services import serve
+from tests.support.waiting import free_port
 
 
 @dataclass

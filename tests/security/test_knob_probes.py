@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from backend.core.config import Settings
-from tests.conftest import make_repo
 from tests.integration.test_study import grove
+from tests.support.repos import make_repo
 
 EVAL = """\
 import json, os, tomllib

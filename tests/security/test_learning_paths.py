@@ -17,8 +17,9 @@ from backend.core.config import Settings
 from backend.core.models import LearningJob
 from backend.core.security import create_token
 from backend.engine import learning
-from tests.conftest import free_port, serve
-from tests.learning_fixtures import records, tiny_model_dir
+from tests.support.learning import records, tiny_model_dir
+from tests.support.services import serve
+from tests.support.waiting import free_port
 
 JOBS = "/learning/jobs"
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from backend.core.config import PROJECT_ROOT
-from tests.conftest import wait_for
+from tests.support.waiting import wait_for
 
 # Runs in the box (a shell: the box may hold no Python where Grove runs as an ordinary user): list
 # its own descriptors, then open every pipe and socket that a process of the box held when it

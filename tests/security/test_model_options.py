@@ -7,7 +7,7 @@ import pytest
 
 def test_a_spec_may_pass_sampling_options_but_nothing_that_redirects_a_call() -> None:
     from agents.spec import SpecError, parse_spec
-    from tests.conftest import TINY_SPEC
+    from tests.support.repos import TINY_SPEC
 
     base = TINY_SPEC.format(name="t", max_size=4, experiments=2, mode="auto", margin=0.5, max_test_runs=10,
                             plateau_stop=8).replace('kind = "search"', 'kind = "llm"\nmodel = "openai/x"')  # fmt: skip
@@ -36,7 +36,7 @@ def test_a_shared_memory_name_needs_the_operators_leave(tmp_path: object) -> Non
     from agents.spec import SpecError, parse_spec
     from backend.core.config import Settings
     from backend.services.studies import check_operator_limits
-    from tests.conftest import TINY_SPEC
+    from tests.support.repos import TINY_SPEC
 
     text = TINY_SPEC.format(name="t", max_size=4, experiments=2, mode="auto", margin=0.5, max_test_runs=10,
                             plateau_stop=8) + '\n[memory]\nname = "team-a"\n'  # fmt: skip

@@ -12,7 +12,7 @@ from sqlmodel import select
 from backend.core import db
 from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.models import Event, Study
-from tests.conftest import make_repo, tiny_files
+from tests.support.repos import make_repo, tiny_files
 
 
 def grove(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

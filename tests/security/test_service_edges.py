@@ -20,8 +20,10 @@ from backend.core.config import PROJECT_ROOT, Settings
 from backend.core.models import ApiToken, now
 from backend.core.security import create_token, lookup
 from backend.services.studies import create_study
-from tests.conftest import free_port, make_repo, serve, tiny_files
-from tests.fake_llm import FakeLLM
+from tests.support.fake_llm import FakeLLM
+from tests.support.repos import make_repo, tiny_files
+from tests.support.services import serve
+from tests.support.waiting import free_port
 
 
 @pytest.fixture
@@ -92,7 +94,7 @@ def test_event_streams_are_capped_per_token(api: tuple[str, Settings], tmp_path:
 
 def _wait_for_slot(client: httpx.Client, url: str, headers: dict[str, str]) -> None:
     """A closed stream frees its slot once the server notices the disconnect."""
-    from tests.conftest import wait_for
+    from tests.support.waiting import wait_for
 
     def free() -> bool:
         with client.stream("GET", url, headers=headers) as resp:

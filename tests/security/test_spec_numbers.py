@@ -12,7 +12,9 @@ import redis as redis_lib
 from backend.api.main import create_app
 from backend.core.config import Settings
 from backend.core.security import create_token
-from tests.conftest import free_port, make_repo, serve, tiny_files
+from tests.support.repos import make_repo, tiny_files
+from tests.support.services import serve
+from tests.support.waiting import free_port
 
 DIGITS = "9" * 5000  # past Python's int-string limit (4,300 digits): tomllib raises a plain ValueError
 HEX = "0x" + "f" * 5000  # parses (no limit for hexadecimal), and then cannot be printed in decimal

@@ -24,7 +24,7 @@ from backend.core.models import Node, ReceiptRow, Study
 from backend.engine import evaluation, workspace
 from backend.engine.gatekeeper import LocalGatekeeper
 from backend.services.studies import create_study, validate
-from tests.conftest import git, make_repo
+from tests.support.repos import git, make_repo
 
 INPUTS = list(range(20))
 LABELS = [x % 2 for x in INPUTS]  # an honest model that answers 0 scores 0.5

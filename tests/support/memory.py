@@ -10,7 +10,7 @@ from agents.policies.base import NodeEvidence, Proposal
 from agents.spec import parse_spec
 from agents.tree.insights import InsightUpdate
 from agents.tree.status import StopRule
-from tests.conftest import tiny_files
+from tests.support.repos import tiny_files
 
 # Half steps: enough untried values that exploring never runs out before the budget (the sampler
 # reads the list as ordered, and finds x = 3 early on).

@@ -16,7 +16,7 @@ from agents.spec import parse_spec
 from agents.speccheck import check_against_tree
 from backend.core import gitops
 from backend.engine.experiment import diff_title, key_values
-from tests.conftest import make_repo, tiny_files
+from tests.support.repos import make_repo, tiny_files
 
 
 def test_yaml_is_read_as_1_2_and_a_change_rewrites_only_the_value() -> None:

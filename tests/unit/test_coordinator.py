@@ -16,8 +16,8 @@ from agents.coordinator.ports import Integration, NodeRecord, Pending, StudyView
 from agents.policies.base import IdeationInput, NodeEvidence, Proposal
 from agents.policies.search import SearchPolicy
 from agents.spec import parse_spec
-from tests.conftest import tiny_files
 from tests.support.memory import KNOB, Memory
+from tests.support.repos import tiny_files
 
 
 def drive(mem: Memory, answer: dict[str, Any], policy: Any = None) -> list[str]:

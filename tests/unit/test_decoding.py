@@ -7,7 +7,7 @@ import json
 from agents.llm.decoding import Decoding, candidates, refuses
 from agents.llm.model import LitellmModel, ModelConfig, Unbilled
 from agents.policies.llm import schemas
-from tests.fake_llm import FakeLLM
+from tests.support.fake_llm import FakeLLM
 
 ANSWER = {"children": [{"parent_id": 1, "title": "more trees", "mechanism": "m", "hypothesis": "h",
                         "observable": "o", "risks": "r", "expected_gain": 0.1}]}  # fmt: skip

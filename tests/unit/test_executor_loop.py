@@ -284,7 +284,7 @@ def test_fold_system_moves_the_system_prompt_into_the_first_user_message() -> No
 
 
 def test_the_scripted_server_fails_a_test_whose_prompt_held_a_sealed_number() -> None:
-    from tests.fake_llm import FakeLLM
+    from tests.support.fake_llm import FakeLLM
 
     with pytest.raises(AssertionError, match="sealed byte or a held-out number"), FakeLLM({}) as llm:
         llm.answer({"model": "m", "messages": [{"role": "user", "content": "dev 9.5, held-out 768.125"}]})

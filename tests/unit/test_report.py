@@ -8,7 +8,7 @@ from agents.spec import parse_spec
 from backend.core.models import Event, Study
 from backend.services.report import budget_line, ending
 from backend.services.storage import BudgetSpent
-from tests.conftest import tiny_files
+from tests.support.repos import tiny_files
 
 TOML = tiny_files(experiments=20, plateau_stop=6)["grove.toml"]  # repeats = 2
 SPEC = parse_spec(TOML.replace("[budget]\n", "[budget]\nusd = 2\ntokens = 50000\nhours = 3\n"))

@@ -15,7 +15,7 @@ from agents.learning.distillation.sdpo import (
     canon_records,
     consensus,
 )
-from tests.learning_fixtures import records, tiny_model, tiny_tokenizer
+from tests.support.learning import records, tiny_model, tiny_tokenizer
 
 
 def test_both_views_predict_the_same_rollout_tokens() -> None:

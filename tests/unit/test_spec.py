@@ -4,7 +4,7 @@ import pytest
 
 from agents.spec import SpecError, parse_spec
 from agents.speccheck import check_against_tree
-from tests.conftest import tiny_files
+from tests.support.repos import tiny_files
 
 GOOD = tiny_files()["grove.toml"]
 

@@ -9,7 +9,7 @@ from backend.core import db
 from backend.core.config import Settings
 from backend.core.models import Node, Study
 from backend.services.studies import create_study
-from tests.conftest import make_repo, tiny_files
+from tests.support.repos import make_repo, tiny_files
 
 STATUSES = ["evaluated"] * 7 + ["rejected"] * 5 + ["failed"] * 3 + ["pruned"] * 2 + ["cancelled", "proposed"]
 KNOB = "config.toml:knob.x"  # the tiny study's one [search] key, values 0 to 5
