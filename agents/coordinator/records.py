@@ -145,7 +145,7 @@ class Records(list[NodeRecord]):
     groups: RecordIndex
     previous: Records | None
     changed: list[NodeRecord]
-    tree: Any  # the tree view, once built (`graph.tree_of`)
+    tree: Any  # the tree view, once built (`evidence.tree_of`)
 
     def __init__(
         self,

@@ -10,7 +10,7 @@ from pathlib import Path
 from sqlalchemy import event
 from sqlmodel import Session, select
 
-from agents.coordinator.graph import tree_of
+from agents.coordinator.evidence import tree_of
 from agents.coordinator.ports import Integration, NodeRecord
 from agents.coordinator.records import RecordIndex, index_of
 from agents.policies.base import Proposal

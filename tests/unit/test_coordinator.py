@@ -342,7 +342,7 @@ def _record(x: int, dev: list[float]) -> NodeRecord:
 
 
 def test_verifier_can_turn_a_refine_into_a_restart() -> None:
-    from agents.coordinator.graph import integrate_one
+    from agents.coordinator.evidence import integrate_one
     from agents.policies.base import Judgement
     from agents.verify.state import ImprovementState
 
@@ -359,7 +359,7 @@ def test_verifier_can_turn_a_refine_into_a_restart() -> None:
 
 
 def test_soft_constraints_pass_only_above_their_threshold() -> None:
-    from agents.coordinator.graph import integrate_one
+    from agents.coordinator.evidence import integrate_one
     from agents.policies.base import Judgement
     from agents.spec import parse_spec
     from agents.verify.state import ImprovementState
@@ -438,7 +438,7 @@ def test_a_merged_node_takes_children_however_deep_it_sits() -> None:
 def test_a_better_candidate_on_an_older_trunk_is_revisited_once_on_the_current_one() -> None:
     from dataclasses import replace
 
-    from agents.coordinator.graph import ideation_input
+    from agents.coordinator.evidence import ideation_input
 
     mem = Memory()
     old = mem.add(1, "x=3", {"config.toml:knob.x": 3}, status="evaluated", dev=[10.0, 10.01])
@@ -489,7 +489,7 @@ def test_a_decision_recorded_before_a_stop_is_applied() -> None:
 def test_the_tree_view_of_changed_records_reads_as_one_built_afresh() -> None:
     from dataclasses import replace
 
-    from agents.coordinator.graph import tree_of
+    from agents.coordinator.evidence import tree_of
     from agents.tree.model import Tree
 
     def rec(i: int, parent: int | None, status: str) -> NodeRecord:
@@ -518,7 +518,7 @@ def test_the_tree_view_of_changed_records_reads_as_one_built_afresh() -> None:
 def test_two_studies_whose_roots_share_an_id_keep_their_own_tree_views() -> None:
     from dataclasses import replace
 
-    from agents.coordinator.graph import tree_of
+    from agents.coordinator.evidence import tree_of
 
     def rec(i: int, parent: int | None, status: str, title: str) -> NodeRecord:
         ev = NodeEvidence(i, parent, 0 if parent is None else 1, status, title, {}, "policy", None, None, 0,
@@ -544,7 +544,7 @@ def test_two_studies_whose_roots_share_an_id_keep_their_own_tree_views() -> None
 def test_an_ideator_reads_the_latest_pruned_branches_lessons_first() -> None:
     from dataclasses import replace
 
-    from agents.coordinator.graph import PRUNED_LESSONS, pruned_lessons
+    from agents.coordinator.evidence import PRUNED_LESSONS, pruned_lessons
     from agents.coordinator.records import RecordIndex
 
     base = _record(1, [1.0])
@@ -728,7 +728,7 @@ def test_a_policy_that_reads_the_baseline_proposes_only_once_it_is_in() -> None:
 def test_a_gain_is_paired_against_the_trunk_the_node_was_built_on() -> None:
     from dataclasses import replace
 
-    from agents.coordinator.graph import integrate_one
+    from agents.coordinator.evidence import integrate_one
     from agents.verify.state import ImprovementState
 
     mem = Memory()
