@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from backend.core import gitops
+from backend.core import gitops, gitrun
 from backend.core.config import Settings
 from backend.core.errors import FieldError
 from backend.core.gitops import GitError
@@ -283,7 +283,7 @@ def _run_clone(
                         del err[4096:-64_000]
 
         reader = threading.Thread(target=read, daemon=True)
-        gitops._LIVE.add(proc.pid)  # a worker told to stop kills it with the rest (gitops.kill_all)
+        gitrun.LIVE.add(proc.pid)  # a worker told to stop kills it with the rest (gitrun.kill_all)
         started = time.monotonic()
         heard = False
         stalled: CloneStalled | None = None
@@ -317,7 +317,7 @@ def _run_clone(
                 os.killpg(proc.pid, signal.SIGKILL)
             raise
         finally:
-            gitops._LIVE.discard(proc.pid)
+            gitrun.LIVE.discard(proc.pid)
             reader.join(timeout=5)
         with lock:
             text = _readable(bytes(err))
