@@ -62,7 +62,7 @@ class Study(SQLModel, table=True):
 
 
 class Node(SQLModel, table=True):
-    # The coordinator asks for a study's nodes changed since its last look (`storage.RecordCache`).
+    # The coordinator asks for a study's nodes changed since its last look (`recordcache.RecordCache`).
     __table_args__ = (
         Index("ix_node_study_updated", "study_id", "updated_at"),
         Index("uq_node_study_number", "study_id", "number", unique=True),

@@ -102,7 +102,7 @@ def test_reading_the_tree_takes_the_same_queries_at_any_size(settings: Settings,
 
 
 def node_records_of(settings: Settings, sid: int) -> list[NodeRecord]:
-    from backend.services.storage import node_records
+    from backend.services.recordcache import node_records
 
     with db.session(settings.db_url) as s:
         return list(node_records(s, sid))
@@ -113,7 +113,7 @@ def test_the_cached_tree_matches_a_full_read_after_every_kind_of_change(
 ) -> None:
     from sqlmodel import select
 
-    from backend.services.storage import RecordCache, node_records
+    from backend.services.recordcache import RecordCache, node_records
 
     sid, _ = new_study(settings, tiny_repo, grown=30)
     # No look-back margin: only what the change markers say changed is read again.
@@ -188,7 +188,7 @@ def test_the_cached_tree_matches_a_full_read_after_every_kind_of_change(
 def test_a_study_id_taken_over_by_another_study_is_read_afresh(settings: Settings, tiny_repo: Path) -> None:
     from sqlmodel import select
 
-    from backend.services.storage import RecordCache
+    from backend.services.recordcache import RecordCache
 
     with db.session(settings.db_url) as s:
         study = create_study(s, settings, tiny_files()["grove.toml"], str(tiny_repo))
@@ -213,17 +213,17 @@ def test_a_study_id_taken_over_by_another_study_is_read_afresh(settings: Setting
 
 
 def test_a_coordinator_process_keeps_the_records_of_a_bounded_number_of_studies() -> None:
-    from backend.services import storage
+    from backend.services import recordcache
 
-    url, cap = "sqlite://bound", storage.CACHED_STUDIES
-    first = storage.cache_of(url, 1)
+    url, cap = "sqlite://bound", recordcache.CACHED_STUDIES
+    first = recordcache.cache_of(url, 1)
     for study_id in range(2, cap + 1):
-        storage.cache_of(url, study_id)
-    assert storage.cache_of(url, 1) is first  # used again: now the most recent
-    storage.cache_of(url, cap + 1)  # one too many: the least recently used (study 2) goes
-    mine = [key[1] for key in storage._CACHES if key[0] == url]
+        recordcache.cache_of(url, study_id)
+    assert recordcache.cache_of(url, 1) is first  # used again: now the most recent
+    recordcache.cache_of(url, cap + 1)  # one too many: the least recently used (study 2) goes
+    mine = [key[1] for key in recordcache._CACHES if key[0] == url]
     assert len(mine) == cap and 2 not in mine and 1 in mine and cap + 1 in mine
-    assert storage.cache_of(url, 1) is first
+    assert recordcache.cache_of(url, 1) is first
 
 
 def test_a_step_reads_the_study_once_until_something_writes(settings: Settings, tiny_repo: Path) -> None:
