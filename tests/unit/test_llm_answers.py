@@ -7,7 +7,8 @@ import json
 import pytest
 
 from agents.policies.llm import answers
-from agents.policies.llm.policy import Child, Unusable, Verdicts, _children
+from agents.policies.llm.ideation import Child, Unusable, children_of
+from agents.policies.llm.policy import Verdicts
 
 
 def test_node_ids_numbers_percentages_and_confidences_parse() -> None:
@@ -50,17 +51,17 @@ def test_an_ideators_children_parse_in_the_forms_models_write() -> None:
     assert child.parent_id == 1 and child.expected_gain == pytest.approx(0.4)
     assert Child.model_validate({"parent_id": "2", "title": "t", "expected_gain": None}).expected_gain == 0.0
     one = '{"parent_id": "n1", "title": "A", "expected_gain": "+0.2"}'
-    assert [c.parent_id for c in _children(f'{{"children": [{one}]}}')] == [1]
-    assert [c.title for c in _children(f"Ideas:\n[{one}, {one.replace('A', 'B')}]")] == [
+    assert [c.parent_id for c in children_of(f'{{"children": [{one}]}}')] == [1]
+    assert [c.title for c in children_of(f"Ideas:\n[{one}, {one.replace('A', 'B')}]")] == [
         "A",
         "B",
     ]  # a bare list
-    assert [c.title for c in _children(f'{{"proposals": [{one}]}}')] == ["A"]
-    assert [c.title for c in _children(one)] == ["A"]  # one child alone
+    assert [c.title for c in children_of(f'{{"proposals": [{one}]}}')] == ["A"]
+    assert [c.title for c in children_of(one)] == ["A"]  # one child alone
     with pytest.raises(Unusable, match="no JSON object"):
-        _children("I think we should widen the network.")
+        children_of("I think we should widen the network.")
     with pytest.raises(Unusable, match="parent_id"):
-        _children('{"children": [{"parent_id": "the root", "title": "A"}]}')
+        children_of('{"children": [{"parent_id": "the root", "title": "A"}]}')
 
 
 def test_a_verifiers_scales_and_enums_parse() -> None:
@@ -76,11 +77,11 @@ def test_a_verifiers_scales_and_enums_parse() -> None:
 
 def test_a_child_that_fills_the_form_without_an_idea_is_refused() -> None:
     real = {"parent_id": 1, "title": "wider hidden layer", "mechanism": "more capacity"}
-    assert _children(json.dumps({"children": [real]}))[0].title == "wider hidden layer"
+    assert children_of(json.dumps({"children": [real]}))[0].title == "wider hidden layer"
     for field, text in (("title", "..."), ("mechanism", "..."), ("hypothesis", "…"), ("title", "string"),
                         ("risks", "<placeholder>"), ("observable", "TODO"), ("title", " -- ")):  # fmt: skip
         with pytest.raises(Unusable, match="placeholder"):
-            _children(json.dumps({"children": [{**real, field: text}]}))
+            children_of(json.dumps({"children": [{**real, field: text}]}))
     # One empty optional text is no placeholder; a valid sibling is kept beside a refused one.
-    kept = _children(json.dumps({"children": [{**real, "risks": ""}, {**real, "title": "..."}]}))
+    kept = children_of(json.dumps({"children": [{**real, "risks": ""}, {**real, "title": "..."}]}))
     assert [c.title for c in kept] == ["wider hidden layer"]

@@ -12,7 +12,8 @@ import pytest
 from agents.llm.model import Turn
 from agents.policies.base import ImplementInput
 from agents.policies.llm import schemas
-from agents.policies.llm.policy import LlmPolicy, Unusable, _children
+from agents.policies.llm.ideation import Unusable, children_of
+from agents.policies.llm.policy import LlmPolicy
 from agents.policies.space import Space
 from tests.unit.test_search_policy import BASE, SPACE, ctx, ev
 
@@ -55,11 +56,11 @@ def test_the_schema_offers_each_key_with_the_values_it_may_take() -> None:
 
 def test_edits_parse_by_key_or_its_ending_and_a_value_outside_is_refused_naming_what_it_takes() -> None:
     space = Space(SPACE, BASE)
-    got = _children(
+    got = children_of(
         json.dumps({"children": [child(edits=[{"key": "m.hidden", "value": "32"}])]}), None, space
     )
     assert got[0].edits == {"c.toml:m.hidden": 32}
-    got = _children(json.dumps({"children": [child(edits={"c.toml:t.lr": "0.003"})]}), None, space)
+    got = children_of(json.dumps({"children": [child(edits={"c.toml:t.lr": "0.003"})]}), None, space)
     assert got[0].edits == {"c.toml:t.lr": 0.003}
     for edits, says in (
         ([{"key": "m.hidden", "value": 48}], "takes one of 8, 16, 32, 64, not 48"),
@@ -68,9 +69,9 @@ def test_edits_parse_by_key_or_its_ending_and_a_value_outside_is_refused_naming_
         ("wider", "a list of"),
     ):
         with pytest.raises(Unusable, match=says):
-            _children(json.dumps({"children": [child(edits=edits)]}), None, space)
+            children_of(json.dumps({"children": [child(edits=edits)]}), None, space)
     with pytest.raises(Unusable, match="declares no settings"):
-        _children(json.dumps({"children": [child(edits=[{"key": "m.hidden", "value": 32}])]}))
+        children_of(json.dumps({"children": [child(edits=[{"key": "m.hidden", "value": 32}])]}))
 
 
 def test_a_child_with_edits_is_proposed_with_them_and_one_that_changes_nothing_is_dropped() -> None:
@@ -134,7 +135,7 @@ def test_where_ideas_are_settings_only_a_child_without_edits_is_refused_and_aske
 
 
 def test_a_change_of_settings_made_stale_by_a_merge_is_revisited_with_its_edits() -> None:
-    from agents.policies.llm.policy import revisits
+    from agents.policies.llm.ideation import revisits
 
     nodes = [
         ev(1, None, {}, 0.5, "merged"),
@@ -148,11 +149,11 @@ def test_a_change_of_settings_made_stale_by_a_merge_is_revisited_with_its_edits(
 
 
 def test_a_number_too_large_for_a_float_and_a_text_answer_without_its_field_are_refused() -> None:
-    from agents.policies.llm.policy import prose
+    from agents.policies.llm.ideation import prose
 
     huge = json.dumps({"children": [child(edits=[{"key": "t.lr", "value": 10**400}])]})
     with pytest.raises(Unusable, match="takes a number"):
-        _children(huge, None, Space(SPACE, BASE))
+        children_of(huge, None, Space(SPACE, BASE))
     read = prose("insight", "ROLE: insight")
     assert read('{"insight": "n2 helps: a wider layer"}') == "n2 helps: a wider layer"
     assert read("n2 helps: a wider layer") == "n2 helps: a wider layer"

@@ -496,7 +496,7 @@ def test_one_bad_child_does_not_sink_the_batch_and_a_useless_answer_is_asked_aga
 
 
 def test_expected_gain_is_clipped_and_shrunk_against_measured_gains() -> None:
-    from agents.policies.llm.policy import prior_of
+    from agents.policies.llm.ideation import prior_of
 
     nodes = [
         ev(1, None, {}, 0.5, "merged"),
@@ -537,7 +537,8 @@ def test_findings_that_cite_nodes_not_accepted_are_dropped_and_the_verifier_sees
 
 
 def test_the_ideator_sees_a_bounded_tree_keeping_root_trunk_best_recent_and_their_parents() -> None:
-    from agents.policies.llm.policy import SHOWN_NODES, LlmPolicy, shown_nodes
+    from agents.policies.llm.ideation import SHOWN_NODES, shown_nodes
+    from agents.policies.llm.policy import LlmPolicy
 
     nodes = [ev(1, None, {}, 0.5, "merged")] + [
         replace(ev(i, 1 if i < 40 else i - 30, {}, 0.5 + (0.3 if i == 7 else 0.0001 * (i % 17))), number=i)
