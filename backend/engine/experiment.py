@@ -32,9 +32,9 @@ from agents.tree.status import NodeStatus, Origin
 from backend.core import gitops
 from backend.core.config import Settings, get_settings
 from backend.core.gitops import GitError
-from backend.core.models import Study
+from backend.core.models import Job, Node, Study
 from backend.engine import environment, evaluation, policing, repeats, sandbox, workspace
-from backend.engine.jobstore import Superseded
+from backend.engine.jobstore import JobStore, Superseded
 from backend.engine.site import LocalSite, Site
 from backend.services.ledger import StoreLedger
 from backend.services.records import spec_of
@@ -63,28 +63,22 @@ def _run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], No
     inp: ImplementInput | None = None
     policy: object = None
 
-    def finish(status: str, extra_runs: int = 0, blame: Blame = Blame.IDEA, **fields: object) -> str:
-        store.finish(status, extra_runs, {**fields, "blame": blame})
+    def done(status: str, extra_runs: int, fields: dict[str, object]) -> str:
+        store.finish(status, extra_runs, {"blame": Blame.IDEA, **fields})
         # Not a failed attempt: its retry may start at once on the node's branch, which this
         # worktree holds until it is removed.
         if stored is not None and status != NodeStatus.FAILED:
             stored()
         return status
 
+    def finish(status: str, extra_runs: int = 0, blame: Blame = Blame.IDEA, **fields: object) -> str:
+        return done(status, extra_runs, {**fields, "blame": blame})
+
     def reflection(failure: str, tail: str = "") -> str:
-        """Return the node's reflections with this attempt's: the model's own words where it gave any."""
-        text = f"Attempt {job.attempt} failed: {failure}." + (f" {tail}" if tail else "")
-        reflect = getattr(policy, "reflect", None)
-        written = ""
-        if (
-            reflect is not None and inp is not None and inp.trajectory
-        ):  # no executor ran: nothing to reflect on
-            written = reflect(inp, f"{failure}\n{tail}")
-        text += f" Reflection: {written}" if written else ""
-        return (f"{node.reflection}\n{text}" if node.reflection else text)[-4000:]
+        return _reflection(node, job.attempt, policy, inp, failure, tail)
 
     try:
-        if settings.sandbox == "none":
+        if not workspace.isolation_of(settings).boxed:
             store.mark_unsandboxed()
         sandbox.check(workspace.isolation_of(settings))
         repo = site.repo(study, job_id, token)
@@ -93,40 +87,12 @@ def _run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], No
         start = str(node.inherited.get("commit") or node.base_commit)
         workspace.prepare(repo, path, node.branch, start, sealed=spec.files.sealed, reason=f"job {job_id}")
         policy = make_policy(spec, ledger=StoreLedger(store, node.id))
-        inp = ImplementInput(
-            node_id=node.id or 0,
-            number=node.number,
-            title=node.title,
-            hypothesis=dict(node.hypothesis),
-            edits=dict(node.edits),
-            reflection=node.reflection,
-            editable=list(spec.files.editable),
-            targets=spec.target_map(),
-            formats=dict(spec.files.formats),
-            context={
-                "goal": spec.study.goal,
-                "metric": spec.objective.metric,
-                "direction": spec.objective.direction,
-                "insights": store.insights() if spec.capabilities.reads_context else [],
-                "trunk_dev": summary_of(study.trunk_dev),
-                "constraints": [constraint_text(c) for c in spec.constraints],
-                "reflections": store.reflections() if spec.capabilities.reads_context else [],
-                "parent": {k: v for k, v in node.inherited.items() if k != "commit"},
-            },
-            runtime=SandboxRuntime(settings, study, path, label, repo, node.base_commit),
-        )
+        runtime = SandboxRuntime(settings, study, path, label, repo, node.base_commit)
+        inp = _implement_input(spec, study, node, store, runtime)
         # A human's own words stay; a generated title is rewritten from the real change.
         edits = dict(node.edits) if node.origin != Origin.HUMAN else {}
         before = key_values(spec, path, edits)  # the worktree is still at the base commit
-        # A revisit measures its source's change merged onto the current trunk: its first attempt
-        # runs it as merged, a retry (or a merge that conflicted) asks the executor to make it work.
-        revisit = node.origin == Origin.REVISIT and not spec.capabilities.whole_assignments
-        merged = revisit and bool(node.inherited.get("commit"))
-        held = (
-            revisit
-            and not node.inherited.get("conflict")
-            and not (merged and repo.changed_files(node.base_commit, start))
-        )
+        merged, held = _revisit(spec, node, repo, start)
         if held:
             return finish(
                 NodeStatus.REJECTED, failure="nothing to measure again: trunk already holds the change"
@@ -145,28 +111,12 @@ def _run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], No
         if commit is None:
             return finish(NodeStatus.FAILED, failure="the change is empty")
         store.publish(repo, node.branch, commit)
-        change = repo.change(node.base_commit, commit)
-        violation, stats = policing.violation_of(change.paths, spec), change.stats
-        if violation:
-            return finish(NodeStatus.REJECTED, commit=commit, diff_stats=stats, failure=violation)
-        runs = repeats.dev_runs(
-            settings, store, repo, study, spec, node, job, worktree_label=label, commit=commit
+        status, extra_runs, fields, tail = _measure(
+            settings, store, repo, study, spec, node, job, label, commit
         )
-        receipts = runs.receipts
-        bad = [r for r in receipts if not r.ok]
-        if bad:
-            failure = f"dev evaluation seed {bad[0].seed}: {bad[0].reason}"
-            tail = bad[0].stderr_tail.strip().splitlines()[-3:]
-            return finish(
-                NodeStatus.FAILED, runs.extra_runs, commit=commit, diff_stats=stats, failure=failure,
-                reflection=reflection(failure, " | ".join(tail)),
-            )  # fmt: skip
-        values = [r.objective(spec.objective.metric) or 0.0 for r in receipts]
-        summ = summarize(values)
-        return finish(
-            NodeStatus.EVALUATED, runs.extra_runs, commit=commit, diff_stats=stats, dev_values=values,
-            dev_mean=summ.mean, dev_std=summ.std, dev_n=summ.n, failure="",
-        )  # fmt: skip
+        if status == NodeStatus.FAILED:
+            fields["reflection"] = reflection(str(fields["failure"]), tail)
+        return done(status, extra_runs, fields)
     except Superseded:
         raise
     except (
@@ -182,6 +132,104 @@ def _run_experiment(site: Site, job_id: int, token: str, stored: Callable[[], No
                 repo.maintain()  # deferred by the commit: the outcome is stored by now
         except GitError:
             traceback.print_exc()
+
+
+def _reflection(
+    node: Node, attempt: int, policy: object, inp: ImplementInput | None, failure: str, tail: str
+) -> str:
+    """Return the node's reflections with this attempt's: the model's own words where it gave any."""
+    text = f"Attempt {attempt} failed: {failure}." + (f" {tail}" if tail else "")
+    reflect = getattr(policy, "reflect", None)
+    written = ""
+    if reflect is not None and inp is not None and inp.trajectory:  # no executor ran: nothing to reflect on
+        written = reflect(inp, f"{failure}\n{tail}")
+    text += f" Reflection: {written}" if written else ""
+    return (f"{node.reflection}\n{text}" if node.reflection else text)[-4000:]
+
+
+def _revisit(spec: Spec, node: Node, repo: gitops.Repo, start: str) -> tuple[bool, bool]:
+    """Return whether a node runs its source's change as merged, and whether trunk already holds it.
+
+    A revisit measures its source's change merged onto the current trunk: its first attempt runs it
+    as merged, a retry (or a merge that conflicted) asks the executor to make it work.
+    """
+    revisit = node.origin == Origin.REVISIT and not spec.capabilities.whole_assignments
+    merged = revisit and bool(node.inherited.get("commit"))
+    held = (
+        revisit
+        and not node.inherited.get("conflict")
+        and not (merged and repo.changed_files(node.base_commit, start))
+    )
+    return merged, held
+
+
+def _implement_input(
+    spec: Spec, study: Study, node: Node, store: JobStore, runtime: SandboxRuntime
+) -> ImplementInput:
+    """Return what the policy's executor is given to implement a node: its idea and the study's context."""
+    reads = spec.capabilities.reads_context
+    return ImplementInput(
+        node_id=node.id or 0,
+        number=node.number,
+        title=node.title,
+        hypothesis=dict(node.hypothesis),
+        edits=dict(node.edits),
+        reflection=node.reflection,
+        editable=list(spec.files.editable),
+        targets=spec.target_map(),
+        formats=dict(spec.files.formats),
+        context={
+            "goal": spec.study.goal,
+            "metric": spec.objective.metric,
+            "direction": spec.objective.direction,
+            "insights": store.insights() if reads else [],
+            "trunk_dev": summary_of(study.trunk_dev),
+            "constraints": [constraint_text(c) for c in spec.constraints],
+            "reflections": store.reflections() if reads else [],
+            "parent": {k: v for k, v in node.inherited.items() if k != "commit"},
+        },
+        runtime=runtime,
+    )
+
+
+def _measure(
+    settings: Settings,
+    store: JobStore,
+    repo: gitops.Repo,
+    study: Study,
+    spec: Spec,
+    node: Node,
+    job: Job,
+    label: str,
+    commit: str,
+) -> tuple[NodeStatus, int, dict[str, object], str]:
+    """Police a node's committed change and run its dev evaluations.
+
+    Returns the node's new status, the extra dev runs spent, its fields, and (for a failed run) the
+    last lines of the failing run's stderr.
+    """  # fmt: skip
+    change = repo.change(node.base_commit, commit)
+    violation, stats = policing.violation_of(change.paths, spec), change.stats
+    if violation:
+        return NodeStatus.REJECTED, 0, {"commit": commit, "diff_stats": stats, "failure": violation}, ""
+    runs = repeats.dev_runs(
+        settings, store, repo, study, spec, node, job, worktree_label=label, commit=commit
+    )
+    bad = [r for r in runs.receipts if not r.ok]
+    if bad:
+        failure = f"dev evaluation seed {bad[0].seed}: {bad[0].reason}"
+        tail = " | ".join(bad[0].stderr_tail.strip().splitlines()[-3:])
+        return (
+            NodeStatus.FAILED,
+            runs.extra_runs,
+            {"commit": commit, "diff_stats": stats, "failure": failure},
+            tail,
+        )
+    values = [r.objective(spec.objective.metric) or 0.0 for r in runs.receipts]
+    summ = summarize(values)
+    fields: dict[str, object] = {"commit": commit, "diff_stats": stats, "dev_values": values, "dev_mean": summ.mean,
+                                 "dev_std": summ.std, "dev_n": summ.n, "failure": ""}  # fmt: skip
+    return NodeStatus.EVALUATED, runs.extra_runs, fields, ""
 
 
 class SandboxRuntime:
