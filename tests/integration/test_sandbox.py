@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from backend.engine import sandbox
+from backend.engine.sandbox import process
 from tests.support.waiting import wait_for
 
 BOXED = sandbox.Isolation()
@@ -232,15 +233,15 @@ def test_a_run_is_reaped_through_a_pidfd_the_moment_it_exits(tmp_path: Path) -> 
     import subprocess
 
     proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    fd = sandbox._pidfd(proc.pid)
+    fd = process._pidfd(proc.pid)
     assert fd is not None, "this Linux offers pidfds, so runs must not fall back to polling"
     try:
-        assert not sandbox._ended(fd, 0.05)
+        assert not process._ended(fd, 0.05)
         with pytest.raises(subprocess.TimeoutExpired):
-            sandbox._wait(proc, 0.05, fd)
+            process._wait(proc, 0.05, fd)
         assert proc.stdin is not None
         proc.stdin.close()
-        sandbox._wait(proc, 30, fd)
+        process._wait(proc, 30, fd)
         assert proc.returncode == 0
     finally:
         os.close(fd)

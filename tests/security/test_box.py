@@ -468,6 +468,7 @@ CLOSED_FOLDER = """
 import os, sys
 from pathlib import Path
 from backend.engine import sandbox
+from backend.engine.sandbox import disk
 root = Path(sys.argv[1])
 (root / "ev").mkdir()
 (root / "ev" / "eval.py").write_text("REAL")
@@ -477,7 +478,7 @@ os.link(root / "ev" / "eval.py", root / "d" / "e")
 os.chmod(root / "d", 0)
 os.chmod(root / "ev", 0)  # neither name of the evaluator's file can be reached by a walk
 print("uncounted", sandbox.usage(root) >= sandbox.TOO_DEEP)
-sandbox._reclaim(root, None)
+disk._reclaim(root, None)
 print("unlinked", os.stat(root / "ev" / "eval.py").st_nlink == 1)
 """
 
