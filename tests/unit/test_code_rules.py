@@ -216,3 +216,41 @@ def test_no_decision_is_read_from_a_sentence() -> None:
 def test_the_checks_tell_a_string_compared_from_a_field(source: str, states: bool, sentences: bool) -> None:
     assert bool(state_literals(source)) is states
     assert bool(sentence_reads(source)) is sentences
+
+
+MODULE_LINES = 600  # a product module longer than this mixes concerns: split it along its seams
+ENGINE_FUNCTION_LINES = 80  # a function of backend/engine longer than this is a sequence of steps to name
+
+
+def test_no_product_module_is_over_its_length() -> None:
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in product_files()
+        if (n := len(p.read_text("utf-8").splitlines())) > MODULE_LINES
+    }
+    assert long == {}
+
+
+def long_functions(source: str, limit: int) -> list[str]:
+    """Return the functions of a module longer than `limit` lines (methods and inner functions too)."""
+    return [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (node.end_lineno or node.lineno) - node.lineno + 1 > limit
+    ]
+
+
+def test_no_engine_function_is_over_its_length() -> None:
+    found = {
+        str(p.relative_to(ROOT)): got
+        for p in sorted((ROOT / "backend" / "engine").rglob("*.py"))
+        if (got := long_functions(p.read_text("utf-8"), ENGINE_FUNCTION_LINES))
+    }
+    assert found == {}
+
+
+def test_the_length_check_counts_a_function_from_its_def_to_its_last_line() -> None:
+    body = "def f():\n" + "    x = 1\n" * 80
+    assert long_functions(body, 80) == ["f (81 lines)"]
+    assert long_functions("def g():\n    pass\n", 80) == []
