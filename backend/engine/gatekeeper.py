@@ -18,11 +18,10 @@ from agents.verify.state import ImprovementState
 from backend.core import db
 from backend.core.config import Settings
 from backend.core.gitops import GitError, MergeConflict, Repo
-from backend.core.models import Approval, Node, Study, now
-from backend.core.states import ApprovalStatus
+from backend.core.models import Node, Study
 from backend.engine import environment, policing, runs, workspace
 from backend.engine.jobstore import DbStore, JobStore, local_repo
-from backend.services import lifecycle, notify, report
+from backend.services import approvals, lifecycle, notify, report
 from backend.services.approvals import answer_of, withdraw_approval
 from backend.services.records import add_event, spec_of, transition
 
@@ -235,9 +234,7 @@ class LocalGatekeeper:
             assert node is not None
             if node.status == NodeStatus.EVALUATED:
                 transition(s, node, NodeStatus.AWAITING_APPROVAL)
-            if not s.exec(select(Approval).where(Approval.node_id == node_id)).first():
-                s.add(Approval(study_id=study_id, node_id=node_id))
-                opened = True
+            opened = approvals.open_for(s, study_id, node_id)
         if opened:
             notify.approval_opened(self.settings, study_id, node_id)
 
@@ -288,10 +285,7 @@ class LocalGatekeeper:
             study.trunk_node_id = node_id
             s.add(study)
             transition(s, node, NodeStatus.MERGED, by=by, trunk=node.gate_commit)
-            appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
-            if appr and appr.status in (ApprovalStatus.PENDING, ApprovalStatus.APPROVING):
-                appr.status, appr.decided_by, appr.decided_at = "approved", appr.decided_by or by, now()
-                s.add(appr)
+            approvals.close_approved(s, node_id, by)
 
     def reject(self, study_id: int, node_id: int, reason: str, by: str) -> None:
         """Reject a gate-passed node on a human's word."""
@@ -306,11 +300,7 @@ class LocalGatekeeper:
             istate.retract(node_id, f"rejected by {by or 'a human'}: {reason}")
             study.improvement_state = istate.to_dict()
             s.add(study)
-            appr = s.exec(select(Approval).where(Approval.node_id == node_id)).first()
-            if appr and appr.status in (ApprovalStatus.PENDING, ApprovalStatus.REJECTING):
-                appr.status, appr.decided_at = "rejected", now()
-                appr.decided_by, appr.reason = appr.decided_by or by, appr.reason or reason
-                s.add(appr)
+            approvals.close_rejected(s, node_id, by, reason)
 
     def finalize(self, study_id: int, reason: str, rule: StopRule | None) -> None:
         """Close the study and write REPORT.md (trunk's held-out score is already measured)."""

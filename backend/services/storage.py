@@ -22,6 +22,7 @@ from backend.core import db, gitops
 from backend.core.models import Job, LlmCall, Node, ReceiptRow, Study, now
 from backend.core.states import JobKind, RunKind
 from backend.services import lifecycle, memory
+from backend.services import proposals as proposals_of
 from backend.services.recordcache import Written, cache_of
 from backend.services.records import add_event, add_insight, spec_of, transition
 
@@ -63,14 +64,6 @@ def prune_subtree(s: Session, study_id: int, node_id: int, reason: str, lesson: 
 
 
 DIFF_CHARS = 6000  # of a parent's diff shown to its child's executor
-
-
-def reach(s: Session, node: Node) -> int:
-    """Return how many steps a node sits below its nearest merged ancestor (what `max_depth` bounds)."""
-    steps, n = 0, node  # type: tuple[int, Node | None]
-    while n is not None and n.status != NodeStatus.MERGED and n.parent_id is not None:
-        steps, n = steps + 1, s.get(Node, n.parent_id)
-    return steps
 
 
 def inherit(s: Session, st: Study, node: Node) -> dict[str, Any]:
@@ -320,29 +313,7 @@ class SqlStorage:
             for p in proposals:
                 parent = s.get(Node, p.parent_id)
                 assert parent is not None
-                node = Node(
-                    study_id=study_id,
-                    parent_id=p.parent_id,
-                    depth=parent.depth + 1,
-                    round_no=round_no,
-                    title=p.title,
-                    hypothesis=dict(p.hypothesis),
-                    origin=p.origin,
-                    origin_ref=p.origin_ref,
-                    prior=p.prior,
-                    edits=dict(p.edits),
-                )
-                s.add(node)
-                s.flush()
-                add_event(
-                    s,
-                    study_id,
-                    "node.proposed",
-                    node.id,
-                    title=p.title,
-                    parent_id=p.parent_id,
-                    origin=p.origin,
-                )
+                node = proposals_of.add(s, study_id, parent, p, round_no)
                 ids.append(node.id or 0)
             return ids
 

@@ -11,7 +11,6 @@ from fastapi import Path as PathParam
 from fastapi.responses import PlainTextResponse, Response
 from sqlmodel import Session, col, select
 
-from agents import configfiles
 from agents.tree.status import STUDY_ENDED, TERMINAL, NodeStatus, StudyStatus
 from backend.api import schemas, serializers
 from backend.api.deps import MAX_ID, CeleryDep, NodeId, Operator, Reader, SessionDep, SettingsDep, StudyId
@@ -21,9 +20,8 @@ from backend.core.config import Settings
 from backend.core.models import Event, InsightVersion, Node, ReceiptRow
 from backend.core.states import RunKind
 from backend.engine import evaluation
-from backend.services import fates, treebody
-from backend.services.records import add_event, spec_of
-from backend.services.storage import prune_subtree, reach
+from backend.services import fates, proposals, treebody
+from backend.services.storage import prune_subtree
 from backend.worker.dispatch import nudge
 
 router = APIRouter(prefix="/studies/{study_id}", tags=["tree"])
@@ -126,64 +124,15 @@ def add_hypothesis(
     """Add a human hypothesis as a child of a node; it runs before the policy's own proposals."""
     st = get_study(s, study_id)
     parent = get_node(s, study_id, node_id)
-    spec = spec_of(st)
     if st.status == StudyStatus.STOPPING or st.status in STUDY_ENDED:
         raise HTTPException(status.HTTP_409_CONFLICT, f"study is {st.status}")
-    if reach(s, parent) >= spec.policy.max_depth:
-        raise HTTPException(
-            422,
-            {
-                "message": f"parent: n{parent.number} is policy.max_depth ({spec.policy.max_depth}) steps below "
-                "the last merged change on its line; add the hypothesis under a node nearer to it",
-                "errors": [],
-            },
-        )
-    # The search policy's nodes hold whole assignments; an llm node holds what it sets itself, so a
-    # hypothesis without edits is a change of code for the executor.
-    edits = {**st.base_values, **parent.edits} if spec.capabilities.whole_assignments else {}
-    repo = gitops.Repo(Path(st.repo_path))
-    for key, value in body.edits.items():
-        if key not in spec.search:
-            raise HTTPException(
-                422, {"message": f"edits.{key}: not a key of the study's [search] section", "errors": []}
-            )
-        try:
-            spec.value_at(key, lambda f: repo.read_followed(st.trunk_commit, f))
-        except (configfiles.ConfigKeyError, gitops.GitError, ValueError):
-            raise HTTPException(422, {"message": f"edits.{key}: not found at trunk", "errors": []}) from None
-        edits[key] = value
-    if not spec.capabilities.edits_code and not body.edits:
-        raise HTTPException(
-            422, {"message": "edits: the search policy implements hypotheses as key edits", "errors": []}
-        )
-    node = Node(
-        study_id=study_id,
-        parent_id=node_id,
-        depth=parent.depth + 1,
-        round_no=-1,
-        title=body.title,
-        hypothesis={
-            "mechanism": body.mechanism,
-            "hypothesis": body.hypothesis,
-            "observable": body.observable,
-            "risks": body.risks,
-        },
-        origin="human",
-        prior=1.0,
-        edits=edits,
-    )
-    s.add(node)
-    s.flush()
-    add_event(
-        s,
-        study_id,
-        "node.proposed",
-        node.id,
-        title=body.title,
-        parent_id=node_id,
-        origin="human",
-        by=who.name,
-    )
+    hypothesis = {"mechanism": body.mechanism, "hypothesis": body.hypothesis, "observable": body.observable,
+                  "risks": body.risks}  # fmt: skip
+    try:
+        node = proposals.human(s, st, parent, body.title, hypothesis, dict(body.edits), by=who.name)
+    except proposals.ProposalRefused as exc:
+        error = {"key": exc.key, "message": exc.detail}
+        raise HTTPException(422, {"message": str(exc), "errors": [error]}) from None
     out = serializers.node_summary(
         node, fates.fate_of(s, node), fates.rejection_of(node), fates.candidate_of(s, node)
     )
