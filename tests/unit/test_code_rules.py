@@ -254,3 +254,46 @@ def test_the_length_check_counts_a_function_from_its_def_to_its_last_line() -> N
     body = "def f():\n" + "    x = 1\n" * 80
     assert long_functions(body, 80) == ["f (81 lines)"]
     assert long_functions("def g():\n    pass\n", 80) == []
+
+
+# The one module that creates (or updates in bulk) each kind of row; a row read back from JSON is no write.
+WRITERS = {"Approval": {"backend/services/approvals.py"},
+           "Node": {"backend/services/proposals.py", "backend/services/studies.py"}}  # fmt: skip
+
+
+def row_writes(source: str) -> list[tuple[str, int]]:
+    """Return the rows of the WRITERS kinds a module makes (`Node(...)`) or updates (`update(Node)`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+            continue
+        name = node.func.id
+        if name in WRITERS and not (
+            node.keywords and all(k.arg is None for k in node.keywords) and not node.args
+        ):
+            found.append((name, node.lineno))
+        if (
+            name == "update"
+            and node.args
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id in WRITERS
+        ):
+            found.append((node.args[0].id, node.lineno))
+    return found
+
+
+def test_each_kind_of_row_has_one_writer() -> None:
+    strays = [
+        f"{rel}:{line} ({kind})"
+        for path in product_files()
+        if (rel := str(path.relative_to(ROOT)))
+        for kind, line in row_writes(path.read_text("utf-8"))
+        if rel not in WRITERS[kind]
+    ]
+    assert strays == [], "write it through the module that owns that kind of row"
+
+
+def test_the_writer_check_tells_a_new_row_from_one_read_back() -> None:
+    assert row_writes("a = Approval(study_id=1, node_id=2)") == [("Approval", 1)]
+    assert row_writes("q = update(Node).where(x)") == [("Node", 1)]
+    assert row_writes("n = Node(**got['node'])") == []
