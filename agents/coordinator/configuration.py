@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agents.coordinator.ports import Dispatcher, Gatekeeper, Storage
+from agents.coordinator.ports import Dispatcher, SealedTests, Storage, Trunk
 from agents.policies.base import Policy
 
 
@@ -18,7 +18,7 @@ class CoordinatorConfig:
     prune_window: int = 3
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CoordinatorContext:
     """What every node reaches through `runtime.context`: the ports, the policy and the knobs.
 
@@ -27,6 +27,7 @@ class CoordinatorContext:
 
     storage: Storage
     dispatcher: Dispatcher
-    gatekeeper: Gatekeeper
+    sealed: SealedTests  # the held-out baseline and gates
+    trunk: Trunk  # approvals, merges, rejections and the study's end
     policy: Policy
     config: CoordinatorConfig = field(default_factory=CoordinatorConfig)

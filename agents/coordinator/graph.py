@@ -62,7 +62,7 @@ def start(
     status = runtime.context.storage.study(state["study_id"]).status
     if status == StudyStatus.STOPPING:
         return Command(update=kept, goto="observe")
-    pending = runtime.context.gatekeeper.baseline(state["study_id"])
+    pending = runtime.context.sealed.baseline(state["study_id"])
     if pending is not None and pending.blocking:
         if not runtime.context.policy.capabilities.reads_baseline:
             return Command(update={**kept, "baseline_dev_job": pending.job_id}, goto="observe")
@@ -84,7 +84,7 @@ def observe(
     state: CoordinatorState, runtime: Runtime[CoordinatorContext]
 ) -> Command[Literal["ideate", "wait", "dispatch", "observe", "gate", "approve", "merge", "finish"]]:
     """Check status, an open approval and budgets; go to ideate, wait, dispatch, gate, merge, approve or finish."""
-    storage, gatekeeper = runtime.context.storage, runtime.context.gatekeeper
+    storage, trunk = runtime.context.storage, runtime.context.trunk
     sid = state["study_id"]
     study = storage.study(sid)
     pending = _active_jobs(state)
@@ -93,12 +93,12 @@ def observe(
         awaiting = open_approval(storage.nodes(sid))  # opened by a step that crashed before its checkpoint
     if awaiting is not None:
         # A decision already recorded is applied first, even when a stop follows it.
-        answer = gatekeeper.decision(sid, awaiting)
+        answer = trunk.decision(sid, awaiting)
         if answer is not None:
             update, goto = _decided(sid, awaiting, answer, runtime)
             return Command(update=update, goto=goto)
     if study.status == StudyStatus.STOPPING:
-        if awaiting is not None and not gatekeeper.withdraw(
+        if awaiting is not None and not trunk.withdraw(
             sid, awaiting, "the study was stopped before a decision"
         ):
             return Command(goto="observe")  # a decision came in just now: apply it first
@@ -402,7 +402,7 @@ def gate(
     Where the sealed evaluation runs as a job, the candidate is `gating` and the study explores
     on while it runs; `wait` comes back here to read the verdict once the job has ended.
     """
-    storage, gatekeeper = runtime.context.storage, runtime.context.gatekeeper
+    storage, trunk, sealed = runtime.context.storage, runtime.context.trunk, runtime.context.sealed
     sid = state["study_id"]
     cands = list(state.get("candidates", []))
     gating = state.get("gating")
@@ -421,14 +421,14 @@ def gate(
         still = gate_candidates(study, records)
         if node_id not in still:
             continue
-        outcome = gatekeeper.gate(sid, node_id)
+        outcome = sealed.gate(sid, node_id)
         if isinstance(outcome, Pending):
             update = {"candidates": [node_id, *cands], "gating": node_id, "gate_job": outcome.job_id}
             return Command(update=update, goto="observe")
         if outcome:
             if study.spec.gate.mode == GateMode.AUTO:
                 return Command(update={**done, "gate_node": node_id}, goto="merge")
-            gatekeeper.await_approval(sid, node_id)
+            trunk.await_approval(sid, node_id)
             return Command(update={**done, "awaiting": node_id}, goto="observe")
     return Command(update=done, goto="observe")
 
@@ -451,15 +451,15 @@ Decided = tuple[dict[str, Any], Literal["gate", "merge", "observe"]]
 
 def _decided(sid: int, node_id: int, answer: dict[str, Any], runtime: Runtime[CoordinatorContext]) -> Decided:
     """Act on a decision about an open approval: merge, or reject (then gate the next candidate)."""
-    gatekeeper, storage = runtime.context.gatekeeper, runtime.context.storage
+    trunk, storage = runtime.context.trunk, runtime.context.storage
     closed: dict[str, Any] = {"awaiting": None, "gate_node": None}
     if answer.get("withdrawn"):
-        gatekeeper.withdraw(sid, node_id, str(answer.get("reason") or "withdrawn"))  # else observe applies it
+        trunk.withdraw(sid, node_id, str(answer.get("reason") or "withdrawn"))  # else observe applies it
         return closed, "observe"
     if answer.get("approved"):
         return {**closed, "gate_node": node_id, "approved_by": str(answer.get("by") or "human")}, "merge"
     reason, by = str(answer.get("reason") or "rejected by a human"), str(answer.get("by", ""))
-    gatekeeper.reject(sid, node_id, reason, by)
+    trunk.reject(sid, node_id, reason, by)
     cands = gate_candidates(storage.study(sid), storage.nodes(sid))
     return ({**closed, "candidates": cands}, "gate") if cands else (closed, "observe")
 
@@ -468,7 +468,7 @@ def merge(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Comm
     """Merge the gate node into trunk, then go to observe."""
     sid, node_id = state["study_id"], state.get("gate_node")
     assert node_id is not None
-    runtime.context.gatekeeper.merge(sid, node_id, state.get("approved_by") or "auto")
+    runtime.context.trunk.merge(sid, node_id, state.get("approved_by") or "auto")
     storage = runtime.context.storage
     study = storage.study(sid)
     known = {f.get("text") for f in study.improvement_state.get("verified_findings", [])}
@@ -488,7 +488,7 @@ def merge(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Comm
 def finish(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> dict[str, Any]:
     """Finalize the study with its stop reason; the graph ends here."""
     rule = StopRule(state["stop_rule"]) if state.get("stop_rule") else None
-    runtime.context.gatekeeper.finalize(state["study_id"], state.get("stop_reason", "finished"), rule)
+    runtime.context.trunk.finalize(state["study_id"], state.get("stop_reason", "finished"), rule)
     return {}
 
 

@@ -113,12 +113,16 @@ class Dispatcher(Protocol):
     def submit(self, job_id: int) -> None: ...
 
 
-class Gatekeeper(Protocol):
-    """Runs sealed evaluations and moves the trunk; returns pass/fail only."""
+class SealedTests(Protocol):
+    """Runs the sealed held-out evaluations; returns pass or fail only, never a held-out number."""
 
     def baseline(self, study_id: int) -> Pending | None: ...
 
     def gate(self, study_id: int, node_id: int) -> bool | Pending: ...
+
+
+class Trunk(Protocol):
+    """Moves the trunk: opens and reads approvals, merges or rejects a gate-passed node, ends the study."""
 
     def await_approval(self, study_id: int, node_id: int) -> None: ...
 
@@ -131,3 +135,7 @@ class Gatekeeper(Protocol):
     def withdraw(self, study_id: int, node_id: int, reason: str) -> bool: ...
 
     def finalize(self, study_id: int, reason: str, rule: StopRule | None) -> None: ...
+
+
+class Gatekeeper(SealedTests, Trunk, Protocol):
+    """Both sides of the gate in one object, as the engine's gatekeepers implement them."""

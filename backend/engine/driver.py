@@ -198,11 +198,13 @@ class Driver:
             assert study is not None
             spec = spec_of(study)
         self.storage = SqlStorage(settings.db_url)
+        gate = _Forgetting(gatekeeper or LocalGatekeeper(settings), self.storage)
         self.context = CoordinatorContext(
-            self.storage,
-            dispatcher,
-            _Forgetting(gatekeeper or LocalGatekeeper(settings), self.storage),
-            policy or make_policy(spec, ledger=StoreLedger(DbStore(settings, study_id, None))),
+            storage=self.storage,
+            dispatcher=dispatcher,
+            sealed=gate,
+            trunk=gate,
+            policy=policy or make_policy(spec, ledger=StoreLedger(DbStore(settings, study_id, None))),
         )
 
     @contextmanager

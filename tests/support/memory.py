@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.coordinator.configuration import CoordinatorContext
 from agents.coordinator.ports import Integration, NodeRecord, StudyView
 from agents.failures import Blame
 from agents.policies.base import NodeEvidence, Proposal
@@ -169,3 +170,8 @@ class Memory:
     def finalize(self, study_id: int, reason: str, rule: StopRule | None) -> None:
         self.status = "finished"
         self.events.append(f"finished: {reason}")
+
+
+def context(mem: Memory, policy: Any, dispatcher: Any = None) -> CoordinatorContext:
+    """Return the run context of a graph over one in-memory double (its dispatcher may be another)."""
+    return CoordinatorContext(storage=mem, dispatcher=dispatcher or mem, sealed=mem, trunk=mem, policy=policy)

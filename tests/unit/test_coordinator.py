@@ -16,7 +16,7 @@ from agents.coordinator.ports import Integration, NodeRecord, Pending, StudyView
 from agents.policies.base import IdeationInput, NodeEvidence, Proposal
 from agents.policies.search import SearchPolicy
 from agents.spec import parse_spec
-from tests.support.memory import KNOB, Memory
+from tests.support.memory import KNOB, Memory, context
 from tests.support.repos import tiny_files
 
 
@@ -24,7 +24,7 @@ def drive(mem: Memory, answer: dict[str, Any], policy: Any = None) -> list[str]:
     """Run the graph to the end, completing jobs in order and answering approvals; return interrupt kinds."""
     graph = build_graph().compile(checkpointer=InMemorySaver())
     cfg = {"configurable": {"thread_id": "t"}}
-    ctx = CoordinatorContext(mem, mem, mem, policy or SearchPolicy())
+    ctx = context(mem, policy or SearchPolicy())
     inp: Any = {"study_id": 1}
     kinds = []
     for _ in range(100):
@@ -90,7 +90,7 @@ def until_an_approval_opens(mem: Memory) -> tuple[Any, dict[str, Any], Coordinat
     """Run the graph, completing jobs, until a gate pass opens an approval; return it and its interrupt."""
     graph = build_graph().compile(checkpointer=InMemorySaver())
     cfg = {"configurable": {"thread_id": "t"}}
-    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
+    ctx = context(mem, SearchPolicy())
     out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
     for _ in range(20):
         intr = out.interrupts[0]
@@ -165,7 +165,7 @@ def started(mem: Memory) -> tuple[Any, dict[str, Any], CoordinatorContext, Any]:
     """Compile the graph over the double and run it to its first interrupt; return graph, config, context, output."""
     graph = build_graph().compile(checkpointer=InMemorySaver())
     cfg = {"configurable": {"thread_id": "t"}}
-    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
+    ctx = context(mem, SearchPolicy())
     return graph, cfg, ctx, graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
 
 
@@ -269,7 +269,7 @@ def test_user_stop_cancels_and_finishes() -> None:
     mem = Memory(mode="auto", experiments=10)
     graph = build_graph().compile(checkpointer=InMemorySaver())
     cfg = {"configurable": {"thread_id": "t"}}
-    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
+    ctx = context(mem, SearchPolicy())
     out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
     intr = out.interrupts[0]
     assert intr.value["kind"] == "await_jobs" and len(intr.value["jobs"]) == 2
@@ -293,7 +293,7 @@ def test_a_resume_runs_with_the_context_it_is_given_not_a_checkpointed_one() -> 
     mem = Memory(mode="auto", experiments=10)
     saver = InMemorySaver()
     cfg = {"configurable": {"thread_id": "t"}}
-    ctx = CoordinatorContext(mem, mem, mem, SearchPolicy())
+    ctx = context(mem, SearchPolicy())
     graph = build_graph().compile(checkpointer=saver)
     out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
     intr = out.interrupts[0]
@@ -305,7 +305,7 @@ def test_a_resume_runs_with_the_context_it_is_given_not_a_checkpointed_one() -> 
     out = fresh.invoke(
         Command(resume={intr.id: [first]}),
         cfg,
-        context=CoordinatorContext(mem, later, mem, SearchPolicy()),
+        context=context(mem, SearchPolicy(), dispatcher=later),
         durability="sync",
         version="v2",
     )
@@ -411,7 +411,7 @@ def deepen(gate_passes: bool) -> Memory:
     cfg = {"configurable": {"thread_id": "t"}}
     inp: Any = {"study_id": 1}
     for _ in range(100):
-        out = graph.invoke(inp, cfg, context=CoordinatorContext(mem, mem, mem, Deepening()), version="v2")
+        out = graph.invoke(inp, cfg, context=context(mem, Deepening()), version="v2")
         if not out.interrupts:
             break
         intr = out.interrupts[0]
@@ -717,7 +717,7 @@ def test_a_policy_that_reads_the_baseline_proposes_only_once_it_is_in() -> None:
     mem = DevBeside()
     graph = build_graph().compile(checkpointer=InMemorySaver())
     cfg = {"configurable": {"thread_id": "t"}}
-    ctx = CoordinatorContext(mem, mem, mem, ReadsBaseline())
+    ctx = context(mem, ReadsBaseline())
     out = graph.invoke({"study_id": 1}, cfg, context=ctx, durability="sync", version="v2")
     assert out.interrupts[0].value["jobs"] == [mem.DEV] and not mem.jobs and not mem.submitted
     mem.dev = "done"
