@@ -12,7 +12,7 @@ from agents.tree.insights import InsightUpdate
 from agents.tree.status import StopRule
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StudyView:
     id: int
     name: str
@@ -31,7 +31,7 @@ class StudyView:
     usd_spent: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NodeRecord:
     evidence: NodeEvidence
     round_no: int

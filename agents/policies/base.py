@@ -15,7 +15,7 @@ from agents.capabilities import Capabilities
 from agents.failures import Blame, NoEvidence
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NodeEvidence:
     """What ideation and summaries may know about a node: dev evidence, never held-out."""
 
@@ -52,7 +52,7 @@ class RefineRequest:
     goal: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class IdeationInput:
     goal: str
     metric: str
@@ -120,7 +120,7 @@ class Proposal:
     dropped: str = ""  # why the policy dropped it (a duplicate, an unknown parent): logged, never added
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ImplementInput:
     node_id: int
     title: str

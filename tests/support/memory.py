@@ -56,22 +56,63 @@ class Memory:
 
     # Storage
     def study(self, study_id: int) -> StudyView:
-        return StudyView(study_id, "tiny", self.status, self.spec, self.trunk, self.trunk_node, self.trunk_dev,
-                         {"config.toml:knob.x": 0}, 0, len(self.jobs), 0.0, self.state, 0)  # fmt: skip
+        return StudyView(
+            id=study_id,
+            name="tiny",
+            status=self.status,
+            spec=self.spec,
+            trunk_commit=self.trunk,
+            trunk_node_id=self.trunk_node,
+            trunk_dev=self.trunk_dev,
+            base_values={"config.toml:knob.x": 0},
+            test_queries=0,
+            experiments_used=len(self.jobs),
+            elapsed_hours=0.0,
+            improvement_state=self.state,
+            plateau_level=0,
+        )
 
     def nodes(self, study_id: int) -> list[NodeRecord]:
         out = []
         for n in self.rows.values():
             depth = 0 if n["parent"] is None else 1
             mean = sum(n["dev"]) / len(n["dev"]) if n["dev"] else None
-            ev = NodeEvidence(n["id"], n["parent"], depth, n["status"], n["title"], n["edits"], "policy", mean, 0.0,
-                              len(n["dev"]), n["gain"], n["lcb"], {"size": n["edits"]["config.toml:knob.x"]},
-                              n["cons"], "", n["insight"], lesson=n.get("lesson", ""))  # fmt: skip
+            ev = NodeEvidence(
+                id=n["id"],
+                parent_id=n["parent"],
+                depth=depth,
+                status=n["status"],
+                title=n["title"],
+                edits=n["edits"],
+                origin="policy",
+                dev_mean=mean,
+                dev_std=0.0,
+                dev_n=len(n["dev"]),
+                gain=n["gain"],
+                gain_lcb=n["lcb"],
+                dev_metrics={"size": n["edits"]["config.toml:knob.x"]},
+                constraints=n["cons"],
+                summary="",
+                insight=n["insight"],
+                lesson=n.get("lesson", ""),
+            )
             receipts = [
                 (i, {"score": v, "size": n["edits"]["config.toml:knob.x"]}) for i, v in enumerate(n["dev"])
             ]
-            out.append(NodeRecord(ev, 0, 0.0, n["base"], n["dev"], receipts, n["attempts"], n["order"],
-                                  n["verification"], n["gated"]))  # fmt: skip
+            out.append(
+                NodeRecord(
+                    evidence=ev,
+                    round_no=0,
+                    prior=0.0,
+                    base_commit=n["base"],
+                    dev_values=n["dev"],
+                    dev_receipts=receipts,
+                    attempts=n["attempts"],
+                    completed_order=n["order"],
+                    verification=n["verification"],
+                    gated=n["gated"],
+                )
+            )
         return out
 
     def add_proposals(self, study_id: int, round_no: int, proposals: list[Proposal]) -> list[int]:

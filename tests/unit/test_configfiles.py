@@ -91,11 +91,29 @@ def test_links_are_followed_inside_the_repository_only(tmp_path: Path) -> None:
         repo.read_followed("HEAD", "escape.yaml")
     # Writing through a link edits its target, which must be editable too.
     SearchPolicy().implement(
-        root, ImplementInput(1, "t", {}, {"params.yaml:a": 2}, "", ["params.yaml", "real/**"])
+        root,
+        ImplementInput(
+            node_id=1,
+            title="t",
+            hypothesis={},
+            edits={"params.yaml:a": 2},
+            reflection="",
+            editable=["params.yaml", "real/**"],
+        ),
     )
     assert (root / "real/params.yaml").read_text() == "a: 2\n"
     with pytest.raises(ImplementationError, match=r"a link to real/params\.yaml, which is not editable"):
-        SearchPolicy().implement(root, ImplementInput(1, "t", {}, {"params.yaml:a": 3}, "", ["params.yaml"]))
+        SearchPolicy().implement(
+            root,
+            ImplementInput(
+                node_id=1,
+                title="t",
+                hypothesis={},
+                edits={"params.yaml:a": 3},
+                reflection="",
+                editable=["params.yaml"],
+            ),
+        )
 
 
 def test_a_title_reads_key_values_through_links_inside_the_worktree_only(tmp_path: Path) -> None:
@@ -127,7 +145,14 @@ def test_one_dimension_writes_every_target_and_list_values_reach_optuna(tmp_path
     (tmp_path / "params.yaml").write_text("alpha: 0.5\n")
     targets = {"alpha": ["MLproject:p.alpha.default", "params.yaml:alpha"]}
     inp = ImplementInput(
-        1, "t", {}, {"alpha": 0.25}, "", ["*"], targets=targets, formats={"MLproject": "yaml"}
+        node_id=1,
+        title="t",
+        hypothesis={},
+        edits={"alpha": 0.25},
+        reflection="",
+        editable=["*"],
+        targets=targets,
+        formats={"MLproject": "yaml"},
     )
     SearchPolicy().implement(tmp_path, inp)
     assert (tmp_path / "MLproject").read_text() == "p:\n  alpha: {default: 0.25}  # mix\n"

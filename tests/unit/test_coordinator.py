@@ -335,10 +335,35 @@ class Judging(SearchPolicy):
 
 
 def _record(x: int, dev: list[float]) -> NodeRecord:
-    ev = NodeEvidence(2, 1, 1, "evaluated", f"x={x}", {"config.toml:knob.x": x}, "policy", sum(dev) / len(dev),
-                      0.0, len(dev), None, None, {"size": x}, [], "", "")  # fmt: skip
+    ev = NodeEvidence(
+        id=2,
+        parent_id=1,
+        depth=1,
+        status="evaluated",
+        title=f"x={x}",
+        edits={"config.toml:knob.x": x},
+        origin="policy",
+        dev_mean=sum(dev) / len(dev),
+        dev_std=0.0,
+        dev_n=len(dev),
+        gain=None,
+        gain_lcb=None,
+        dev_metrics={"size": x},
+        constraints=[],
+        summary="",
+        insight="",
+    )
     receipts = [(i, {"score": v, "size": x}) for i, v in enumerate(dev)]
-    return NodeRecord(ev, 0, 0.0, "c0", dev, receipts, 1, 0)
+    return NodeRecord(
+        evidence=ev,
+        round_no=0,
+        prior=0.0,
+        base_commit="c0",
+        dev_values=dev,
+        dev_receipts=receipts,
+        attempts=1,
+        completed_order=0,
+    )
 
 
 def test_verifier_can_turn_a_refine_into_a_restart() -> None:
@@ -493,9 +518,35 @@ def test_the_tree_view_of_changed_records_reads_as_one_built_afresh() -> None:
     from agents.tree.model import Tree
 
     def rec(i: int, parent: int | None, status: str) -> NodeRecord:
-        ev = NodeEvidence(i, parent, 0 if parent is None else 1, status, f"n{i}", {}, "policy", None, None, 0,
-                          None, None, {}, [], "", "", number=i)  # fmt: skip
-        return NodeRecord(ev, 0, 0.0, "c0", [], [], 0, 0)
+        ev = NodeEvidence(
+            id=i,
+            parent_id=parent,
+            depth=0 if parent is None else 1,
+            status=status,
+            title=f"n{i}",
+            edits={},
+            origin="policy",
+            dev_mean=None,
+            dev_std=None,
+            dev_n=0,
+            gain=None,
+            gain_lcb=None,
+            dev_metrics={},
+            constraints=[],
+            summary="",
+            insight="",
+            number=i,
+        )
+        return NodeRecord(
+            evidence=ev,
+            round_no=0,
+            prior=0.0,
+            base_commit="c0",
+            dev_values=[],
+            dev_receipts=[],
+            attempts=0,
+            completed_order=0,
+        )
 
     first = [rec(1, None, "merged"), rec(2, 1, "running"), rec(3, 1, "proposed")]
     view = tree_of(first)
@@ -521,9 +572,35 @@ def test_two_studies_whose_roots_share_an_id_keep_their_own_tree_views() -> None
     from agents.coordinator.evidence import tree_of
 
     def rec(i: int, parent: int | None, status: str, title: str) -> NodeRecord:
-        ev = NodeEvidence(i, parent, 0 if parent is None else 1, status, title, {}, "policy", None, None, 0,
-                          None, None, {}, [], "", "", number=i)  # fmt: skip
-        return NodeRecord(ev, 0, 0.0, "c0", [], [], 0, 0)
+        ev = NodeEvidence(
+            id=i,
+            parent_id=parent,
+            depth=0 if parent is None else 1,
+            status=status,
+            title=title,
+            edits={},
+            origin="policy",
+            dev_mean=None,
+            dev_std=None,
+            dev_n=0,
+            gain=None,
+            gain_lcb=None,
+            dev_metrics={},
+            constraints=[],
+            summary="",
+            insight="",
+            number=i,
+        )
+        return NodeRecord(
+            evidence=ev,
+            round_no=0,
+            prior=0.0,
+            base_commit="c0",
+            dev_values=[],
+            dev_receipts=[],
+            attempts=0,
+            completed_order=0,
+        )
 
     # Two databases, two studies, both rooted at node id 1, stepped in turn by one process.
     a = [rec(1, None, "merged", "a"), rec(2, 1, "running", "a2"), rec(3, 1, "evaluated", "a3")]

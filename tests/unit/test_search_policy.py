@@ -86,7 +86,10 @@ def test_ideation_depends_on_round_and_seed() -> None:
 def test_implementer_applies_edits_exactly(tmp_path: Path, name: str, text: str, check: str) -> None:
     (tmp_path / name).write_text(text)
     edits = {f"{name}:m.hidden": 32, f"{name}:t.lr": 0.02}
-    SearchPolicy().implement(tmp_path, ImplementInput(1, "t", {}, edits, "", [name]))
+    SearchPolicy().implement(
+        tmp_path,
+        ImplementInput(node_id=1, title="t", hypothesis={}, edits=edits, reflection="", editable=[name]),
+    )
     new = (tmp_path / name).read_text()
     assert configfiles.get_key(name, new, "m.hidden") == 32
     assert configfiles.get_key(name, new, "t.lr") == 0.02
@@ -97,18 +100,42 @@ def test_implementer_refuses_non_editable_and_escaping_files(tmp_path: Path) -> 
     (tmp_path / "c.toml").write_text("[m]\nhidden = 8\n")
     with pytest.raises(ImplementationError, match="not editable"):
         SearchPolicy().implement(
-            tmp_path, ImplementInput(1, "t", {}, {"c.toml:m.hidden": 4}, "", ["other.toml"])
+            tmp_path,
+            ImplementInput(
+                node_id=1,
+                title="t",
+                hypothesis={},
+                edits={"c.toml:m.hidden": 4},
+                reflection="",
+                editable=["other.toml"],
+            ),
         )
     outside = tmp_path.parent / "outside.toml"
     outside.write_text("[m]\nhidden = 8\n")
     (tmp_path / "link.toml").symlink_to(outside)
     with pytest.raises(ImplementationError, match="outside the worktree"):
         SearchPolicy().implement(
-            tmp_path, ImplementInput(1, "t", {}, {"link.toml:m.hidden": 4}, "", ["*.toml"])
+            tmp_path,
+            ImplementInput(
+                node_id=1,
+                title="t",
+                hypothesis={},
+                edits={"link.toml:m.hidden": 4},
+                reflection="",
+                editable=["*.toml"],
+            ),
         )
     with pytest.raises(ImplementationError, match="must be a path inside the repository"):
         SearchPolicy().implement(
-            tmp_path, ImplementInput(1, "t", {}, {"../outside.toml:m.hidden": 4}, "", ["**"])
+            tmp_path,
+            ImplementInput(
+                node_id=1,
+                title="t",
+                hypothesis={},
+                edits={"../outside.toml:m.hidden": 4},
+                reflection="",
+                editable=["**"],
+            ),
         )
     assert "hidden = 8" in outside.read_text()
 
