@@ -216,3 +216,14 @@ class Memory:
 def context(mem: Memory, policy: Any, dispatcher: Any = None) -> CoordinatorContext:
     """Return the run context of a graph over one in-memory double (its dispatcher may be another)."""
     return CoordinatorContext(storage=mem, dispatcher=dispatcher or mem, sealed=mem, trunk=mem, policy=policy)
+
+
+def bare_record(i: int, parent: int | None, status: str, title: str) -> NodeRecord:
+    """Return the record of a node with no evidence yet: an id, a parent, a status and a title."""
+    ev = NodeEvidence(
+        id=i, parent_id=parent, depth=0 if parent is None else 1, status=status, title=title, edits={},
+        origin="policy", dev_mean=None, dev_std=None, dev_n=0, gain=None, gain_lcb=None, dev_metrics={},
+        constraints=[], summary="", insight="", number=i,
+    )  # fmt: skip
+    return NodeRecord(evidence=ev, round_no=0, prior=0.0, base_commit="c0", dev_values=[], dev_receipts=[],
+                      attempts=0, completed_order=0)  # fmt: skip

@@ -16,7 +16,7 @@ from agents.coordinator.ports import Integration, NodeRecord, Pending, StudyView
 from agents.policies.base import IdeationInput, NodeEvidence, Proposal
 from agents.policies.search import SearchPolicy
 from agents.spec import parse_spec
-from tests.support.memory import KNOB, Memory, context
+from tests.support.memory import KNOB, Memory, bare_record, context
 from tests.support.repos import tiny_files
 
 
@@ -518,35 +518,7 @@ def test_the_tree_view_of_changed_records_reads_as_one_built_afresh() -> None:
     from agents.tree.model import Tree
 
     def rec(i: int, parent: int | None, status: str) -> NodeRecord:
-        ev = NodeEvidence(
-            id=i,
-            parent_id=parent,
-            depth=0 if parent is None else 1,
-            status=status,
-            title=f"n{i}",
-            edits={},
-            origin="policy",
-            dev_mean=None,
-            dev_std=None,
-            dev_n=0,
-            gain=None,
-            gain_lcb=None,
-            dev_metrics={},
-            constraints=[],
-            summary="",
-            insight="",
-            number=i,
-        )
-        return NodeRecord(
-            evidence=ev,
-            round_no=0,
-            prior=0.0,
-            base_commit="c0",
-            dev_values=[],
-            dev_receipts=[],
-            attempts=0,
-            completed_order=0,
-        )
+        return bare_record(i, parent, status, f"n{i}")
 
     first = [rec(1, None, "merged"), rec(2, 1, "running"), rec(3, 1, "proposed")]
     view = tree_of(first)
@@ -572,35 +544,7 @@ def test_two_studies_whose_roots_share_an_id_keep_their_own_tree_views() -> None
     from agents.coordinator.evidence import tree_of
 
     def rec(i: int, parent: int | None, status: str, title: str) -> NodeRecord:
-        ev = NodeEvidence(
-            id=i,
-            parent_id=parent,
-            depth=0 if parent is None else 1,
-            status=status,
-            title=title,
-            edits={},
-            origin="policy",
-            dev_mean=None,
-            dev_std=None,
-            dev_n=0,
-            gain=None,
-            gain_lcb=None,
-            dev_metrics={},
-            constraints=[],
-            summary="",
-            insight="",
-            number=i,
-        )
-        return NodeRecord(
-            evidence=ev,
-            round_no=0,
-            prior=0.0,
-            base_commit="c0",
-            dev_values=[],
-            dev_receipts=[],
-            attempts=0,
-            completed_order=0,
-        )
+        return bare_record(i, parent, status, title)
 
     # Two databases, two studies, both rooted at node id 1, stepped in turn by one process.
     a = [rec(1, None, "merged", "a"), rec(2, 1, "running", "a2"), rec(3, 1, "evaluated", "a3")]
