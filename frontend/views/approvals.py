@@ -17,10 +17,14 @@ def page() -> None:
     ui.recall("decisions")
     names = {s["id"]: s["name"] for s in api.studies()}
     only = ui.query_int("study")
-    choices = ["all studies", *[f"{name} (id {sid})" for sid, name in names.items()]]
-    default = next((i for i, c in enumerate(choices) if only is not None and c.endswith(f"(id {only})")), 0)
-    chosen = st.selectbox("Study", choices, index=default, key="approvals_study")
-    study_id = None if chosen == "all studies" else int(chosen.rsplit("id ", 1)[1].rstrip(")"))
+    choices: list[int | None] = [None, *names]
+    study_id = st.selectbox(
+        "Study",
+        choices,
+        index=choices.index(only) if only in names else 0,
+        format_func=lambda sid: "all studies" if sid is None else f"{names[sid]} (id {sid})",
+        key="approvals_study",
+    )
 
     @st.fragment(run_every=REFRESH)
     def waiting() -> None:

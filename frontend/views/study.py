@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 import streamlit as st
 import streamlit.components.v1 as components
@@ -253,11 +254,16 @@ def steer(api: Grove, s: Study, nodes: list[NodeSummary]) -> None:
         ui.recall("prune", keep=False)
 
 
-SORTS: dict[str, Callable[[NodeSummary], float | None]] = {
-    "dev gain LCB": lambda n: n["gain_lcb"],
-    "dev gain": lambda n: n["gain"],
-    "dev mean": lambda n: n["dev_mean"],
-    "held-out gain": lambda n: n["heldout_gain"],
+class Sort(NamedTuple):
+    value: Callable[[NodeSummary], float | None]
+    raw: bool = False  # the objective's own value (best first follows its direction), not a gain
+
+
+SORTS: dict[str, Sort] = {
+    "dev gain LCB": Sort(lambda n: n["gain_lcb"]),
+    "dev gain": Sort(lambda n: n["gain"]),
+    "dev mean": Sort(lambda n: n["dev_mean"], raw=True),
+    "held-out gain": Sort(lambda n: n["heldout_gain"]),
 }
 
 
@@ -271,8 +277,8 @@ def leaderboard(api: Grove, s: Study, nodes: list[NodeSummary]) -> None:
     by = left.selectbox("Sort by", list(SORTS), key="lb_sort")
     statuses = sorted({n["status"] for n in measured})
     shown = right.multiselect("Status", statuses, default=statuses, key="lb_status")
-    value = SORTS[by]
-    sign = -1.0 if s["direction"] == "minimize" and by == "dev mean" else 1.0
+    value, raw = SORTS[by]
+    sign = -1.0 if s["direction"] == "minimize" and raw else 1.0
     rows = sorted(
         (n for n in measured if n["status"] in shown),
         key=lambda n: (value(n) is None, -sign * (value(n) or 0.0), n["id"]),
