@@ -471,11 +471,10 @@ def merge(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Comm
     runtime.context.trunk.merge(sid, node_id, state.get("approved_by") or "auto")
     storage = runtime.context.storage
     study = storage.study(sid)
-    known = {f.get("text") for f in study.improvement_state.get("verified_findings", [])}
-    moved = [
-        w for w in widenings(study, storage.nodes(sid)) if w.node_id == node_id and w.text() not in known
-    ]
-    if moved:  # a replayed step finds them known, and says nothing twice
+    # A replayed step finds its widenings told already, and says nothing twice.
+    told = storage.said(sid, "search.widened", node_id)
+    moved = [] if told else [w for w in widenings(study, storage.nodes(sid)) if w.node_id == node_id]
+    if moved:
         istate = ImprovementState.from_dict(study.improvement_state)
         for w in moved:
             istate.add_finding(w.text(), [node_id])

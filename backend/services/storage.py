@@ -19,7 +19,7 @@ from agents.tree import pruning
 from agents.tree.insights import InsightUpdate
 from agents.tree.status import ACTIVE, TERMINAL, NodeStatus, Origin, StudyStatus
 from backend.core import db, gitops
-from backend.core.models import Job, LlmCall, Node, ReceiptRow, Study, now
+from backend.core.models import Event, Job, LlmCall, Node, ReceiptRow, Study, now
 from backend.core.states import JobKind, RunKind
 from backend.services import lifecycle, memory
 from backend.services import proposals as proposals_of
@@ -417,6 +417,16 @@ class SqlStorage:
         """Append an event."""
         with db.session(self.url) as s:
             add_event(s, study_id, type_, node_id, **payload)
+
+    def said(self, study_id: int, type_: str, node_id: int) -> bool:
+        """Return whether an event of this type was written for the node (a replayed step writes none twice)."""
+        with db.session(self.url) as s:
+            found = s.exec(
+                select(Event.id).where(
+                    Event.study_id == study_id, Event.type == type_, Event.node_id == node_id
+                )
+            ).first()
+            return found is not None
 
     def pause(self, study_id: int, reason: str, spent: Blame) -> None:
         """Pause a running study whose LLM budget (`spent`: dollars or tokens) cannot cover a call."""

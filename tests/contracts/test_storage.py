@@ -165,3 +165,14 @@ def test_a_spent_budget_pauses_a_running_study(stored: Stored) -> None:
     assert stored.storage.study(stored.study_id).status == StudyStatus.RUNNING
     stored.storage.pause(stored.study_id, "LLM budget spent: $5 of $5", Blame.USD)
     assert stored.storage.study(stored.study_id).status == StudyStatus.PAUSED
+
+
+def test_an_event_once_written_for_a_node_is_said(stored: Stored) -> None:
+    (nid,) = stored.storage.add_proposals(stored.study_id, 1, [_idea(stored.root, 3)])
+    assert not stored.storage.said(stored.study_id, "search.widened", nid)
+    stored.storage.event(
+        stored.study_id, "search.widened", nid, {"key": "config.toml:knob.x", "side": "high"}
+    )
+    assert stored.storage.said(stored.study_id, "search.widened", nid)
+    assert not stored.storage.said(stored.study_id, "search.widened", stored.root)
+    assert not stored.storage.said(stored.study_id, "node.merged", nid)

@@ -27,6 +27,7 @@ class Memory:
         self.rows: dict[int, dict[str, Any]] = {}
         self.jobs: dict[int, int] = {}
         self.events: list[str] = []
+        self.told: set[tuple[str, int | None]] = set()
         self.submitted: list[int] = []
         self.gate_passes = gate_passes
         self.trunk = "c0"
@@ -151,6 +152,10 @@ class Memory:
 
     def event(self, study_id: int, type_: str, node_id: int | None, payload: dict[str, Any]) -> None:
         self.events.append(type_)
+        self.told.add((type_, node_id))
+
+    def said(self, study_id: int, type_: str, node_id: int) -> bool:
+        return (type_, node_id) in self.told
 
     def cancel_active(self, study_id: int) -> None:
         for n in self.rows.values():
