@@ -474,13 +474,14 @@ def merge(state: CoordinatorState, runtime: Runtime[CoordinatorContext]) -> Comm
     # A replayed step finds its widenings told already, and says nothing twice.
     told = storage.said(sid, "search.widened", node_id)
     moved = [] if told else [w for w in widenings(study, storage.nodes(sid)) if w.node_id == node_id]
-    if moved:
+    if moved:  # the findings first: a step that stops between the two writes tells them again
         istate = ImprovementState.from_dict(study.improvement_state)
         for w in moved:
             istate.add_finding(w.text(), [node_id])
+        storage.save_state(sid, istate.to_dict(), study.plateau_level)
+        for w in moved:
             payload = {"key": w.key, "side": w.side, "value": w.value, "old": w.old, "new": w.new}
             storage.event(sid, "search.widened", node_id, payload)
-        storage.save_state(sid, istate.to_dict(), study.plateau_level)
     return Command(update={"gate_node": None, "approved_by": ""}, goto="observe")
 
 

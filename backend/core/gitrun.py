@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from agents.failures import NoEvidence
+from agents.failures import Blame, NoEvidence
 from backend.core import libgit
 
 GIT_ENV = {
@@ -104,7 +104,9 @@ class GitError(RuntimeError, NoEvidence):
 
 
 class MergeConflict(GitError):
-    """A merge stopped on conflicts and was aborted."""
+    """A merge stopped on conflicts and was aborted: the change does not go on its base (the idea's own failure)."""
+
+    blame = Blame.IDEA
 
 
 def run_git(

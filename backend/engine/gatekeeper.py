@@ -29,7 +29,7 @@ from backend.services.records import add_event, spec_of, transition
 class BaselineError(RuntimeError):
     """The unchanged repository does not evaluate cleanly, so no gain can be measured."""
 
-    def __init__(self, message: str, step: StopRule) -> None:
+    def __init__(self, message: str, step: StopRule | None) -> None:
         super().__init__(message)
         self.step = step
 

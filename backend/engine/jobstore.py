@@ -193,6 +193,8 @@ class DbStore(SealedWrites, LlmLedger):
             if job.kind != JobKind.EXPERIMENT:
                 raise Refused(f"job {job.id} is a {job.kind} job, not an experiment")
             node = self._node(s, job.node_id)
+            if "blame" in fields and fields["blame"] not in set(Blame):
+                raise Refused(f"blame: {fields['blame']!r} is not one of {', '.join(Blame)}")
             for k, v in fields.items():
                 setattr(node, k, v)
             if node.status != status:

@@ -126,7 +126,8 @@ class SealedJobs:
         kind = JobKind.HELDOUT if st.baseline_dev else JobKind.BASELINE
         job = self._job(study_id, st.trunk_node_id or 0, kind)
         if job.status in (JobStatus.DONE, JobStatus.FAILED):
-            step = StopRule(job.outcome.get("step") or StopRule.BASELINE_DEV)
+            said = job.outcome.get("step")  # the step a baseline job failed on, if it was a known one
+            step = next((r for r in StopRule if r == said), None)
             raise BaselineError(
                 str(job.outcome.get("reason") or "the baseline job ended without a baseline"), step
             )

@@ -136,8 +136,13 @@ def test_a_crash_fails_the_attempt_on_the_ideas_account(claimed: Claimed) -> Non
 
 
 def test_an_experiment_may_set_only_its_own_fields(claimed: Claimed) -> None:
-    for status, fields in ((NodeStatus.MERGED, {}), (NodeStatus.EVALUATED, {"gate_passed": True}),
-                           (NodeStatus.EVALUATED, {"heldout_values": [1.0]})):  # fmt: skip
+    refused = [
+        (NodeStatus.MERGED, {}),
+        (NodeStatus.EVALUATED, {"gate_passed": True}),
+        (NodeStatus.EVALUATED, {"heldout_values": [1.0]}),
+        (NodeStatus.FAILED, {"failure": "x", "blame": "nobody"}),  # a blame the coordinator could not read
+    ]
+    for status, fields in refused:
         with pytest.raises(Refused):
             claimed.store.finish(status, 0, fields)
     node = _node(claimed)

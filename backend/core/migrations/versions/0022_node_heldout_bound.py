@@ -30,9 +30,8 @@ def upgrade() -> None:
                     sa.column("gate_reason", sa.String()), sa.column("heldout_lcb", sa.Float()),
                     sa.column("heldout_level", sa.Float()))  # fmt: skip
     conn = op.get_bind()
-    for node_id, reason in conn.execute(
-        sa.select(node.c.id, node.c.gate_reason).where(node.c.gated == sa.true())
-    ):
+    gated = conn.execute(sa.select(node.c.id, node.c.gate_reason).where(node.c.gated == sa.true())).all()
+    for node_id, reason in gated:
         m = SAID.search(reason or "")
         if m:
             lcb, level = float(m.group(2).replace("\u2212", "-")), float(m.group(1)) / 100
