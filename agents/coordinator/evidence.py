@@ -141,10 +141,10 @@ def integrate_one(
                 f"away from n{ev.number}'s branch"
             )
         _refine_outcome(ev, "failed: " + (ev.failure[:120] or "no result"), istate, records, resolved=False)
-        status = ev.status if ev.status != NodeStatus.EVALUATED else NodeStatus.FAILED
+        status: NodeStatus = ev.status if ev.status != NodeStatus.EVALUATED else NodeStatus.FAILED
         summary = policy.summarise(_with(ev, status=status), spec.objective.metric, None)
         verification: dict[str, Any] = {"decision": str(a.decision), "reason": a.reason}
-        return Integration(ev.id, str(status), None, None, [], verification, summary)
+        return Integration(ev.id, status, None, None, [], verification, summary)
     # Paired by seed on the seeds both have, at the level of the look the node's seed count reached,
     # against the trunk the node was built on: a merge since then does not change what it did.
     plan = Plan(spec.evaluate.repeats, spec.evaluate.most_repeats)
@@ -211,7 +211,7 @@ def integrate_one(
         _refine_outcome(ev, outcome, istate, records, resolved=a.decision == Decision.ACCEPT)
     updated = _with(ev, status=status, gain=g.mean, gain_lcb=g.lcb, constraints=cons)
     summary = policy.summarise(updated, spec.objective.metric, records.get(ev.parent_id or -1, rec).evidence)
-    return Integration(ev.id, str(status), g.mean, g.lcb, cons, verification, summary)
+    return Integration(ev.id, status, g.mean, g.lcb, cons, verification, summary)
 
 
 def base_dev(study: StudyView, rec: NodeRecord, records: dict[int, NodeRecord]) -> list[float]:

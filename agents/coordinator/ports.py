@@ -9,14 +9,14 @@ from agents.failures import Blame
 from agents.policies.base import NodeEvidence, Proposal
 from agents.spec import Spec
 from agents.tree.insights import InsightUpdate
-from agents.tree.status import StopRule
+from agents.tree.status import NodeStatus, StopRule, StudyStatus
 
 
 @dataclass(frozen=True, kw_only=True)
 class StudyView:
     id: int
     name: str
-    status: str
+    status: StudyStatus
     spec: Spec
     trunk_commit: str
     trunk_node_id: int
@@ -65,7 +65,7 @@ class Pending:
 @dataclass(frozen=True)
 class Integration:
     node_id: int
-    status: str
+    status: NodeStatus
     gain: float | None
     gain_lcb: float | None
     constraints: list[dict[str, Any]]

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from agents.capabilities import Capabilities
 from agents.failures import Blame, NoEvidence
+from agents.tree.status import NodeStatus, Origin
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,10 +23,10 @@ class NodeEvidence:
     id: int
     parent_id: int | None
     depth: int
-    status: str
+    status: NodeStatus
     title: str
     edits: dict[str, Any]
-    origin: str
+    origin: Origin
     dev_mean: float | None
     dev_std: float | None
     dev_n: int
@@ -115,7 +116,7 @@ class Proposal:
     hypothesis: dict[str, str]
     prior: float
     edits: dict[str, Any]
-    origin: str = "policy"
+    origin: Origin = Origin.POLICY
     origin_ref: int | None = None
     dropped: str = ""  # why the policy dropped it (a duplicate, an unknown parent): logged, never added
 

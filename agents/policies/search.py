@@ -36,7 +36,7 @@ from agents.policies.base import (
 from agents.policies.optuna_bridge import SamplerName
 from agents.policies.space import Assignment, Space
 from agents.spec import Judge, split_search_key
-from agents.tree.status import NodeStatus
+from agents.tree.status import NodeStatus, Origin
 
 MEASURED = ("evaluated", "merged", "awaiting_approval", "rejected")  # pruned directions stay closed
 STEPS = (0.05, 0.1, 0.2, 0.35, 0.5)
@@ -189,7 +189,7 @@ class SearchPolicy:
         by_id = {n.id: n for n in ctx.nodes}
         rng = random.Random(sampler_seed(ctx.seed, ctx.round_no))
         trunk = assignment.get(ctx.trunk_node_id, space.full(ctx.base_values))
-        out: list[tuple[NodeEvidence, Assignment, str, str, int | None]] = []
+        out: list[tuple[NodeEvidence, Assignment, str, Origin, int | None]] = []
         for req in ctx.refine:
             node = by_id.get(req.node_id)
             if node is None or not ctx.takes_children(node) or len(out) >= ctx.k:
@@ -197,7 +197,7 @@ class SearchPolicy:
             a = self._refine(ctx, space, rules, node, assignment, req, seen)
             if a is not None:
                 seen.add(space.key_of(a))
-                out.append((node, a, f"refine n{node.number}: {req.goal}", "refine", node.id))
+                out.append((node, a, f"refine n{node.number}: {req.goal}", Origin.REFINE, node.id))
         trunk_node = by_id.get(ctx.trunk_node_id)
         for nid in ctx.revisit[:1]:  # a revisit hangs under trunk: not where trunk is at the depth limit
             if (
@@ -207,7 +207,7 @@ class SearchPolicy:
                 and ctx.takes_children(trunk_node)
             ):
                 why = f"test {_tag(by_id, nid)}'s change again on the current trunk"
-                out.append((trunk_node, assignment[nid], why, "revisit", nid))
+                out.append((trunk_node, assignment[nid], why, Origin.REVISIT, nid))
         root = next(n for n in ctx.nodes if n.parent_id is None)
         leaps = list(ctx.restart) + ([-1] if ctx.plateau_level >= 2 else [])
         for failed in leaps:
@@ -223,13 +223,21 @@ class SearchPolicy:
                     else "leap: progress has stalled"
                 )
                 out.append(
-                    (root, a, why, "restart" if failed >= 0 else "policy", failed if failed >= 0 else None)
+                    (
+                        root,
+                        a,
+                        why,
+                        Origin.RESTART if failed >= 0 else Origin.POLICY,
+                        failed if failed >= 0 else None,
+                    )
                 )
         batch = ctx.free or ctx.k
         if len(out) < batch and ctx.finishing() and _mostly_numeric(space):
             for parent, a in self._finish(ctx, space, rules, assignment, seen, rng, batch - len(out)):
                 seen.add(space.key_of(a))
-                out.append((parent, a, f"finishing: local search around n{parent.number}", "policy", None))
+                out.append(
+                    (parent, a, f"finishing: local search around n{parent.number}", Origin.POLICY, None)
+                )
         if len(out) < batch:
             recent = list(optuna_bridge.window(ctx.nodes, ctx.maximize))
             study = optuna_bridge.replay(
@@ -253,7 +261,9 @@ class SearchPolicy:
                         n.id,
                     ),
                 )
-                out.append((parent, a, f"{self.sampler} suggestion near n{parent.number}", "policy", None))
+                out.append(
+                    (parent, a, f"{self.sampler} suggestion near n{parent.number}", Origin.POLICY, None)
+                )
         return [self._proposal(ctx, space, trunk, p, a, why, origin, ref) for p, a, why, origin, ref in out]
 
     def _finish(
@@ -469,7 +479,7 @@ class SearchPolicy:
         parent: NodeEvidence,
         new: Assignment,
         why: str,
-        origin: str,
+        origin: Origin,
         ref_id: int | None,
     ) -> Proposal:
         # The node is built on trunk (capabilities.whole_assignments), so its title is its change to trunk.

@@ -15,7 +15,7 @@ from agents.coordinator.ports import NodeRecord
 from agents.coordinator.records import RecordIndex, Records
 from agents.failures import Blame
 from agents.policies.base import NodeEvidence
-from agents.tree.status import NodeStatus
+from agents.tree.status import NodeStatus, Origin
 from backend.core.models import InsightVersion, Job, Node, ReceiptRow, Trajectory, now
 from backend.core.states import JobKind, RunKind
 
@@ -324,10 +324,10 @@ def _record(
         id=node.id,
         parent_id=node.parent_id,
         depth=node.depth,
-        status=node.status,
+        status=NodeStatus(node.status),
         title=node.title,
         edits=dict(node.edits),
-        origin=node.origin,
+        origin=Origin(node.origin),
         dev_mean=node.dev_mean,
         dev_std=node.dev_std,
         dev_n=node.dev_n,

@@ -199,7 +199,7 @@ class SqlStorage:
             return StudyView(
                 id=st.id,
                 name=st.name,
-                status=st.status,
+                status=StudyStatus(st.status),
                 spec=spec_of(st),
                 trunk_commit=st.trunk_commit,
                 trunk_node_id=st.trunk_node_id or 0,

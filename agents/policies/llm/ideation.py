@@ -24,7 +24,7 @@ from agents.policies.llm.answers import (
 )
 from agents.policies.llm.fitting import cut
 from agents.policies.space import Space, fmt
-from agents.tree.status import NodeStatus
+from agents.tree.status import NodeStatus, Origin
 
 # What a model writes when it fills a form without an idea: punctuation alone, or a word that
 # stands for a value (the schema's own words included).
@@ -193,7 +193,9 @@ def revisits(ctx: IdeationInput) -> list[Proposal]:
         }
         title = cut(f"{AGAIN.sub('', old.title)} (again, on n{trunk.number})", 200)
         # A change of settings is set again on trunk where the merge conflicts: no executor turn.
-        return [Proposal(trunk.id, title, hyp, max(old.gain or 0.0, 0.0), dict(old.edits), "revisit", nid)]
+        return [
+            Proposal(trunk.id, title, hyp, max(old.gain or 0.0, 0.0), dict(old.edits), Origin.REVISIT, nid)
+        ]
     return []
 
 

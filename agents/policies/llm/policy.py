@@ -276,9 +276,9 @@ class LlmPolicy:
                 "risks": c.risks,
                 "expected_gain": f"{c.expected_gain:g}",  # the model's prediction, kept beside the realised gain
             }
-            origin, ref = ("refine", c.parent_id) if c.parent_id in refine else ("policy", None)
+            origin, ref = (Origin.REFINE, c.parent_id) if c.parent_id in refine else (Origin.POLICY, None)
             if origin == Origin.POLICY and c.parent_id == root and restarts:
-                origin, ref = "restart", restarts.pop(0)
+                origin, ref = Origin.RESTART, restarts.pop(0)
             prior = prior_of(c.expected_gain, ctx.nodes, ctx.trunk_dev_mean)
             out.append(Proposal(c.parent_id, c.title, hyp, prior, edits, origin, ref))
         return out
