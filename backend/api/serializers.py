@@ -10,6 +10,7 @@ from sqlmodel import Session, col, func, or_, select
 from backend.api import schemas
 from backend.core.models import Approval, Event, Job, LlmCall, Node, Study
 from backend.core.states import ApprovalStatus, JobKind, JobStatus
+from backend.services.fates import Told
 from backend.services.records import spec_of
 from backend.services.storage import BudgetSpent
 
@@ -129,7 +130,7 @@ def study_publics(s: Session, studies: list[Study]) -> list[schemas.StudyPublic]
     return out
 
 
-def node_summary(n: Node, fate: str, rejection: str, candidate: bool) -> schemas.NodeSummary:
+def node_summary(n: Node, told: Told) -> schemas.NodeSummary:
     """Return the tree view of a node."""
     return schemas.NodeSummary(
         id=n.id or 0,
@@ -145,9 +146,9 @@ def node_summary(n: Node, fate: str, rejection: str, candidate: bool) -> schemas
         gain_lcb=n.gain_lcb,
         heldout_gain=n.heldout_gain,
         attempts=n.attempts,
-        fate=fate,
-        rejection=rejection,
-        candidate=candidate,
+        fate=told.fate,
+        rejection=told.rejection,
+        candidate=told.candidate,
     )
 
 

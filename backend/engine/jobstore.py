@@ -20,9 +20,7 @@ from agents.verify.arex import Decision
 from backend.core import db
 from backend.core.gitops import Repo
 from backend.core.models import Job, Node, ReceiptRow, Study, Trajectory, now
-from backend.core.states import JobKind
-from backend.engine.jobs.base import StoreBase as StoreBase
-from backend.engine.jobs.claims import SEALED as SEALED
+from backend.core.states import SEALED_KINDS, JobKind
 from backend.engine.jobs.claims import Refused as Refused
 from backend.engine.jobs.claims import Superseded as Superseded
 from backend.engine.jobs.claims import Unreachable as Unreachable
@@ -35,11 +33,7 @@ from backend.engine.jobs.claims import same_token as same_token
 from backend.engine.jobs.claims import token_hash as token_hash
 from backend.engine.jobs.ledger import LlmLedger
 from backend.engine.jobs.sealed import SealedWrites
-from backend.engine.jobs.verdicts import Bound as Bound
 from backend.engine.jobs.verdicts import local_repo as local_repo
-from backend.engine.jobs.verdicts import out_of_bounds as out_of_bounds
-from backend.engine.jobs.verdicts import record_verdict as record_verdict
-from backend.engine.jobs.verdicts import unrecorded as unrecorded
 from backend.services.records import add_event, latest_insight, mark_unsandboxed, spec_of, transition
 from backend.services.storage import experiments_used
 
@@ -248,7 +242,7 @@ class DbStore(SealedWrites, LlmLedger):
         """
         with db.session(self.settings.db_url) as s:
             job = self._job(s) if self.job_id is not None else None
-            if job is not None and job.kind not in SEALED:
+            if job is not None and job.kind not in SEALED_KINDS:
                 if node_id is None:
                     raise Refused(f"job {self.job_id} writes receipts of a node only")
                 self._own_dev_receipts(s, self._node(s, node_id), receipts)

@@ -26,12 +26,12 @@ from backend.core.models import Job, Node, Study
 from backend.core.states import JobKind, JobStatus
 from backend.engine import environment
 from backend.engine.gatekeeper import BaselineError, LocalGatekeeper, SealedRunner
-from backend.engine.jobstore import SEALED, DbStore, Superseded, Unreachable
+from backend.engine.jobstore import DbStore, Superseded, Unreachable
 from backend.engine.site import Site
 from backend.services import lifecycle
 from backend.services.records import add_event
 
-__all__ = ["MAX_TRIES", "SEALED", "SealedJobs", "run"]
+__all__ = ["MAX_TRIES", "SealedJobs", "run"]
 MAX_TRIES = 3  # a sealed job whose worker dies this often (killed, out of memory) fails
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlmodel import Session, col, select
 
@@ -52,14 +52,24 @@ def node_fate(
     return fate(facts(row, refined_as, trunk_commit, min_gain, revisited_as))
 
 
-def node_rejection(row: Mapping[str, Any]) -> str:
-    """Return why a node was rejected, from its columns ('' for a node that was not)."""
-    return str(rejection(facts(row, (), "", 0.0)) or "")
+class Told(NamedTuple):
+    """A node's fate in words, with the fields a program reads from the same facts."""
+
+    fate: str
+    rejection: str  # human, constraint, gate or dev ('' unless rejected)
+    candidate: bool  # a gate candidate
 
 
-def node_candidate(row: Mapping[str, Any], trunk_commit: str, min_gain: float) -> bool:
-    """Return whether a node is a gate candidate, from its columns."""
-    return candidate(facts(row, (), trunk_commit, min_gain))
+def node_told(
+    row: Mapping[str, Any],
+    refined_as: Sequence[int],
+    trunk_commit: str,
+    min_gain: float,
+    revisited_as: Sequence[int] = (),
+) -> Told:
+    """Return a node's fate, what rejected it and whether it is a gate candidate, from its columns."""
+    f = facts(row, refined_as, trunk_commit, min_gain, revisited_as)
+    return Told(fate(f), str(rejection(f) or ""), candidate(f))
 
 
 def facts(
@@ -88,18 +98,6 @@ def facts(
     )
 
 
-def rejection_of(n: Node) -> str:
-    """Return why one node was rejected ('' for a node that was not)."""
-    return node_rejection(_row(n))
-
-
-def candidate_of(s: Session, n: Node) -> bool:
-    """Return whether one node is a gate candidate (its study's trunk and plateau bar are looked up)."""
-    st = s.get(Study, n.study_id)
-    assert st is not None
-    return node_candidate(_row(n), st.trunk_commit, spec_of(st).plateau.min_gain)
-
-
 def refined_as(s: Session, n: Node) -> list[int]:
     """Return the numbers of a node's refine children."""
     return _refs(s, n)[0]
@@ -119,12 +117,17 @@ def _refs(s: Session, n: Node) -> tuple[list[int], list[int]]:
     return refined, revisited
 
 
-def fate_of(s: Session, n: Node) -> str:
-    """Return one node's fate (its refine children and its study's trunk are looked up)."""
+def told_of(s: Session, n: Node) -> Told:
+    """Return one node's fate and its fields (its refine children and its study's trunk are looked up)."""
     st = s.get(Study, n.study_id)
     assert st is not None
     refined, revisited = _refs(s, n)
-    return node_fate(_row(n), refined, st.trunk_commit, spec_of(st).plateau.min_gain, revisited)
+    return node_told(_row(n), refined, st.trunk_commit, spec_of(st).plateau.min_gain, revisited)
+
+
+def fate_of(s: Session, n: Node) -> str:
+    """Return one node's fate in words."""
+    return told_of(s, n).fate
 
 
 def _row(n: Node) -> dict[str, Any]:

@@ -105,13 +105,8 @@ def _body(s: Session, url: str, st: Study, fields: list[str], kept: _Kept) -> by
         key = (kept.stamps[nid], trunk, tuple(refined.get(nid, ())), tuple(revisited.get(nid, ())), min_gain)
         piece = kept.pieces.get(nid)
         if piece is None or piece[0] != key:
-            told = fates.node_fate(row, refined.get(nid, ()), trunk, min_gain, revisited.get(nid, ()))
-            summary = {f: row[f] for f in fields}
-            summary |= {
-                "fate": told,
-                "rejection": fates.node_rejection(row),
-                "candidate": fates.node_candidate(row, trunk, min_gain),
-            }
+            told = fates.node_told(row, refined.get(nid, ()), trunk, min_gain, revisited.get(nid, ()))
+            summary = {f: row[f] for f in fields} | told._asdict()
             kept.pieces[nid] = (key, pydantic_core.to_json(summary, inf_nan_mode="null"))
     head = pydantic_core.to_json({"study_id": st.id, "trunk_node_id": st.trunk_node_id})
     body = b"".join(

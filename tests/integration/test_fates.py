@@ -89,7 +89,7 @@ def test_the_kept_tree_reads_as_a_fresh_one_after_every_kind_of_change(
     from sqlalchemy import event
 
     from backend.api import schemas
-    from backend.services.fates import candidate_of, rejection_of, study_fates
+    from backend.services.fates import study_fates, told_of
 
     repo = make_repo(tmp_path / "r", tiny_files(name="kept"))
     with db.session(settings.db_url) as s:
@@ -114,10 +114,7 @@ def test_the_kept_tree_reads_as_a_fresh_one_after_every_kind_of_change(
             assert st is not None
             fate = study_fates(s, st)
             nodes = s.exec(select(Node).where(Node.study_id == sid).order_by(col(Node.id))).all()
-            told = {
-                n.id: {"fate": fate[n.id or 0], "rejection": rejection_of(n), "candidate": candidate_of(s, n)}
-                for n in nodes
-            }
+            told = {n.id: {**told_of(s, n)._asdict(), "fate": fate[n.id or 0]} for n in nodes}
             return [{f: told[n.id][f] if f in told[n.id] else getattr(n, f) for f in fields} for n in nodes]
 
     with TestClient(create_app(settings)) as client:

@@ -70,9 +70,7 @@ def node_detail(study_id: StudyId, node_id: NodeId, s: SessionDep, who: Reader) 
     number = dict(s.exec(select(Node.id, Node.number).where(col(Node.id).in_(cited))).all()) if cited else {}
     history = s.exec(select(Event).where(Event.node_id == node_id).order_by(col(Event.id))).all()
     return schemas.NodeDetail(
-        **serializers.node_summary(
-            n, fates.fate_of(s, n), fates.rejection_of(n), fates.candidate_of(s, n)
-        ).model_dump(),
+        **serializers.node_summary(n, fates.told_of(s, n)).model_dump(),
         hypothesis=n.hypothesis,
         edits=n.edits,
         base_commit=n.base_commit,
@@ -133,9 +131,7 @@ def add_hypothesis(
     except proposals.ProposalRefused as exc:
         error = {"key": exc.key, "message": exc.detail}
         raise HTTPException(422, {"message": str(exc), "errors": [error]}) from None
-    out = serializers.node_summary(
-        node, fates.fate_of(s, node), fates.rejection_of(node), fates.candidate_of(s, node)
-    )
+    out = serializers.node_summary(node, fates.told_of(s, node))
     s.commit()
     nudge(celery, study_id)
     return out

@@ -31,9 +31,9 @@ from backend.api.deps import MAX_ID, SettingsDep, Worker
 from backend.core import db, gitops
 from backend.core.models import Node, Study
 from backend.core.security import SEALED_ROLE
-from backend.core.states import JobKind
+from backend.core.states import SEALED_KINDS, JobKind
 from backend.engine import jobstore
-from backend.engine.jobstore import CALLS, SEALED, DbStore, Refused, Superseded
+from backend.engine.jobstore import CALLS, DbStore, Refused, Superseded
 from backend.services.records import spec_of
 
 router = APIRouter(prefix="/worker", tags=["worker"])
@@ -103,7 +103,7 @@ def ping(who: Worker) -> dict[str, Any]:
 
 def _trusted(who: Any, kind: str) -> None:
     """Refuse a sealed job's work to a worker whose token is not trusted with held-out data."""
-    if kind in SEALED and SEALED_ROLE not in who.roles:
+    if kind in SEALED_KINDS and SEALED_ROLE not in who.roles:
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
             f"a {kind} job reads held-out data: it needs a token with the sealed role",
@@ -131,13 +131,13 @@ _NODE_SEALED: dict[str, Any] = {
 def _public(study: Study, kind: str) -> dict[str, Any]:
     """Return a study's row as a job of this kind may see it (sealed commits and held-out numbers only to sealed jobs)."""
     out = _dump(study)
-    return out if kind in SEALED else out | _STUDY_SEALED
+    return out if kind in SEALED_KINDS else out | _STUDY_SEALED
 
 
 def _public_node(node: Node, kind: str) -> dict[str, Any]:
     """Return a node's row as a job of this kind may see it (held-out numbers only to sealed jobs)."""
     out = _dump(node)
-    return out if kind in SEALED else out | _NODE_SEALED
+    return out if kind in SEALED_KINDS else out | _NODE_SEALED
 
 
 class Names(BaseModel):
@@ -402,14 +402,14 @@ async def git_http(
     held = await run_in_threadpool(_fetching_job, settings, study_id, request.headers.get(JOB_HEADER, ""))
     _trusted(who, held.kind)
     study = await run_in_threadpool(_study, settings, study_id)
-    if held.kind not in SEALED and not study.sealed_commit:
+    if held.kind not in SEALED_KINDS and not study.sealed_commit:
         await run_in_threadpool(_no_sealed_on_trunk, study)
     repo = Path(study.repo_path)
     # Only the study's own branches are served (trunk, nodes, gates: a history without sealed files);
     # the ref to its repository's base, which holds them, only to a sealed job. Protocol v0 (no
     # GIT_PROTOCOL passed on): it takes wants of advertised tips only, where v2 would serve any object.
     shown = [f"!refs/heads/grove/{study.name}/"] + (
-        [f"!refs/grove/sealed/{study.name}"] if held.kind in SEALED else []
+        [f"!refs/grove/sealed/{study.name}"] if held.kind in SEALED_KINDS else []
     )
     hide = (
         ("uploadpack.hideRefs", "refs/"),

@@ -17,8 +17,6 @@ from backend.core.models import Job, Node, Study, now
 from backend.core.states import SEALED_KINDS, JobKind, JobStatus
 from backend.services.records import add_event, transition
 
-SEALED = SEALED_KINDS  # the baseline's dev runs, its held-out runs, a gate
-
 
 class Superseded(RuntimeError):
     """This job's token is no longer current; another run owns it."""
@@ -94,7 +92,7 @@ def claim_sealed(settings: Settings, job_id: int, token: str) -> Job | None:
         job = locked_job(s, job_id)
         if (
             job is None
-            or job.kind not in SEALED
+            or job.kind not in SEALED_KINDS
             or not same_token(job.token, token)
             or job.status not in (JobStatus.QUEUED, JobStatus.RUNNING)
         ):
