@@ -16,6 +16,7 @@ from agents.spec import parse_spec
 from agents.speccheck import check_against_tree
 from backend.core import gitops
 from backend.engine.experiment import diff_title, key_values
+from tests.support.inputs import edits_input
 from tests.support.repos import make_repo, tiny_files
 
 
@@ -92,27 +93,13 @@ def test_links_are_followed_inside_the_repository_only(tmp_path: Path) -> None:
     # Writing through a link edits its target, which must be editable too.
     SearchPolicy().implement(
         root,
-        ImplementInput(
-            node_id=1,
-            title="t",
-            hypothesis={},
-            edits={"params.yaml:a": 2},
-            reflection="",
-            editable=["params.yaml", "real/**"],
-        ),
+        edits_input({"params.yaml:a": 2}, ["params.yaml", "real/**"]),
     )
     assert (root / "real/params.yaml").read_text() == "a: 2\n"
     with pytest.raises(ImplementationError, match=r"a link to real/params\.yaml, which is not editable"):
         SearchPolicy().implement(
             root,
-            ImplementInput(
-                node_id=1,
-                title="t",
-                hypothesis={},
-                edits={"params.yaml:a": 3},
-                reflection="",
-                editable=["params.yaml"],
-            ),
+            edits_input({"params.yaml:a": 3}, ["params.yaml"]),
         )
 
 

@@ -18,13 +18,13 @@ from agents.policies import optuna_bridge
 from agents.policies.base import (
     IdeationInput,
     ImplementationError,
-    ImplementInput,
     NodeEvidence,
     RefineRequest,
 )
 from agents.policies.search import SearchPolicy
 from agents.policies.space import Space
 from backend.core.config import PROJECT_ROOT
+from tests.support.inputs import edits_input
 
 SPACE = {
     "c.toml:m.hidden": {"values": [8, 16, 32, 64], "low": None, "high": None, "log": False, "integer": False},
@@ -88,7 +88,7 @@ def test_implementer_applies_edits_exactly(tmp_path: Path, name: str, text: str,
     edits = {f"{name}:m.hidden": 32, f"{name}:t.lr": 0.02}
     SearchPolicy().implement(
         tmp_path,
-        ImplementInput(node_id=1, title="t", hypothesis={}, edits=edits, reflection="", editable=[name]),
+        edits_input(edits, [name]),
     )
     new = (tmp_path / name).read_text()
     assert configfiles.get_key(name, new, "m.hidden") == 32
@@ -101,14 +101,7 @@ def test_implementer_refuses_non_editable_and_escaping_files(tmp_path: Path) -> 
     with pytest.raises(ImplementationError, match="not editable"):
         SearchPolicy().implement(
             tmp_path,
-            ImplementInput(
-                node_id=1,
-                title="t",
-                hypothesis={},
-                edits={"c.toml:m.hidden": 4},
-                reflection="",
-                editable=["other.toml"],
-            ),
+            edits_input({"c.toml:m.hidden": 4}, ["other.toml"]),
         )
     outside = tmp_path.parent / "outside.toml"
     outside.write_text("[m]\nhidden = 8\n")
@@ -116,26 +109,12 @@ def test_implementer_refuses_non_editable_and_escaping_files(tmp_path: Path) -> 
     with pytest.raises(ImplementationError, match="outside the worktree"):
         SearchPolicy().implement(
             tmp_path,
-            ImplementInput(
-                node_id=1,
-                title="t",
-                hypothesis={},
-                edits={"link.toml:m.hidden": 4},
-                reflection="",
-                editable=["*.toml"],
-            ),
+            edits_input({"link.toml:m.hidden": 4}, ["*.toml"]),
         )
     with pytest.raises(ImplementationError, match="must be a path inside the repository"):
         SearchPolicy().implement(
             tmp_path,
-            ImplementInput(
-                node_id=1,
-                title="t",
-                hypothesis={},
-                edits={"../outside.toml:m.hidden": 4},
-                reflection="",
-                editable=["**"],
-            ),
+            edits_input({"../outside.toml:m.hidden": 4}, ["**"]),
         )
     assert "hidden = 8" in outside.read_text()
 
